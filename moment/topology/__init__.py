@@ -1,0 +1,1 @@
+"""Stage 1: the machine model, its profile format, and the profilers that build it."""

@@ -1,0 +1,1 @@
+"""One parser per tool; each takes saved text (or live sysfs) and returns source-neutral records."""
