@@ -18,7 +18,7 @@ from moment import __version__
 from moment.errors import MomentError, UsageError
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except MomentError as exc:
-        err.print(f"[red]moment {args.verb}: error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]moment {args.verb}: error:[/] {exc}", highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")

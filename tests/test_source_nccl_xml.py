@@ -240,3 +240,17 @@ def test_only_source_errors_on_mangled_dumps(text: str) -> None:
             chars[rng.randrange(len(chars))] = rng.choice(alphabet)
         with contextlib.suppress(SourceError):
             parse_nccl_xml("".join(chars))
+
+
+@pytest.mark.parametrize("number", ["²", "1" * 5000])
+def test_unreadable_numbers_give_a_source_error_or_none(number: str) -> None:
+    """Numbers int() rejects: dropped where descriptive, a SourceError where structural; no ValueError."""
+    dump = (
+        f'<system version="1"><cpu numaid="0" familyid="{number}" modelid="{number}">'
+        f'<pci busid="0000:01:00.0" link_speed="{number} GT/s" link_width="{number}"/></cpu></system>'
+    )
+    topo = parse_nccl_xml(dump)
+    assert (topo.cpus[0]["familyid"], topo.cpus[0]["modelid"]) == (None, None)
+    assert (topo.functions[0].sta_gen, topo.functions[0].sta_width) == (None, None)
+    with pytest.raises(SourceError, match="not an integer"):
+        parse_nccl_xml(f'<system version="1"><cpu numaid="{number}"/></system>')

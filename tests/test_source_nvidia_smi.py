@@ -235,3 +235,12 @@ def test_only_source_errors_on_mangled_captures(text: str) -> None:
             chars[rng.randrange(len(chars))] = rng.choice(alphabet)
         with contextlib.suppress(SourceError):
             smi_groups(parse_nvidia_smi_topo("".join(chars)))
+
+
+@pytest.mark.parametrize("number", ["²", "1" * 5000])
+def test_unreadable_numbers_give_a_source_error_or_none(number: str) -> None:
+    """A NUMA node or NVLink count that int() rejects (isdecimal() accepts both) is no ValueError."""
+    numa = parse_nvidia_smi_topo(f"\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-7\t{number}\n")
+    assert numa.numa == {"GPU0": None}
+    with pytest.raises(SourceError, match="unknown relation"):
+        parse_nvidia_smi_topo(f"\tGPU0\tGPU1\nGPU0\t X \tNV{number}\nGPU1\tNV{number}\t X \n")

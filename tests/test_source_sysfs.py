@@ -177,6 +177,18 @@ def test_fake_tree_port_types(fns):
     }
 
 
+def test_semi_transparent_bridges_are_bridges_too(fake_sys):
+    """Class 0609 (semi-transparent PCI-to-PCI bridge) gets port types from the shape like 0604."""
+    up = fake_sys / "devices" / "pci0000:00" / "0000:00:01.0" / "0000:01:00.0"
+    for port in (up.parent, up, up / "0000:02:00.0"):
+        (port / "class").write_text("0x060940\n")
+    fns = {f.bdf: f for f in read_sysfs(fake_sys / "bus" / "pci" / "devices")}
+    assert all(fns[b].is_bridge for b in ("0000:00:01.0", "0000:01:00.0", "0000:02:00.0"))
+    assert fns["0000:00:01.0"].port_type == ROOT_PORT
+    assert fns["0000:01:00.0"].port_type == UPSTREAM
+    assert fns["0000:02:00.0"].port_type == DOWNSTREAM
+
+
 def test_fake_tree_slots(fns):
     assert fns["0000:00:01.0"].physical_slot == "1"  # ACPI style: the address is the port's own
     assert fns["0000:02:01.0"].physical_slot == "7"  # pciehp style: the device in the slot

@@ -135,6 +135,7 @@ class _Builder:
     def root_ports(self) -> list[tuple[PciFunction, Port]]:
         """(first function, port) for every top-level port, in address order."""
         out: list[tuple[PciFunction, Port]] = []
+        integrated: dict[str, Port] = {}
         for f in self.children.get(None, []):
             rc = f.bdf.rsplit(":", 1)[0]
             if self.is_switch(f):  # NCCL lists the switch under the CPU, not its root port
@@ -144,9 +145,16 @@ class _Builder:
                 port = self.make_port(f, "root_port", rc)
             elif pci.classify(f) in _ADD_IN_KINDS and f.sta_width:
                 # An endpoint on a root bus with a link of its own hangs off a root port the source
-                # does not list (NCCL). Integrated chipset devices (SATA, RCiEPs) have no link.
+                # does not list (NCCL).
                 port = self.synthetic_port("root_port", f, rc)
                 port.device = self.make_device([f])
+            elif pci.classify(f) in _ADD_IN_KINDS:  # chipset SATA, RCiEP NICs, virtio in a VM
+                if f.device_address in integrated:
+                    integrated[f.device_address].device.functions.append(f.bdf)
+                    continue
+                port = Port(id=f"int-{f.bdf}", kind="integrated", root_complex=rc)
+                port.device = self.make_device([f])
+                integrated[f.device_address] = port
             else:
                 continue  # host bridges, integrated registers
             out.append((f, port))
@@ -262,6 +270,8 @@ def infer_slots(sockets: list[Socket]) -> int:
             port = stack.pop()
             if port.switch is not None:
                 stack.extend(port.switch.ports)
+                continue
+            if port.kind == "integrated":
                 continue
             if port.device is None or port.device.kind in _ADD_IN_KINDS:
                 port.slot = Slot(

@@ -21,7 +21,7 @@ SCHEMA = "moment.topology/1"
 
 DeviceKind = Literal["gpu", "nvme", "nic", "storage", "other"]
 SlotForm = Literal["pcie", "pcie-double", "m2", "u2", "e1s", "ocp", "sxm", "onboard", "other"]
-PortKind = Literal["root_port", "downstream"]
+PortKind = Literal["root_port", "downstream", "integrated"]
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
 
@@ -89,7 +89,11 @@ class Slot(_Strict):
 
 
 class Port(_Strict):
-    """A root port or switch downstream port: one link, and at most one thing below it."""
+    """A root port or switch downstream port: one link, and at most one thing below it.
+
+    ``integrated`` marks a device built into the root complex or chipset (RCiEP, PCH SATA, a
+    VM's virtio devices): it has no PCIe link of its own, so no slot and no link bandwidth.
+    """
 
     id: str
     kind: PortKind = "root_port"

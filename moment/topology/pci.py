@@ -32,6 +32,7 @@ _BDF_RE = re.compile(
 )
 
 _SPEED_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+_BRIDGE_CLASSES = {"0604", "0609"}  # PCI-to-PCI bridge, semi-transparent PCI-to-PCI bridge
 
 
 def normalize_bdf(text: str, domain: str = "0000") -> str:
@@ -42,6 +43,14 @@ def normalize_bdf(text: str, domain: str = "0000") -> str:
     dom = (m.group("dom") or domain).lower()
     dom = dom[-4:] if int(dom, 16) < 0x10000 else dom
     return f"{dom.zfill(4)}:{m.group('bus').lower()}:{m.group('dev').lower()}.{m.group('fn')}"
+
+
+def bdf_or_none(text: str) -> str | None:
+    """:func:`normalize_bdf`, or None where ``text`` is not a PCI address."""
+    try:
+        return normalize_bdf(text)
+    except ValueError:
+        return None
 
 
 def bus_of(bdf: str) -> tuple[str, int]:
@@ -84,13 +93,47 @@ class PciFunction:
     @property
     def is_bridge(self) -> bool:
         if self.class_code is not None:
-            return self.class_code == "0604"
+            return self.class_code in _BRIDGE_CLASSES
         return self.secondary_bus is not None
 
     @property
     def device_address(self) -> str:
         """The address without the function number: functions of one device share it."""
         return self.bdf.rsplit(".", 1)[0]
+
+
+def infer_port_types(functions: list[PciFunction]) -> None:
+    """Fill the port type of bridges that have none from the shape of the tree alone.
+
+    A bridge on a root bus is a root port; a bridge below an upstream port is a downstream
+    port; otherwise a bridge whose secondary bus holds bridges is a switch's upstream port (a
+    downstream port may lead to the upstream port of a cascaded switch). Other bridges (e.g. a
+    BMC's PCIe-to-PCI bridge) stay unmarked. Parents are decided before their children, in the
+    order the ``parent`` pointers give, whatever the order of ``functions``.
+    """
+    by_bdf = {fn.bdf: fn for fn in functions}
+    above_bridges = {fn.parent for fn in functions if fn.is_bridge}
+    for fn in sorted(functions, key=lambda f: _depth(f, by_bdf)):
+        if fn.port_type is not None or not fn.is_bridge:
+            continue
+        parent = by_bdf.get(fn.parent) if fn.parent else None
+        if fn.parent is None:
+            fn.port_type = ROOT_PORT
+        elif parent is not None and parent.port_type == UPSTREAM:
+            fn.port_type = DOWNSTREAM
+        elif fn.bdf in above_bridges:
+            fn.port_type = UPSTREAM
+
+
+def _depth(fn: PciFunction, by_bdf: dict[str, PciFunction]) -> int:
+    """How many of ``by_bdf`` lie above ``fn`` along the parent pointers (a cycle ends the walk)."""
+    seen = {fn.bdf}
+    depth = 0
+    while fn.parent in by_bdf and fn.parent not in seen:
+        fn = by_bdf[fn.parent]
+        seen.add(fn.bdf)
+        depth += 1
+    return depth
 
 
 _GPU_VENDORS = {"10de", "1002", "8086"}  # NVIDIA, AMD, Intel (Intel only with a 0302/0380 class)
@@ -107,7 +150,7 @@ def classify(fn: PciFunction) -> str:
     cc = fn.class_code
     if cc is not None:
         base, sub = cc[:2], cc[2:]
-        if cc == "0604" or cc == "0609":
+        if cc in _BRIDGE_CLASSES:
             return BRIDGE
         if base == "03":
             if fn.vendor_id in _BMC_VGA_VENDORS or "aspeed" in name or "matrox" in name:

@@ -162,7 +162,8 @@ def build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
         warnings += smi_warnings
         tree_source = "nvidia-smi"
     else:
-        raise MomentError(f"{caps.origin}: no source describes the PCIe tree (need lspci, sysfs, NCCL XML or nvidia-smi)")
+        why = "; ".join(caps.warnings) or "need lspci, sysfs, NCCL XML or nvidia-smi"
+        raise MomentError(f"{caps.origin}: no usable source describes the PCIe tree ({why})")
     for socket, cpu in zip(sockets, cpus):
         socket.model = cpu.get("version") or ""
         socket.cores = cpu.get("cores") or None
@@ -179,7 +180,7 @@ def build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     machine = Machine(
         name=name,
         description=_description(caps),
-        sources=[f"{s} ({caps.origin})" for s in caps.used] + ([f"tree from {tree_source}"] if tree_source else []),
+        sources=[f"{s} ({Path(caps.origin).name})" for s in caps.used] + ([f"tree from {tree_source}"] if tree_source else []),
         sockets=sockets,
         socket_links=build.link_sockets(sockets, family),
         nvlinks=nvlinks,

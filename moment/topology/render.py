@@ -23,6 +23,8 @@ def _link(port: Port) -> str:
 
 def _port_label(port: Port) -> str:
     where = f"[bold]{port.slot.name}[/]" + (" (inferred)" if port.slot.inferred else "") if port.slot else port.id
+    if port.kind == "integrated":
+        return "integrated"
     kind = "root port" if port.kind == "root_port" else "port"
     return f"{kind} {where} [dim]{_link(port)}[/]"
 

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 
 from moment.errors import SourceError
-from moment.topology.pci import normalize_bdf
-from moment.topology.sources.lspci_verbose import capture_lines
+from moment.topology.pci import bdf_or_none
+from moment.topology.sources.text import capture_lines, decimal
 
 _HANDLE_RE = re.compile(r"^Handle 0x[0-9A-Fa-f]+,\s*DMI type (?P<type>[0-9]{1,3})\b")
 _FIELD_RE = re.compile(r"^(?P<key>[^:]+?)\s*:\s*(?P<value>.*)$")
@@ -25,7 +25,6 @@ _DESIGNATION_GEN_RES = (
 )
 _SIZE_RE = re.compile(r"^(?P<n>[0-9]{1,9}(?:\.[0-9]{1,6})?)\s*(?P<unit>[kKMGT])B\b")
 _UNIT_GB = {"k": 1 / 1024**2, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
-_SMALL_INT_RE = re.compile(r"[0-9]{1,6}")
 _LANE_WIDTHS = {1, 2, 4, 8, 12, 16, 32}
 _MAX_GEN = 7
 
@@ -109,7 +108,7 @@ def _slot(record: _Record) -> DmiSlot:
         in_use={"in use": True, "available": False}.get(fields.get("Current Usage", "").lower()),
         length=fields.get("Length") or None,
         slot_id=fields.get("ID") or None,
-        bus_address=_bdf(fields.get("Bus Address", "")),
+        bus_address=bdf_or_none(fields.get("Bus Address", "")),
         line=record.line,
     )
 
@@ -131,8 +130,9 @@ def _gen(generation: str, slot_type: str, designation: str) -> int | None:
     candidates += [m["gen"] for m in [_TYPE_GEN_RE.search(slot_type)] if m]
     candidates += [m["gen"] for r in _DESIGNATION_GEN_RES if (m := r.search(designation))]
     for text in candidates:
-        if _SMALL_INT_RE.fullmatch(text) and 1 <= int(text) <= _MAX_GEN:
-            return int(text)
+        gen = decimal(text)
+        if gen is not None and 1 <= gen <= _MAX_GEN:
+            return gen
     return None
 
 
@@ -152,13 +152,6 @@ def _form(text: str) -> str:
     return "other"
 
 
-def _bdf(text: str) -> str | None:
-    try:
-        return normalize_bdf(text)
-    except ValueError:
-        return None
-
-
 def _populated(fields: dict[str, str]) -> bool:
     """An empty CPU socket still has a type 4 record; its status says Unpopulated."""
     return not fields.get("Status", "").lower().startswith("unpopulated")
@@ -168,13 +161,9 @@ def _cpu(fields: dict[str, str]) -> dict:
     return {
         "socket": fields.get("Socket Designation"),
         "version": fields.get("Version"),
-        "cores": _int(fields.get("Core Count", "")),
-        "threads": _int(fields.get("Thread Count", "")),
+        "cores": decimal(fields.get("Core Count")),
+        "threads": decimal(fields.get("Thread Count")),
     }
-
-
-def _int(text: str) -> int | None:
-    return int(text) if _SMALL_INT_RE.fullmatch(text) else None
 
 
 def _size_gb(text: str) -> float | None:

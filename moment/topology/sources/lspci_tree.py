@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from moment.errors import SourceError
-from moment.topology.pci import DOWNSTREAM, ROOT_PORT, UPSTREAM, PciFunction, bus_of, normalize_bdf
+from moment.topology.pci import PciFunction, bus_of, infer_port_types, normalize_bdf
+from moment.topology.sources.text import capture_lines
 
 _TREE_START = re.compile(r"-(?:\+-)?\[")  # "-[0000:00]-+-..." or "-+-[0000:00]-+-..."
 _CONTINUATION = re.compile(r"[ |]*[+\\]-")
@@ -43,10 +44,10 @@ _HOST = _Bus("0000", None, None)
 def parse_lspci_tree(text: str, source: str = "lspci-tv.txt") -> list[PciFunction]:
     """Every function of an ``lspci -t[v[nn]]`` capture, with parents and bridge bus ranges.
 
-    Raises SourceError when the text holds no tree or a line in the middle cannot be read; a
-    last line cut short (a truncated capture) is read as far as it goes.
+    Raises SourceError when the text is empty or binary, holds no tree, or a line in the middle
+    cannot be read; a last line cut short (a truncated capture) is read as far as it goes.
     """
-    lines = _tree_lines(text)
+    lines = _tree_lines(capture_lines(text, source))
     if not lines:
         raise SourceError(source, "no `lspci -t` tree found")
     parser = _TreeParser(source)
@@ -54,18 +55,18 @@ def parse_lspci_tree(text: str, source: str = "lspci-tv.txt") -> list[PciFunctio
         parser.feed(line, lineno, last=i == len(lines) - 1)
     if not parser.functions:
         raise SourceError(source, "the `lspci -t` tree lists no PCI functions")
-    _mark_port_types(parser.functions)
+    infer_port_types(parser.functions)  # the tree has no capability list
     return parser.functions
 
 
-def _tree_lines(text: str) -> list[tuple[int, str]]:
+def _tree_lines(lines: list[str]) -> list[tuple[int, str]]:
     """(line number, line) of the tree art: from its first line to the first line that is not art.
 
     Tabs are expanded first: the art is column-aligned, and an editor that turned runs of
     spaces into tabs must not change the result.
     """
     out: list[tuple[int, str]] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(lines, 1):
         line = raw.expandtabs().rstrip()
         if _TREE_START.match(line):
             out.append((lineno, line))
@@ -160,24 +161,3 @@ def _set_name(fn: PciFunction, text: str) -> None:
         fn.name = fn.name[: suffix.start()]
     if ids := suffix or _IDS_ONLY.fullmatch(fn.name):
         fn.vendor_id, fn.device_id = ids.group("ven"), ids.group("dev")
-
-
-def _mark_port_types(functions: list[PciFunction]) -> None:
-    """Port types the structure alone shows (the tree has no capability list).
-
-    A bridge on a root bus is a root port. Below it, a bridge whose secondary bus holds bridges
-    is a switch's upstream port, and those bridges are its downstream ports; a downstream port
-    may lead to the upstream port of a cascaded switch. Other bridges (e.g. a BMC's
-    PCIe-to-PCI bridge) stay unmarked. Relies on parents coming before their children.
-    """
-    by_bdf = {f.bdf: f for f in functions}
-    above_bridges = {f.parent for f in functions if f.secondary_bus is not None}
-    for f in functions:
-        if f.secondary_bus is None:
-            continue
-        if f.parent is None:
-            f.port_type = ROOT_PORT
-        elif by_bdf[f.parent].port_type == UPSTREAM:
-            f.port_type = DOWNSTREAM
-        elif f.bdf in above_bridges:
-            f.port_type = UPSTREAM

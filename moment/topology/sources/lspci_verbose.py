@@ -24,6 +24,7 @@ from moment.topology.pci import (
     normalize_bdf,
     speed_to_gen,
 )
+from moment.topology.sources.text import capture_lines
 
 _HEADER_RE = re.compile(
     r"^(?P<addr>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
@@ -88,32 +89,6 @@ _PORT_TYPES = {
     "PCI-Express to PCI/PCI-X Bridge": PCI_BRIDGE,
     "Root Complex Integrated Endpoint": RC_INTEGRATED,
 }
-
-_MAX_UNPRINTABLE = 0.05  # share of control characters above which a "text" is binary garbage
-
-
-def capture_lines(text: str | bytes, source: str) -> list[str]:
-    """The lines of a text capture, any line ending; SourceError if it is empty or not text.
-
-    Shared by the text parsers so that every one rejects binary garbage the same way.
-    """
-    if isinstance(text, bytes):
-        encoding = "utf-16" if text[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8"
-        text = text.decode(encoding, errors="replace")
-    if not isinstance(text, str):
-        raise SourceError(source, f"expected text, got {type(text).__name__}")
-    text = text.removeprefix("\ufeff")
-    if not text.strip():
-        raise SourceError(source, "empty capture")
-    nul = text.find("\x00")
-    if nul >= 0:
-        raise SourceError(source, "binary data (NUL byte), not a text capture", text.count("\n", 0, nul) + 1)
-    unprintable = sum(1 for ch in text if ch == "\ufffd" or (not ch.isprintable() and ch not in "\t\r\n"))
-    if unprintable > _MAX_UNPRINTABLE * len(text):
-        share = f"{unprintable} of {len(text)} characters unprintable"
-        raise SourceError(source, f"binary data ({share}), not a text capture")
-    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-
 
 def parse_lspci_verbose(text: str, source: str = "lspci-vvv.txt") -> list[PciFunction]:
     """Every function of an ``lspci -vv[v][nn][D]`` capture, with ``parent`` rebuilt from bus ranges."""

@@ -14,14 +14,13 @@ dump is rejected; descriptive ones (class, ids, link speed/width) are dropped wh
 from __future__ import annotations
 
 import io
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from moment.errors import SourceError
-from moment.topology.pci import UPSTREAM, PciFunction, normalize_bdf, speed_to_gen
+from moment.topology.pci import UPSTREAM, PciFunction, normalize_bdf
+from moment.topology.sources.text import capture_text, decimal, speed_gen
 
-_SPEED = re.compile(r"\s*(\d+(?:\.\d+)?)\s*GT/s")
 _VENDORS = {
     "10de": "NVIDIA",
     "15b3": "Mellanox",
@@ -49,12 +48,10 @@ class NcclTopo:
 def parse_nccl_xml(text: str, source: str = "nccl-topo.xml") -> NcclTopo:
     """The PCI functions, CPUs, GPU indices and NVLinks of an NCCL topology dump.
 
-    Raises SourceError for empty text, text that is not XML, XML whose root is not
+    Raises SourceError for empty or binary input, text that is not XML, XML whose root is not
     ``<system>`` and invalid structural attributes.
     """
-    if not text.strip():
-        raise SourceError(source, "empty capture")
-    events, error = _read_events(text)
+    events, error = _read_events(capture_text(text, source))
     if not events:
         raise SourceError(source, f"not XML: {error}", _error_line(error))
     root = events[0][1]
@@ -139,8 +136,8 @@ class _Walker:
                 "numaid": numaid,
                 "arch": el.get("arch"),
                 "vendor": el.get("vendor"),
-                "familyid": _decimal(el.get("familyid")),
-                "modelid": _decimal(el.get("modelid")),
+                "familyid": decimal(el.get("familyid")),
+                "modelid": decimal(el.get("modelid")),
             }
         )
         return numaid if numaid is not None and numaid >= 0 else None
@@ -154,7 +151,7 @@ class _Walker:
             device_id=_hex4(el.get("device")),
             parent=outer.pci.bdf if outer.pci else None,
             port_type=UPSTREAM if class_code == "0604" else None,
-            sta_gen=_gen(el.get("link_speed")),
+            sta_gen=speed_gen(el.get("link_speed")),
             sta_width=_width(el.get("link_width")),
             numa_node=outer.numa,
         )
@@ -190,10 +187,6 @@ class _Walker:
             raise SourceError(self.source, f"<{el.tag} {attr}={value!r}>: not an integer") from None
 
 
-def _decimal(value: str | None) -> int | None:
-    return int(value) if value is not None and value.strip().isdecimal() else None
-
-
 def _hex(value: str | None) -> int | None:
     try:
         number = int(value or "", 16)
@@ -214,14 +207,8 @@ def _class_code(value: str | None) -> str | None:
     return f"{number >> 8:04x}" if number is not None and number <= 0xFFFFFF else None
 
 
-def _gen(value: str | None) -> int | None:
-    """Generation of a link speed: "16.0 GT/s PCIe" -> 4."""
-    m = _SPEED.match(value or "")
-    return speed_to_gen(float(m.group(1))) if m else None
-
-
 def _width(value: str | None) -> int | None:
-    width = _decimal(value)
+    width = decimal(value)
     return width if width else None
 
 

@@ -17,11 +17,12 @@ import re
 from dataclasses import dataclass, field
 
 from moment.errors import SourceError
+from moment.topology.sources.text import capture_lines, decimal
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _GPU = re.compile(r"GPU\d+")
-_NVLINK = re.compile(r"NV(\d+)")
-_CELL = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")  # SOC: older drivers' name for SYS
+_NVLINK = re.compile(r"NV([0-9]{1,6})")
+_CELL = re.compile(r"X|NV[0-9]{1,6}|PIX|PXB|PHB|NODE|SYS|SOC")  # SOC: older drivers' name for SYS
 _TRAILING = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID")
 # A trailing header: a known one, else words up to a tab, two blanks or the end of the line.
 _TRAILING_HEADER = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+(?: \S+)*?(?=\t| {2,}|$)")
@@ -47,11 +48,7 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt") -> S
     Raises SourceError for empty or binary input and for text without the GPU matrix header.
     A last row cut short (a truncated capture) is read as far as it goes.
     """
-    if not text.strip():
-        raise SourceError(source, "empty capture")
-    if "\x00" in text:
-        raise SourceError(source, "binary data, not `nvidia-smi topo -m` output")
-    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    lines = capture_lines(_ANSI.sub("", text), source)  # a terminal's escapes are not binary data
     start = _header_index(lines)
     if start is None:
         raise SourceError(source, "no GPU matrix header (is this `nvidia-smi topo -m` output?)")
@@ -127,7 +124,7 @@ class _MatrixReader:
         if header == "CPU Affinity":
             self.topo.cpu_affinity[row] = value
         elif header == "NUMA Affinity":
-            self.topo.numa[row] = int(value) if value.isdecimal() else None
+            self.topo.numa[row] = decimal(value)
 
 
 def smi_groups(topo: SmiTopo) -> list[list[str]]:

@@ -22,19 +22,19 @@ from moment.topology.pci import (
     ROOT_PORT,
     UPSTREAM,
     PciFunction,
+    bdf_or_none,
     bus_of,
+    infer_port_types,
     normalize_bdf,
-    speed_to_gen,
 )
+from moment.topology.sources.text import decimal, speed_gen
 
 try:  # optional: names from the udev hardware database
     import pyudev
 except ImportError:
     pyudev = None
 
-_SPEED_RE = re.compile(r"^(?P<gts>[0-9]{1,3}(?:\.[0-9]{1,3})?)\s*GT/s")  # "16.0 GT/s PCIe", "8 GT/s", "Unknown"
 _SLOT_ADDRESS_RE = re.compile(r"^(?P<dev>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})$")  # "0000:3b:00"
-_DECIMAL_RE = re.compile(r"[0-9]{1,6}")  # bus numbers, widths
 _NO_WIDTH = {0, 255}  # the kernel's "no link" / unknown widths
 
 # PCI Express capability (id 0x10), "Device/Port Type" in bits 7:4 of its flags (offset 2).
@@ -63,28 +63,19 @@ def read_sysfs(root: str | Path = "/sys/bus/pci/devices") -> list[PciFunction]:
         raise SourceError(str(root), f"cannot list PCI devices: {exc.strerror or exc}") from None
     context = _udev_context()
     functions: list[PciFunction] = []
-    depth: dict[str, int] = {}
     for entry in entries:
-        bdf = _as_bdf(entry.name)
+        bdf = bdf_or_none(entry.name)
         if bdf is None:
             continue  # not a function entry
         real = Path(os.path.realpath(entry))
-        ancestors = [a for a in (_as_bdf(part) for part in real.parts[:-1]) if a]
+        ancestors = [a for a in (bdf_or_none(part) for part in real.parts[:-1]) if a]
         fn = _read_function(bdf, entry, ancestors[-1] if ancestors else None)
         fn.name = _udev_name(context, real) or f"vendor {fn.vendor_id or '????'} device {fn.device_id or '????'}"
         functions.append(fn)
-        depth[bdf] = len(ancestors)
     _derive_secondary_buses(functions)
-    _infer_port_types(sorted(functions, key=lambda f: depth[f.bdf]))
+    infer_port_types(functions)  # bridges whose config space gave no port type
     _assign_slots(functions, root.parent / "slots")
     return functions
-
-
-def _as_bdf(text: str) -> str | None:
-    try:
-        return normalize_bdf(text)
-    except ValueError:
-        return None
 
 
 def _read_function(bdf: str, entry: Path, parent: str | None) -> PciFunction:
@@ -132,13 +123,11 @@ def _hex_field(path: Path, shift: int = 0) -> str | None:
 
 
 def _int_field(path: Path) -> int | None:
-    text = _read(path) or ""
-    return int(text) if _DECIMAL_RE.fullmatch(text) else None
+    return decimal(_read(path))
 
 
 def _speed_gen(path: Path) -> int | None:
-    m = _SPEED_RE.match(_read(path) or "")
-    return speed_to_gen(float(m["gts"])) if m else None
+    return speed_gen(_read(path))  # "16.0 GT/s PCIe", "8 GT/s", "Unknown"
 
 
 def _width(path: Path) -> int | None:
@@ -212,27 +201,6 @@ def _derive_secondary_buses(functions: list[PciFunction]) -> None:
     for fn in functions:
         if fn.secondary_bus is None and fn.bdf in kids:
             fn.secondary_bus = bus_of(kids[fn.bdf][0].bdf)[1]
-
-
-def _infer_port_types(top_down: list[PciFunction]) -> None:
-    """Port types of bridges whose config space gave none, from the shape of the tree.
-
-    On a root bus → root port; below an upstream port → downstream port; with bridges below →
-    a switch's upstream port. ``top_down`` lists parents before children so that the upstream
-    ports are known before their downstream ports are looked at.
-    """
-    by_bdf = {fn.bdf: fn for fn in top_down}
-    kids = _children(top_down)
-    for fn in top_down:
-        if fn.port_type is not None or not fn.is_bridge:
-            continue
-        parent = by_bdf.get(fn.parent) if fn.parent else None
-        if fn.parent is None:
-            fn.port_type = ROOT_PORT
-        elif parent is not None and parent.port_type == UPSTREAM:
-            fn.port_type = DOWNSTREAM
-        elif any(k.is_bridge for k in kids.get(fn.bdf, [])):
-            fn.port_type = UPSTREAM
 
 
 def _assign_slots(functions: list[PciFunction], slots_dir: Path) -> None:
