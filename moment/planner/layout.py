@@ -1,0 +1,116 @@
+"""Layouts: which GPU or SSD sits in which slot, and what fits where.
+
+A layout maps port ids (the port feeding a slot) to device ids. GPUs and NVMe SSDs in slots are
+movable; everything else (NICs, SXM GPUs without a slot, integrated devices) stays put.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moment.errors import UsageError
+from moment.topology.model import Device, Machine, Port, Slot
+
+MOVABLE = ("gpu", "nvme")
+
+
+def gpu_fits(slot: Slot, double_width_known: bool) -> bool:
+    """A GPU needs a double-width x16-class slot; where the profile never says which slots are
+    double width (captures), any x8+ PCIe slot is allowed."""
+    if slot.form == "pcie-double":
+        return True
+    return not double_width_known and slot.form == "pcie" and (slot.width or 16) >= 8
+
+
+def ssd_fits(slot: Slot) -> bool:
+    """An NVMe SSD goes in a bay, an M.2 socket, or any PCIe slot (with an adapter)."""
+    return slot.form in ("u2", "e1s", "m2", "pcie", "pcie-double")
+
+
+def fits(device: Device, slot: Slot, double_width_known: bool) -> bool:
+    if device.kind == "gpu":
+        return gpu_fits(slot, double_width_known)
+    if device.kind == "nvme":
+        return ssd_fits(slot)
+    return False
+
+
+@dataclass
+class SlotSpace:
+    """The slots devices can move between, and the movable devices of a profile."""
+
+    positions: list[Port]  # ports with a slot that hold nothing fixed
+    gpus: list[Device]
+    ssds: list[Device]
+    double_width_known: bool
+
+    def gpu_slots(self) -> list[Port]:
+        return [p for p in self.positions if gpu_fits(p.slot, self.double_width_known)]  # type: ignore[arg-type]
+
+    def ssd_slots(self) -> list[Port]:
+        return [p for p in self.positions if ssd_fits(p.slot)]  # type: ignore[arg-type]
+
+
+def slot_space(machine: Machine) -> SlotSpace:
+    positions, gpus, ssds = [], [], []
+    for port, _ in machine.iter_ports():
+        dev = port.device
+        movable = dev is not None and dev.kind in MOVABLE and port.slot is not None
+        if port.slot is not None and port.switch is None and (dev is None or movable):
+            positions.append(port)
+        if movable:
+            (gpus if dev.kind == "gpu" else ssds).append(dev)  # type: ignore[union-attr]
+    double = any(p.slot.form == "pcie-double" for p in positions)  # type: ignore[union-attr]
+    return SlotSpace(positions=positions, gpus=gpus, ssds=ssds, double_width_known=double)
+
+
+def installed_layout(machine: Machine) -> dict[str, str]:
+    """The layout as the profile has it installed (movable devices only)."""
+    return {p.id: p.device.id for p in slot_space(machine).positions if p.device is not None}
+
+
+def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
+    """``count`` devices of a kind: the profile's own, then copies of its first for what-ifs."""
+    have = space.gpus if kind == "gpu" else space.ssds
+    if count <= len(have):
+        return have[:count]
+    if not have:
+        raise UsageError(f"the profile has no {'GPU' if kind == 'gpu' else 'NVMe SSD'} to take as a model for {count}")
+    template = have[0]
+    extra = [
+        template.model_copy(update={"id": f"{kind}{i}", "bdf": None, "functions": []})
+        for i in range(len(have), count)
+    ]
+    return have + extra
+
+
+def placement(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> dict[str, Device]:
+    """Check ``layout`` (port id -> device id) against the profile; return port id -> device.
+
+    ``devices`` lists the devices the layout may use (default: the profile's movable ones).
+    """
+    space = slot_space(machine)
+    pool = {d.id: d for d in (devices if devices is not None else space.gpus + space.ssds)}
+    by_id = {p.id: p for p in space.positions}
+    if len(set(layout.values())) != len(layout):
+        raise UsageError("layout places the same device in two slots")
+    out: dict[str, Device] = {}
+    for port_id, dev_id in layout.items():
+        if port_id not in by_id:
+            raise UsageError(f"layout names slot/port {port_id!r}, which is not a free or movable slot of {machine.name}")
+        if dev_id not in pool:
+            raise UsageError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
+        port, dev = by_id[port_id], pool[dev_id]
+        if not fits(dev, port.slot, space.double_width_known):  # type: ignore[arg-type]
+            raise UsageError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
+        out[port_id] = dev
+    return out
+
+
+def apply_layout(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> Machine:
+    """A copy of ``machine`` with every movable device taken out and ``layout`` installed."""
+    placed = placement(machine, layout, devices)
+    m = machine.model_copy(deep=True)
+    for port in slot_space(m).positions:
+        port.device = placed[port.id].model_copy() if port.id in placed else None
+    return m

@@ -1,0 +1,262 @@
+"""Two flow models that predict the time of one iteration's feature reads.
+
+* ``paper``: the Moment paper's model — a single-commodity max flow inside a time bisection:
+  the smallest T such that, every capacity scaled by T, each GPU receives its demand. Any GPU may
+  take its bytes from any bin, so GPU 0 may read only the SSDs near it.
+* ``proportional``: what random neighbour sampling does — every GPU reads the same share of its
+  bytes from each bin; the shares are chosen by an LP that minimises T.
+
+Both work on the same :class:`~moment.planner.network.Network`. The paper model has two
+interchangeable max-flow engines (ortools on scaled integers, networkx as the reference), chosen
+by a parameter as networkx's own ``flow_func`` is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from moment.errors import MomentError
+from moment.planner.network import INF, Network
+
+TIGHT = 0.995  # an edge this full at the optimum is a bottleneck
+
+
+@dataclass
+class Prediction:
+    """One model's answer for one layout."""
+
+    model: str
+    iteration_s: float
+    bin_share: dict[str, float]  # share of all feature bytes each bin serves (sums to 1)
+    edge_load_gb: dict[str, float]  # GB per iteration over each edge
+    utilisation: dict[str, float]  # load / (capacity × T)
+    per_gpu_s: dict[str, float]  # time each GPU's own reads need at these loads
+    bottleneck: list[str] = field(default_factory=list)
+    link_load: float = 0.0  # Σ load/capacity over links, per unit T: lower = more headroom
+
+    def gbps_per_gpu(self, net: Network) -> list[float]:
+        return [net.demand_gb / self.per_gpu_s[g] if self.per_gpu_s[g] > 0 else INF for g in net.gpus]
+
+
+def _check_tiers(net: Network) -> None:
+    for tier, share in net.shares.items():
+        if share > 1e-9 and not net.tier_bins(tier):
+            where = {"gpu": "GPUs", "cpu": "CPU sockets", "ssd": "SSDs"}[tier]
+            raise MomentError(f"the workload needs the {tier} tier ({share:.1%} of reads) but the layout has no {where}")
+    if not net.gpus:
+        raise MomentError("the layout has no GPU")
+
+
+def _finish(net: Network, model: str, t: float, share: dict[str, float], load: dict[str, float],
+            gpu_edges: dict[str, set[str]]) -> Prediction:
+    util = {k: load.get(k, 0.0) / (cap * t) for k, (_, _, cap) in net.edges.items() if cap < INF and t > 0}
+    per_gpu = {
+        g: max((load.get(e, 0.0) / net.edges[e][2] for e in gpu_edges[g] if net.edges[e][2] < INF), default=0.0)
+        for g in net.gpus
+    }
+    bottleneck = sorted((k for k, u in util.items() if u >= TIGHT), key=lambda k: -util[k])
+    return Prediction(model, t, share, load, util, per_gpu, bottleneck)
+
+
+# --- proportional-share LP ------------------------------------------------------------------
+
+
+def proportional(net: Network, second_pass: bool = True) -> Prediction:
+    """Min T such that every GPU reads share x_b of its bytes from bin b (same x for all GPUs).
+
+    Solved with GLOP. A second pass keeps T and minimises the total of load/capacity, so that
+    among equally fast answers the one that spreads traffic and uses short paths is reported
+    (the search ranks with the first pass alone and details only what it keeps).
+    Coefficients are summed per edge before they reach the solver: the model stays small
+    (one row per link, one column per bin) and quick to build, which the search relies on.
+    """
+    from ortools.linear_solver import pywraplp
+
+    _check_tiers(net)
+    D = net.demand_gb
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    inf = solver.infinity()
+    T = solver.NumVar(0.0, inf, "T")
+    x = {b.id: solver.NumVar(0.0, 1.0, f"x[{b.id}]") for b in net.bins}
+    for tier, share in net.shares.items():
+        bins = net.tier_bins(tier)
+        if bins:
+            row = solver.Constraint(share, share)
+            for b in bins:
+                row.SetCoefficient(x[b.id], 1.0)
+    # (gpu, path, variable) for every route; a variable per path only where there is a choice.
+    routes: list[tuple[str, list[str], object]] = []
+    for (b, g), alts in net.paths.items():
+        if len(alts) == 1:
+            routes.append((g, alts[0], x[b]))
+            continue
+        split = solver.Constraint(0.0, 0.0)
+        split.SetCoefficient(x[b], -1.0)
+        for i, path in enumerate(alts):
+            v = solver.NumVar(0.0, 1.0, f"f[{b},{g},{i}]")
+            split.SetCoefficient(v, 1.0)
+            routes.append((g, path, v))
+    coef: dict[str, dict[object, float]] = defaultdict(lambda: defaultdict(float))
+    for _, path, var in routes:
+        for e in path:
+            if net.edges[e][2] < INF:
+                coef[e][var] += D
+    spread: dict[object, float] = defaultdict(float)
+    for e, terms in coef.items():
+        cap = net.edges[e][2]
+        row = solver.Constraint(-inf, 0.0)
+        row.SetCoefficient(T, -cap)
+        for var, c in terms.items():
+            row.SetCoefficient(var, c)
+            spread[var] += c / cap
+    objective = solver.Objective()
+    objective.SetCoefficient(T, 1.0)
+    objective.SetMinimization()
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        raise MomentError("proportional-share LP found no solution (is every GPU reachable from every bin?)")
+    t_star = T.solution_value()
+    if spread and second_pass:  # same T, least total normalised load
+        T.SetUb(t_star * (1 + 1e-7) + 1e-12)
+        objective.SetCoefficient(T, 0.0)
+        for var, c in spread.items():
+            objective.SetCoefficient(var, c)
+        if solver.Solve() != pywraplp.Solver.OPTIMAL:
+            raise MomentError("proportional-share LP: second pass failed")
+    value = {var: var.solution_value() for _, _, var in routes}  # type: ignore[attr-defined]
+    load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
+    gpu_edges: dict[str, set[str]] = defaultdict(set)
+    for g, path, var in routes:
+        if value[var] > 1e-12:
+            gpu_edges[g].update(path)
+    share = {b.id: x[b.id].solution_value() for b in net.bins}
+    pred = _finish(net, "proportional", T.solution_value(), share, load, gpu_edges)
+    pred.link_load = sum(load[e] / net.edges[e][2] for e in load) / max(pred.iteration_s, 1e-12)
+    return pred
+
+
+# --- paper model: max flow inside a time bisection ------------------------------------------
+
+MaxFlow = Callable[[list[tuple[str, str, float]], str, str], tuple[float, list[float]]]
+
+
+def ortools_max_flow(arcs: list[tuple[str, str, float]], source: str, sink: str) -> tuple[float, list[float]]:
+    """Max flow with ortools SimpleMaxFlow on integer capacities (1e-9 of the largest finite one)."""
+    from ortools.graph.python import max_flow
+
+    finite = [c for _, _, c in arcs if c < INF]
+    unit = (max(finite) if finite else 1.0) / 1e9
+    big = 10**15
+    index: dict[str, int] = {}
+    mf = max_flow.SimpleMaxFlow()
+    for u, v, cap in arcs:
+        iu, iv = index.setdefault(u, len(index)), index.setdefault(v, len(index))
+        mf.add_arc_with_capacity(iu, iv, big if cap >= INF else int(cap / unit))
+    if source not in index or sink not in index:
+        return 0.0, [0.0] * len(arcs)
+    status = mf.solve(index[source], index[sink])
+    if status != mf.OPTIMAL:
+        raise MomentError(f"ortools max flow failed with status {status}")
+    return mf.optimal_flow() * unit, [mf.flow(i) * unit for i in range(len(arcs))]
+
+
+def networkx_max_flow(arcs: list[tuple[str, str, float]], source: str, sink: str) -> tuple[float, list[float]]:
+    """Max flow with networkx (preflow-push) on float capacities: the reference engine."""
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    mids = []
+    for i, (u, v, cap) in enumerate(arcs):
+        # A middle node per arc keeps parallel arcs apart and lets flows be read back per arc.
+        mid = ("arc", i)
+        mids.append(mid)
+        graph.add_edge(u, mid, **({} if cap >= INF else {"capacity": cap}))
+        graph.add_edge(mid, v)
+    if source not in graph or sink not in graph:
+        return 0.0, [0.0] * len(arcs)
+    value, flow = nx.maximum_flow(graph, source, sink)
+    return value, [flow[u][mid] for (u, _, _), mid in zip(arcs, mids)]
+
+
+ENGINES: dict[str, MaxFlow] = {"ortools": ortools_max_flow, "networkx": networkx_max_flow}
+
+
+def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], list[str | None]]:
+    G, D = len(net.gpus), net.demand_gb
+    arcs: list[tuple[str, str, float]] = []
+    keys: list[str | None] = []
+    for tier, share in net.shares.items():
+        arcs.append(("src", f"T:{tier}", share * D * G))
+        keys.append(None)
+        for b in net.tier_bins(tier):
+            arcs.append((f"T:{tier}", b.node, INF))
+            keys.append(None)
+    for key, (u, v, cap) in net.edges.items():
+        arcs.append((u, v, cap * t if cap < INF else INF))
+        keys.append(key)
+    for g in net.gpus:
+        arcs.append((f"G:{g}", "sink", D))
+        keys.append(None)
+    return arcs, keys
+
+
+def paper(net: Network, engine: str = "ortools", upper_s: float | None = None, rel_tol: float = 1e-6) -> Prediction:
+    """Smallest T at which the max flow delivers every GPU's demand (bisection on T)."""
+    _check_tiers(net)
+    flow_func = ENGINES[engine]
+    need = net.demand_gb * len(net.gpus)
+
+    def feasible(t: float) -> tuple[bool, list[float]]:
+        arcs, _ = _paper_arcs(net, t)
+        value, flows = flow_func(arcs, "src", "sink")
+        return value >= need * (1 - 1e-7), flows
+
+    ok, flows = feasible(0.0)
+    if ok:  # only unlimited edges needed (e.g. every GPU reads its own cache): no time at all
+        hi = 0.0
+    else:
+        hi = upper_s or 1.0
+        ok, flows = feasible(hi)
+    while not ok:
+        hi *= 2
+        if hi > 1e9:
+            raise MomentError("paper model: the demand cannot be delivered (a GPU is cut off from the bins)")
+        ok, flows = feasible(hi)
+    lo = 0.0
+    while hi - lo > rel_tol * hi and hi > 0:
+        mid = (lo + hi) / 2
+        ok, f = feasible(mid)
+        if ok:
+            hi, flows = mid, f
+        else:
+            lo = mid
+    arcs, keys = _paper_arcs(net, hi)
+    load = {k: fl for k, fl in zip(keys, flows) if k is not None and fl > 1e-12}
+    out_of: dict[str, float] = defaultdict(float)
+    for (u, _, _), fl in zip(arcs, flows):
+        out_of[u] += fl
+    share = {b.id: out_of[b.node] / need for b in net.bins}
+    pred = _finish(net, f"paper[{engine}]", hi, share, load, {g: set() for g in net.gpus})
+    # A single-commodity flow does not say which bytes reach which GPU; each GPU's demand is
+    # delivered exactly at T, so every GPU is credited with T.
+    pred.per_gpu_s = {g: hi for g in net.gpus}
+    return pred
+
+
+def explain_difference(net: Network, paper_p: Prediction, prop: Prediction) -> str | None:
+    """Why the proportional model is slower than the paper's, in one sentence (None if they agree)."""
+    if prop.iteration_s <= paper_p.iteration_s * 1.01:
+        return None
+    slower = prop.iteration_s / paper_p.iteration_s - 1
+    hot = prop.bottleneck[:2]
+    names = ", ".join(net.labels[e] for e in hot) or "a shared link"
+    return (
+        f"proportional share is {slower:.0%} slower: random sampling makes every GPU read every bin, so "
+        f"{names} carries traffic the paper's max flow routes around (it lets each GPU read only the bins near it)"
+    )
+
+
+def close(a: float, b: float, rel: float = 1e-3) -> bool:
+    return math.isclose(a, b, rel_tol=rel)

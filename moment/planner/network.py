@@ -1,0 +1,233 @@
+"""The capacity graph of one machine + layout + workload, shared by every flow model.
+
+Nodes: ``S:<socket>`` root complexes, ``W:<switch>`` switches, ``D:<device>`` a device's PCIe
+end (where its data leaves), ``G:<gpu>`` a GPU as consumer, ``B:<bin>`` storage bins (each GPU's
+cache, each socket's DRAM, each SSD). Every PCIe link is two directed edges (``up:``/``down:``
++ port id), PCIe being full duplex; ``upi:a>b`` and ``nv:a>b`` likewise. Splitting a GPU into
+``D:`` and ``G:`` keeps data from relaying through a GPU. Capacities are GB/s.
+
+The machine's fixed part (sockets, switches, their links, fixed devices) is walked once into a
+:class:`Skeleton`; a layout only adds the devices in slots, which keeps the search fast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from moment.planner.workload import Workload
+from moment.topology import bandwidth
+from moment.topology.model import Device, Link, Machine
+
+INF = math.inf
+DEFAULT_DRAM_GBPS = 100.0  # per socket, when the profile has no figure
+DEFAULT_SSD_GBPS = 3.0  # per SSD at the feature read size, when the profile has no figure
+
+
+@dataclass(frozen=True)
+class Bin:
+    id: str  # "gpu0" (its cache), "dram:cpu0", "nvme3"
+    tier: str  # "gpu" | "cpu" | "ssd"
+    node: str  # B: node
+
+
+@dataclass
+class Network:
+    edges: dict[str, tuple[str, str, float]]  # key -> (tail, head, GB/s)
+    labels: dict[str, str]  # key -> human name
+    bins: list[Bin]
+    gpus: list[str]
+    paths: dict[tuple[str, str], list[list[str]]]  # (bin, gpu) -> alternative edge-key paths
+    demand_gb: float  # per GPU per iteration
+    shares: dict[str, float]  # tier -> share of accesses
+    notes: list[str] = field(default_factory=list)
+
+    def tier_bins(self, tier: str) -> list[Bin]:
+        return [b for b in self.bins if b.tier == tier]
+
+
+def device_link_gbps(link: Link, dev: Device) -> float | None:
+    """A device's link runs at the slower of port and device (an x4 SSD in an x16 slot)."""
+    if link.gbps is not None:
+        return link.gbps
+    gens = [x for x in (link.max_gen or link.gen, dev.max_gen) if x]
+    widths = [x for x in (link.width, dev.max_width) if x]
+    return bandwidth.pcie_gbps(min(gens) if gens else None, min(widths) if widths else None)
+
+
+@dataclass
+class _Position:
+    port_id: str
+    parent: str  # node above the port
+    link: Link
+    where: str  # slot name or port id, for labels
+    integrated: bool
+
+
+class Skeleton:
+    """The fixed part of a machine's graph, reusable across layouts."""
+
+    def __init__(self, machine: Machine, movable: set[str] | None = None) -> None:
+        """``movable``: port ids whose devices a layout decides (default: none; the machine's
+        devices are all taken as installed)."""
+        self.machine = machine
+        self.edges: dict[str, tuple[str, str, float]] = {}
+        self.labels: dict[str, str] = {}
+        self.parent: dict[str, tuple[str, str]] = {}  # child node -> (node above, port id)
+        self.positions: dict[str, _Position] = {}
+        self.fixed: dict[str, Device] = {}  # port id -> device that stays
+        self.notes: list[str] = []
+        movable = movable or set()
+        switch_of = {p.id: sw.id for sw in machine.switches() for p in sw.ports}
+        for port, socket in machine.iter_ports():
+            above = f"W:{switch_of[port.id]}" if port.id in switch_of else f"S:{socket.id}"
+            where = port.slot.name if port.slot else port.id
+            pos = _Position(port.id, above, port.link, where, port.kind == "integrated")
+            if port.switch is not None:
+                cap = port.link.bandwidth_gbps()
+                if cap is None:
+                    self.notes.append(f"uplink of {port.switch.id} ({port.id}) has no known bandwidth: treated as unlimited")
+                self._link(pos, f"W:{port.switch.id}", f"W:{port.switch.id}", cap, f"uplink of {port.switch.id}")
+            elif port.id in movable:
+                self.positions[port.id] = pos
+            elif port.device is not None and port.device.kind in ("gpu", "nvme"):
+                self.positions[port.id] = pos
+                self.fixed[port.id] = port.device
+        self.sockets = [s.id for s in machine.sockets]
+        for link in machine.socket_links:
+            a, b = link.between
+            for x, y in ((a, b), (b, a)):
+                self._add(f"upi:{x}>{y}", f"S:{x}", f"S:{y}", link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
+        self.socket_path = _socket_paths(self.sockets)
+        self.dram = {s.id: s.dram_gbps for s in machine.sockets}
+
+    def _add(self, key: str, tail: str, head: str, cap: float | None, label: str) -> None:
+        self.edges[key] = (tail, head, INF if cap is None else cap)
+        self.labels[key] = label
+
+    def _link(self, pos: _Position, up_tail: str, down_head: str, cap: float | None, what: str,
+              edges: dict | None = None, labels: dict | None = None, parent: dict | None = None) -> None:
+        edges = self.edges if edges is None else edges
+        labels = self.labels if labels is None else labels
+        parent = self.parent if parent is None else parent
+        parent[up_tail] = (pos.parent, pos.port_id)
+        for key, tail, head, way in (
+            (f"up:{pos.port_id}", up_tail, pos.parent, "up"),
+            (f"down:{pos.port_id}", pos.parent, down_head, "down"),
+        ):
+            edges[key] = (tail, head, INF if cap is None else cap)
+            labels[key] = f"{what} ({pos.where}) {way}"
+
+    def network(self, placement: dict[str, Device], workload: Workload) -> Network:
+        """The graph with ``placement`` (port id -> device) installed on top of the fixed devices."""
+        edges, labels, parent = dict(self.edges), dict(self.labels), dict(self.parent)
+        notes = list(self.notes)
+        gpus: list[Device] = []
+        ssds: list[Device] = []
+        for port_id, dev in {**self.fixed, **placement}.items():
+            pos = self.positions[port_id]
+            cap = None if pos.integrated else device_link_gbps(pos.link, dev)
+            if cap is None and not pos.integrated:
+                notes.append(f"link of {dev.id} ({pos.where}) has no known bandwidth: treated as unlimited")
+            node = f"D:{dev.id}"
+            head = f"G:{dev.id}" if dev.kind == "gpu" else node
+            self._link(pos, node, head, cap, f"link of {dev.id}", edges, labels, parent)
+            (gpus if dev.kind == "gpu" else ssds).append(dev)
+        gpu_ids = {g.id for g in gpus}
+        nvl: dict[tuple[str, str], str] = {}
+        for nv in self.machine.nvlinks:
+            a, b = nv.between
+            if a in gpu_ids and b in gpu_ids:
+                for x, y in ((a, b), (b, a)):
+                    key = f"nv:{x}>{y}"
+                    edges[key] = (f"D:{x}", f"G:{y}", nv.bandwidth_gbps())
+                    labels[key] = f"NVLink {x}→{y}"
+                    nvl[(x, y)] = key
+        bins: list[Bin] = []
+        for g in gpus:
+            bins.append(Bin(g.id, "gpu", f"B:{g.id}"))
+            edges[f"hbm:{g.id}"] = (f"B:{g.id}", f"D:{g.id}", INF)
+            edges[f"local:{g.id}"] = (f"B:{g.id}", f"G:{g.id}", INF)
+            labels[f"hbm:{g.id}"], labels[f"local:{g.id}"] = f"{g.id} memory", f"{g.id} local cache"
+        for s, gbps in self.dram.items():
+            bins.append(Bin(f"dram:{s}", "cpu", f"B:dram:{s}"))
+            if gbps is None:
+                notes.append(f"{s} DRAM bandwidth unknown: {DEFAULT_DRAM_GBPS:g} GB/s assumed")
+            edges[f"dram:{s}"] = (f"B:dram:{s}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
+            labels[f"dram:{s}"] = f"{s} DRAM"
+        for d in ssds:
+            bins.append(Bin(d.id, "ssd", f"B:{d.id}"))
+            if d.read_gbps is None:
+                notes.append(f"{d.id} read bandwidth unknown: {DEFAULT_SSD_GBPS:g} GB/s assumed")
+            edges[f"read:{d.id}"] = (f"B:{d.id}", f"D:{d.id}", d.read_gbps or DEFAULT_SSD_GBPS)
+            labels[f"read:{d.id}"] = f"{d.id} reads"
+        ancestry = {n: _ancestry(n, parent) for n in [f"D:{d.id}" for d in gpus + ssds]}
+        paths: dict[tuple[str, str], list[list[str]]] = {}
+        for b in bins:
+            for g in gpus:
+                target = ancestry[f"D:{g.id}"]
+                if b.tier == "gpu":
+                    if b.id == g.id:
+                        alts = [[f"local:{g.id}"]]
+                    else:
+                        alts = [[f"hbm:{b.id}", *self._tree_path(ancestry[f"D:{b.id}"], target)]]
+                        if (b.id, g.id) in nvl:
+                            alts.append([f"hbm:{b.id}", nvl[(b.id, g.id)]])
+                elif b.tier == "cpu":
+                    sock = b.id.split(":", 1)[1]
+                    alts = [[f"dram:{sock}", *self.socket_path[(sock, target[-1][1][2:])], *_downs(target)]]
+                else:
+                    alts = [[f"read:{b.id}", *self._tree_path(ancestry[f"D:{b.id}"], target)]]
+                paths[(b.id, g.id)] = alts
+        return Network(
+            edges=edges,
+            labels=labels,
+            bins=bins,
+            gpus=[g.id for g in gpus],
+            paths=paths,
+            demand_gb=workload.demand_gb(),
+            shares=workload.tier_shares([g.memory_gb or 0.0 for g in gpus]),
+            notes=notes,
+        )
+
+    def _tree_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
+        """Up from one device to the lowest switch or socket it shares with the other, then down.
+
+        Devices under one switch talk peer to peer through it without touching the root complex;
+        devices on different sockets cross the inter-socket link."""
+        depth_in_b = {up: i for i, (_, up) in enumerate(b)}
+        keys = []
+        for port_id, up in a:
+            keys.append(f"up:{port_id}")
+            if up in depth_in_b:
+                return keys + _downs(b[: depth_in_b[up] + 1])
+        return keys + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
+
+
+def _downs(steps: list[tuple[str, str]]) -> list[str]:
+    return [f"down:{p}" for p, _ in reversed(steps)]
+
+
+def _ancestry(node: str, parent: dict[str, tuple[str, str]]) -> list[tuple[str, str]]:
+    """(port id, node above) for each step from ``node`` up to its socket's ``S:`` node."""
+    steps = []
+    while node in parent:
+        up, port_id = parent[node]
+        steps.append((port_id, up))
+        node = up
+    return steps
+
+
+def _socket_paths(order: list[str]) -> dict[tuple[str, str], list[str]]:
+    """Inter-socket edge keys between every pair of sockets (along the chain of socket links)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            step = 1 if j > i else -1
+            out[(a, b)] = [f"upi:{order[k]}>{order[k + step]}" for k in range(i, j, step)]
+    return out
+
+
+def build_network(machine: Machine, workload: Workload) -> Network:
+    """The graph of a machine as installed."""
+    return Skeleton(machine).network({}, workload)

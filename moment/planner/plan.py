@@ -1,0 +1,99 @@
+"""``moment plan`` and ``moment score`` as functions: search, score the named layouts, collect."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from moment.errors import UsageError
+from moment.planner import search
+from moment.planner.layout import installed_layout, slot_space
+from moment.planner.report import Scored, score
+from moment.planner.workload import Workload
+from moment.topology.model import Machine
+
+
+@dataclass
+class PlanOutcome:
+    best: Scored
+    ranking: list[Scored]
+    classic: dict[str, Scored]
+    search: dict
+
+
+def default_counts(machine: Machine) -> tuple[int, int]:
+    """GPUs and SSDs as installed."""
+    space = slot_space(machine)
+    return len(space.gpus), len(space.ssds)
+
+
+def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10) -> PlanOutcome:
+    t0 = time.perf_counter()
+    result = search.search(machine, workload, n_gpus, n_ssds, keep=top)
+    seconds = time.perf_counter() - t0
+    if not result.ranked:
+        raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
+    ranking = [
+        score(machine, f"#{i}", cand.layout, workload, result.devices) for i, cand in enumerate(result.ranked, 1)
+    ]
+    ranking[0].name = "best"
+    space = slot_space(machine)
+    classic = {}
+    if n_gpus == len(space.gpus) and n_ssds == len(space.ssds):  # named layouts use the profile's devices
+        for name, layout in sorted(machine.layouts.items()):
+            classic[name] = score(machine, name, layout, workload)
+    return PlanOutcome(
+        best=ranking[0],
+        ranking=ranking,
+        classic=classic,
+        search={
+            "gpus": n_gpus,
+            "ssds": n_ssds,
+            "raw_layouts": result.raw,
+            "distinct_layouts": result.distinct,
+            "evaluated": result.evaluated,
+            "seconds": round(seconds, 4),
+        },
+    )
+
+
+def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, str]]:
+    """A layout by name (``installed`` or one stored in the profile) or from a YAML/JSON file
+    mapping port id → device id."""
+    if name_or_file == "installed":
+        return "installed", installed_layout(machine)
+    if name_or_file in machine.layouts:
+        return name_or_file, dict(machine.layouts[name_or_file])
+    path = Path(name_or_file)
+    if not path.exists():
+        names = ", ".join(["installed", *sorted(machine.layouts)])
+        raise UsageError(f"unknown layout {name_or_file!r}: not a file, and not a layout of {machine.name} ({names})")
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
+        data = data["layout"]
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise UsageError(f"{path}: a layout file maps slot/port ids to device ids")
+    return path.stem, data
+
+
+def parse_range(text: str, what: str) -> list[int]:
+    """'4' → [4]; '1..4' → [1, 2, 3, 4]."""
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split("..", 1))
+            if lo > hi or lo < 0:
+                raise ValueError
+            return list(range(lo, hi + 1))
+        value = int(text)
+        if value < 0:
+            raise ValueError
+        return [value]
+    except ValueError:
+        raise UsageError(f"--{what} {text!r}: expected a count like 4 or a range like 1..4") from None

@@ -1,0 +1,197 @@
+"""What a plan says about one layout, for people (rich tables) and scripts (plain dicts)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from moment.planner import models
+from moment.planner.layout import apply_layout, placement
+from moment.planner.network import Network, Skeleton
+from moment.planner.workload import Workload
+from moment.topology.model import Device, Machine
+
+
+@dataclass
+class Scored:
+    """One layout, predicted by both models."""
+
+    name: str
+    layout: dict[str, str]
+    machine: Machine  # the profile with this layout installed
+    net: Network
+    prop: models.Prediction
+    paper: models.Prediction
+
+    @property
+    def explanation(self) -> str | None:
+        return models.explain_difference(self.net, self.paper, self.prop)
+
+    def imbalance(self) -> float:
+        times = [t for t in self.prop.per_gpu_s.values() if t > 0]
+        return max(times) / min(times) if times else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-layout record of ``plan --json``/``score --json`` and plan.json."""
+        slots = []
+        for port, socket in self.machine.iter_ports():
+            if port.id in self.layout and port.device is not None:
+                slots.append({
+                    "port": port.id,
+                    "slot": port.slot.name if port.slot else None,
+                    "device": port.device.id,
+                    "kind": port.device.kind,
+                    "bdf": port.device.bdf,
+                    "socket": socket.id,
+                })
+        return {
+            "name": self.name,
+            "layout": dict(self.layout),
+            "slots": slots,
+            "predicted_iteration_s": self.prop.iteration_s,
+            "gbps_per_gpu": [round(x, 4) for x in self.prop.gbps_per_gpu(self.net)],
+            "bottleneck": [self.net.labels[e] for e in self.prop.bottleneck],
+            "bottleneck_edges": list(self.prop.bottleneck),
+            "imbalance": round(self.imbalance(), 4),
+            "paper_iteration_s": self.paper.iteration_s,
+            "paper_gbps_per_gpu": [round(x, 4) for x in self.paper.gbps_per_gpu(self.net)],
+            "paper_bottleneck": [self.net.labels[e] for e in self.paper.bottleneck],
+            "models_differ": self.explanation,
+        }
+
+
+def score(machine: Machine, name: str, layout: dict[str, str], workload: Workload,
+          devices: list[Device] | None = None, engine: str = "ortools") -> Scored:
+    """Both models' predictions for one layout of ``machine``."""
+    placed = placement(machine, layout, devices)
+    net = Skeleton(machine, movable=set(_positions(machine))).network(placed, workload)
+    prop = models.proportional(net)
+    paper = models.paper(net, engine=engine, upper_s=prop.iteration_s * 1.001 + 1e-9)
+    return Scored(name, layout, apply_layout(machine, layout, devices), net, prop, paper)
+
+
+def _positions(machine: Machine) -> list[str]:
+    from moment.planner.layout import slot_space
+
+    return [p.id for p in slot_space(machine).positions]
+
+
+def links_table(s: Scored) -> list[dict[str, Any]]:
+    """Every finite link with its load, busiest first (plan.json's per-link utilisation)."""
+    rows = []
+    for key, (_, _, cap) in s.net.edges.items():
+        if cap == models.INF:
+            continue
+        rows.append({
+            "edge": key,
+            "label": s.net.labels[key],
+            "capacity_gbps": cap,
+            "load_gb": round(s.prop.edge_load_gb.get(key, 0.0), 6),
+            "utilisation": round(s.prop.utilisation.get(key, 0.0), 6),
+        })
+    return sorted(rows, key=lambda r: -r["utilisation"])
+
+
+def bin_targets(s: Scored) -> list[dict[str, Any]]:
+    """Share of all feature bytes each GPU cache, CPU cache and SSD should serve (stage 3)."""
+    where = {p.device.id: (p.id, sock.id) for p, sock in s.machine.iter_ports() if p.device is not None}
+    out = []
+    for b in s.net.bins:
+        dev = b.id.split(":", 1)[1] if b.tier == "cpu" else b.id
+        port, socket = where.get(dev, (None, dev if b.tier == "cpu" else None))
+        out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port, "socket": socket})
+    return out
+
+
+def edge_notes(s: Scored) -> tuple[dict[str, str], set[str]]:
+    """Per-port flow labels and the bottleneck ports, for the plan picture."""
+    notes: dict[str, str] = {}
+    hot: set[str] = set()
+    T = s.prop.iteration_s
+    for key, load in s.prop.edge_load_gb.items():
+        kind, _, ident = key.partition(":")
+        if kind in ("up", "down"):
+            target = ident
+        elif kind == "upi":
+            target = "upi"
+        else:
+            continue
+        rate = load / T if T > 0 else 0.0
+        util = s.prop.utilisation.get(key, 0.0)
+        text = f"{'↑' if kind == 'up' else '↓' if kind == 'down' else ''}{rate:.3g} GB/s ({util:.0%})"
+        notes[target] = f"{notes[target]} {text}" if target in notes else text
+        if key in s.prop.bottleneck:
+            hot.add(target)
+    return notes, hot
+
+
+def print_layout(console: Console, s: Scored) -> None:
+    table = Table(title=f"layout {s.name}: which device goes in which slot")
+    for col in ("device", "slot", "port", "socket", "link GB/s"):
+        table.add_column(col)
+    for row in s.to_dict()["slots"]:
+        cap = s.net.edges.get(f"down:{row['port']}", (None, None, None))[2] if row["kind"] == "gpu" else s.net.edges.get(f"up:{row['port']}", (None, None, None))[2]
+        table.add_row(row["device"], row["slot"] or "-", row["port"], row["socket"], f"{cap:.3g}" if cap else "-")
+    console.print(table)
+
+
+def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
+    d = s.to_dict()
+    console.print(
+        f"[bold]{s.name}[/]: predicted iteration {d['predicted_iteration_s']:.4f} s "
+        f"(proportional share), {d['paper_iteration_s']:.4f} s (paper's max flow); "
+        f"per GPU {', '.join(f'{x:.3g}' for x in d['gbps_per_gpu'])} GB/s; imbalance {d['imbalance']:.3f}"
+    )
+    if d["bottleneck"]:
+        console.print(f"  bottleneck: [red]{bottleneck_summary(s, limit=6)}[/]")
+    if d["models_differ"]:
+        console.print(f"  [yellow]{d['models_differ']}[/]")
+
+
+_LINK = re.compile(r"^(link|uplink) of (\S+) \(.*\) (up|down)$")
+
+
+def short_label(label: str) -> str:
+    """'link of gpu2 (switch 0 slot (bus 3b)) up' → 'gpu2 link ↑'."""
+    m = _LINK.match(label)
+    if m:
+        return f"{m.group(2)} {m.group(1)} {'↑' if m.group(3) == 'up' else '↓'}"
+    return label
+
+
+def bottleneck_summary(s: Scored, limit: int = 3) -> str:
+    """The tight links in a few words: SSD reads grouped, the rest by short name."""
+    labels = [s.net.labels[e] for e in s.prop.bottleneck]
+    ssd = [x for x in labels if x.endswith(" reads")]
+    rest = [short_label(x) for x in labels if not x.endswith(" reads")]
+    n_ssd = len(s.net.tier_bins("ssd"))
+    parts = ([f"SSD reads ({len(ssd)}/{n_ssd})"] if ssd else []) + rest
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f" +{more}" if more > 0 else "") if parts else "-"
+
+
+def ranking_table(title: str, rows: list[Scored], best_s: float) -> Table:
+    table = Table(title=title)
+    for col in ("layout", "GPUs", "SSDs", "s/iter", "vs best", "paper", "bottleneck"):
+        table.add_column(col, justify="right" if col in ("s/iter", "vs best", "paper") else "left")
+    for s in rows:
+        table.add_row(
+            s.name, _spread(s, "gpu"), _spread(s, "nvme"), f"{s.prop.iteration_s:.4f}",
+            f"{s.prop.iteration_s / best_s:.2f}×", f"{s.paper.iteration_s:.4f}", bottleneck_summary(s),
+        )
+    return table
+
+
+def _spread(s: Scored, kind: str) -> str:
+    """e.g. 'sw0:2 sw1:2' — devices counted by the switch (or socket) they hang off."""
+    counts: dict[str, int] = {}
+    parents = {p.id: sw.id for sw in s.machine.switches() for p in sw.ports}
+    for port, socket in s.machine.iter_ports():
+        if port.device is not None and port.device.kind == kind and port.id in s.layout:
+            key = parents.get(port.id, socket.id)
+            counts[key] = counts.get(key, 0) + 1
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "-"

@@ -1,0 +1,136 @@
+"""The training workload the planner predicts for: how many feature bytes each GPU needs per
+iteration, and which share of them each tier (GPU cache, CPU cache, SSD) serves.
+
+Tier shares come from a hotness curve — the share of accesses caught by the hottest x of the
+vertices. A measured curve (pre-sampling, ``moment place``) is best; without one a Zipf-like
+default is used and said so in every report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from moment.errors import MomentError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class Hotness(BaseModel):
+    """Share of feature reads caught by the hottest ``x`` of the vertices.
+
+    Either a measured ``curve`` of ``[x, share]`` points (increasing), or the Zipf-like default
+    ``share(x) = x ** (1 - zipf_s)``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    zipf_s: float = Field(default=0.8, ge=0.0, lt=1.0)
+    curve: list[tuple[float, float]] | None = None
+    source: str = "Zipf-like default share(x) = x^(1-s), s = 0.8 (not measured)"
+
+    @model_validator(mode="after")
+    def _monotone(self) -> Hotness:
+        if self.curve:
+            pts = [(0.0, 0.0), *self.curve, (1.0, 1.0)]
+            for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+                if x1 < x0 or y1 < y0 or not (0 <= x1 <= 1 and 0 <= y1 <= 1):
+                    raise ValueError("curve points must rise from (0,0) to (1,1) with x and share in [0, 1]")
+        return self
+
+    def share(self, x: float) -> float:
+        """Share of accesses caught by the hottest fraction ``x`` of vertices."""
+        x = min(max(x, 0.0), 1.0)
+        if not self.curve:
+            return x ** (1.0 - self.zipf_s) if x > 0 else 0.0
+        pts = [(0.0, 0.0), *self.curve, (1.0, 1.0)]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return 1.0
+
+
+class Workload(BaseModel):
+    """What one training iteration asks of the storage tiers."""
+
+    model_config = ConfigDict(extra="ignore")
+    dataset: str = "synthetic"
+    nodes: int = Field(default=100_000_000, gt=0)
+    edges: int | None = None
+    feature_dim: int = Field(default=1024, gt=0)
+    feature_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    fanouts: list[int] = Field(default_factory=lambda: [25, 10])
+    batch_size: int = Field(default=8000, gt=0)
+    unique_per_batch: float | None = Field(default=None, gt=0, description="measured unique sampled vertices per batch")
+    train_fraction: float = Field(default=0.01, gt=0, le=1)
+    cpu_cache_fraction: float = Field(default=0.01, ge=0, le=1, description="share of vertices cached in CPU memory")
+    gpu_cache_gb: float | None = Field(default=None, ge=0, description="per-GPU feature cache; default half the GPU memory")
+    gpu_cache_mode: Literal["partitioned", "replicated"] = "partitioned"
+    hotness: Hotness = Field(default_factory=Hotness)
+    model: str = "graphsage"
+    hidden: int = 256
+
+    @property
+    def row_bytes(self) -> int:
+        return self.feature_dim * DTYPE_BYTES[self.feature_dtype]
+
+    def vertices_per_batch(self) -> float:
+        """Feature rows one GPU reads per iteration: measured unique count, else every sampled
+        vertex of every hop (an upper bound: repeats are not deduplicated)."""
+        if self.unique_per_batch:
+            return self.unique_per_batch
+        total, layer = self.batch_size, self.batch_size
+        for f in self.fanouts:
+            layer *= f
+            total += layer
+        return float(total)
+
+    def demand_gb(self) -> float:
+        """Feature GB one GPU needs per iteration."""
+        return self.vertices_per_batch() * self.row_bytes / 1e9
+
+    def tier_shares(self, gpu_memory_gb: list[float]) -> dict[str, float]:
+        """Share of accesses served by the GPU caches, the CPU cache and the SSDs."""
+        n_bytes = self.nodes * self.row_bytes
+        per_gpu = [self.gpu_cache_gb if self.gpu_cache_gb is not None else 0.5 * m for m in gpu_memory_gb]
+        cached = sum(per_gpu) if self.gpu_cache_mode == "partitioned" else max(per_gpu, default=0.0)
+        f_gpu = min(cached * 1e9 / n_bytes, 1.0)
+        f_cpu = min(self.cpu_cache_fraction, 1.0 - f_gpu)
+        h_gpu = self.hotness.share(f_gpu)
+        h_cpu = self.hotness.share(f_gpu + f_cpu) - h_gpu
+        return {"gpu": h_gpu, "cpu": h_cpu, "ssd": max(0.0, 1.0 - h_gpu - h_cpu)}
+
+    def describe(self) -> str:
+        return (
+            f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
+            f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration"
+            + ("" if self.unique_per_batch else " (sampled rows, not deduplicated)")
+            + f"; hotness: {self.hotness.source}"
+        )
+
+
+def load_workload(base: dict | None, path: str | None = None, **overrides: object) -> Workload:
+    """The profile's default workload, updated by a YAML/JSON file, then by CLI overrides."""
+    data = dict(base or {})
+    if path:
+        p = Path(path)
+        try:
+            text = p.read_text()
+            extra = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except FileNotFoundError:
+            raise MomentError(f"{p}: no such workload file") from None
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise MomentError(f"{p}: cannot read workload: {str(exc).splitlines()[0]}") from None
+        if not isinstance(extra, dict):
+            raise MomentError(f"{p}: a workload file is a mapping of fields")
+        data.update(extra)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise MomentError(f"{path or 'workload'}: {where}: {first['msg']}") from None

@@ -1,0 +1,109 @@
+"""Flow models on topologies with answers worked out by hand, engines cross-checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from moment.planner import models
+from moment.planner.network import build_network
+from moment.topology.model import NvLink
+from moment.topology.profile_io import resolve_profile
+from planner_fixtures import SSD_ONLY, one_switch, two_sockets
+
+
+def test_demand_is_one_gb() -> None:
+    assert SSD_ONLY.demand_gb() == pytest.approx(1.0)
+    assert SSD_ONLY.tier_shares([16, 16]) == {"gpu": 0.0, "cpu": 0.0, "ssd": 1.0}
+
+
+def test_one_switch_by_hand() -> None:
+    """2 GPUs × 1 GB from 2 SSDs of 2 GB/s: T = 2 GB / 4 GB/s = 0.5 s, SSD-bound, both models."""
+    net = build_network(one_switch(read=2.0), SSD_ONLY)
+    prop = models.proportional(net)
+    assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
+    assert set(prop.bottleneck) == {"read:nvme0", "read:nvme1"}
+    assert prop.bin_share["nvme0"] == pytest.approx(0.5)
+    for engine in models.ENGINES:
+        assert models.paper(net, engine).iteration_s == pytest.approx(0.5, rel=1e-5)
+    # Each GPU's link carries 1 GB in 0.5 s: 2 GB/s of 24.
+    assert prop.utilisation["down:g0"] == pytest.approx(2.0 / 24.0, rel=1e-6)
+    assert prop.gbps_per_gpu(net) == pytest.approx([2.0, 2.0], rel=1e-6)
+
+
+def test_ssd_link_caps_a_fast_ssd() -> None:
+    """A 10 GB/s SSD behind a Gen4 x4 link (6 GB/s) delivers 6: paper T = 1 GB / 6 GB/s."""
+    net = build_network(two_sockets(upi=1.0, read=10.0), SSD_ONLY)
+    assert models.paper(net).iteration_s == pytest.approx(1 / 6, rel=1e-5)
+
+
+def test_two_sockets_by_hand() -> None:
+    """Paper: each GPU reads its own socket's SSD, 1 GB at 5 GB/s = 0.2 s. Proportional: each GPU
+    reads half of its bytes across the 1 GB/s link: x_A + x_B = 1 ≤ 2T, so T = 0.5 s."""
+    net = build_network(two_sockets(upi=1.0, read=5.0), SSD_ONLY)
+    prop = models.proportional(net)
+    assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
+    assert set(prop.bottleneck) == {"upi:cpu0>cpu1", "upi:cpu1>cpu0"}
+    for engine in models.ENGINES:
+        assert models.paper(net, engine).iteration_s == pytest.approx(0.2, rel=1e-5)
+    why = models.explain_difference(net, models.paper(net), prop)
+    assert why is not None and "every GPU read every bin" in why and "cpu0→cpu1" in why
+
+
+@pytest.mark.parametrize("name", ["moment-machine-a", "moment-machine-a-nvlink", "moment-machine-b"])
+def test_engines_agree_on_reference_machines(name: str) -> None:
+    from moment.planner.layout import apply_layout
+    from moment.planner.workload import load_workload
+
+    machine = resolve_profile(name)
+    workload = load_workload(machine.workload)
+    for layout in machine.layouts.values():
+        net = build_network(apply_layout(machine, layout), workload)
+        a = models.paper(net, "ortools").iteration_s
+        b = models.paper(net, "networkx").iteration_s
+        prop = models.proportional(net).iteration_s
+        assert a == pytest.approx(b, rel=1e-4)
+        assert a <= prop * (1 + 1e-6)  # the paper's model is a relaxation of the proportional one
+
+
+def test_symmetric_topologies_agree() -> None:
+    for read in (0.5, 2.0, 50.0):  # SSD-bound, and link-bound (switch uplink never used: P2P)
+        net = build_network(one_switch(read=read), SSD_ONLY)
+        assert models.proportional(net).iteration_s == pytest.approx(models.paper(net).iteration_s, rel=1e-4)
+        assert models.explain_difference(net, models.paper(net), models.proportional(net)) is None
+
+
+def test_monotone_in_bandwidth_and_devices() -> None:
+    slow = models.proportional(build_network(two_sockets(upi=1.0), SSD_ONLY)).iteration_s
+    fast = models.proportional(build_network(two_sockets(upi=4.0), SSD_ONLY)).iteration_s
+    assert fast <= slow
+    m = one_switch(read=2.0)
+    full = models.proportional(build_network(m, SSD_ONLY)).iteration_s
+    m.sockets[0].ports[0].switch.ports[3].device = None  # pull one SSD
+    fewer = models.proportional(build_network(m, SSD_ONLY)).iteration_s
+    assert fewer >= full
+    assert fewer == pytest.approx(1.0, rel=1e-6)  # 2 GB from one 2 GB/s SSD
+
+
+def test_nvlink_carries_peer_cache_reads() -> None:
+    """All features in the two GPU caches (partitioned): each GPU reads half from its peer. Over a
+    1 GB/s socket link: 0.5 GB each way, T = 0.5 s; add an NVLink pair (12 links × 20 GB/s) and
+    both paths share it: T = 0.5 / (240 + 1) s, 240/241 of it over NVLink."""
+    cached = SSD_ONLY.model_copy(update={"gpu_cache_gb": 2.0})  # 2 × 2 GB hold all 4 GB of features
+    assert cached.tier_shares([16, 16])["gpu"] == pytest.approx(1.0)
+    m = two_sockets(upi=1.0)
+    assert models.proportional(build_network(m, cached)).iteration_s == pytest.approx(0.5, rel=1e-6)
+    m.nvlinks = [NvLink(between=("gpu0", "gpu1"), links=12, arch="ampere")]
+    bridged = models.proportional(build_network(m, cached))
+    assert bridged.iteration_s == pytest.approx(0.5 / 241, rel=1e-6)
+    assert bridged.edge_load_gb["nv:gpu0>gpu1"] == pytest.approx(0.5 * 240 / 241, rel=1e-6)
+    assert models.paper(build_network(m, cached)).iteration_s == 0.0  # each GPU may read only its own cache
+
+
+def test_a_layout_without_ssds_needing_them_is_a_clear_error() -> None:
+    from moment.errors import MomentError
+
+    m = one_switch()
+    for port in m.sockets[0].ports[0].switch.ports[2:]:
+        port.device = None
+    with pytest.raises(MomentError, match="needs the ssd tier"):
+        models.proportional(build_network(m, SSD_ONLY))

@@ -1,0 +1,80 @@
+"""The reduced search finds what brute force finds; its bounds never cut a better layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from moment.errors import UsageError
+from moment.planner import search
+from moment.planner.bounds import LayoutBound
+from moment.planner.layout import slot_space
+from moment.planner.workload import Workload, load_workload
+from moment.topology.profile_io import resolve_profile
+from planner_fixtures import SSD_ONLY, one_switch, two_sockets
+
+CACHED = Workload(nodes=2_000_000, feature_dim=1000, unique_per_batch=250_000, gpu_cache_gb=1.0, cpu_cache_fraction=0.05)
+
+
+@pytest.mark.parametrize("workload", [SSD_ONLY, CACHED], ids=["ssd-only", "with-caches"])
+@pytest.mark.parametrize(("gpus", "ssds"), [(1, 1), (2, 2), (2, 3), (3, 2)])
+def test_reduced_search_matches_brute_force(workload: Workload, gpus: int, ssds: int) -> None:
+    machine = one_switch(extra_slots=True)
+    reduced = search.search(machine, workload, gpus, ssds, keep=0)
+    brute = search.brute_force(machine, workload, gpus, ssds)
+    assert reduced.ranked[0].prediction.iteration_s == pytest.approx(brute.ranked[0].prediction.iteration_s, rel=1e-6)
+    assert reduced.raw == brute.raw  # the counting of raw layouts is exact
+    assert reduced.distinct < reduced.raw or reduced.raw <= 2
+
+
+def test_reduced_search_matches_brute_force_on_machine_b() -> None:
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload)
+    reduced = search.search(machine, workload, 1, 2, keep=3)
+    brute = search.brute_force(machine, workload, 1, 2)
+    assert reduced.raw == brute.raw
+    assert reduced.ranked[0].prediction.iteration_s == pytest.approx(brute.ranked[0].prediction.iteration_s, rel=1e-6)
+    assert reduced.evaluated <= reduced.distinct < reduced.raw
+
+
+def test_mirror_sockets_collapse() -> None:
+    """Two identical sockets: a GPU on either side is the same layout."""
+    machine = two_sockets()
+    result = search.search(machine, SSD_ONLY, 1, 1, keep=0)
+    assert result.raw == 6  # GPU in 2 slots × SSD in the 3 left (a GPU slot takes an SSD too)
+    assert result.distinct == 3  # SSD beside the GPU, in the other bay, in the other GPU slot
+
+
+@pytest.mark.parametrize(("name", "gpus", "ssds"), [("moment-machine-b", 4, 8), ("moment-machine-a-nvlink", 2, 3)])
+def test_bounds_are_lower_bounds(name: str, gpus: int, ssds: int) -> None:
+    machine = resolve_profile(name)
+    workload = load_workload(machine.workload)
+    space = slot_space(machine)
+    classes = search.slot_classes(machine, space)
+    skeleton = search.skeleton_for(machine)
+    bound = LayoutBound(machine, skeleton, [c.ports for c in classes], workload, space.gpus[0], space.ssds[0], gpus)
+    result = search.search(machine, workload, gpus, ssds, keep=0)
+    checked = 0
+    for cand in result.ranked:
+        if cand.counts:
+            assert bound(*cand.counts) <= cand.prediction.iteration_s * (1 + 1e-6)
+            checked += 1
+    assert checked == result.evaluated
+
+
+def test_pruned_search_keeps_the_best() -> None:
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload)
+    full = search.search(machine, workload, 4, 8, keep=0)
+    pruned = search.search(machine, workload, 4, 8, keep=5)
+    assert pruned.evaluated < full.evaluated
+    assert [c.prediction.iteration_s for c in pruned.ranked] == pytest.approx(
+        [c.prediction.iteration_s for c in full.ranked[:5]], rel=1e-6
+    )
+
+
+def test_too_many_devices_is_a_usage_error() -> None:
+    machine = one_switch()
+    with pytest.raises(UsageError, match="GPU-capable slots"):
+        search.search(machine, SSD_ONLY, 5, 1)
+    with pytest.raises(UsageError, match="do not fit"):
+        search.search(machine, SSD_ONLY, 2, 9)
