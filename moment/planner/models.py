@@ -36,6 +36,7 @@ class Prediction:
     per_gpu_s: dict[str, float]  # time each GPU's own reads need at these loads
     bottleneck: list[str] = field(default_factory=list)
     link_load: float = 0.0  # Σ load/capacity over links, per unit T: lower = more headroom
+    ssd_counts: dict[str, int] = field(default_factory=dict)  # MILP: SSDs per slot class
 
     def gbps_per_gpu(self, net: Network) -> list[float]:
         return [net.demand_gb / self.per_gpu_s[g] if self.per_gpu_s[g] > 0 else INF for g in net.gpus]
@@ -64,76 +65,115 @@ def _finish(net: Network, model: str, t: float, share: dict[str, float], load: d
 # --- proportional-share LP ------------------------------------------------------------------
 
 
-def proportional(net: Network, second_pass: bool = True) -> Prediction:
+THETA_MAX = 1e9  # iterations per second beyond which an answer counts as "no time at all"
+
+
+@dataclass
+class SsdClass:
+    """SSDs a layout may put in one slot class, stood for by one representative bin."""
+
+    max_count: int
+    rate_gbps: float  # one SSD's deliverable rate: min(read rate, its link)
+    uplink: str  # the representative's own link edge (per SSD, so it scales with the count)
+
+
+def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, SsdClass] | None = None,
+                 n_ssds: int = 0) -> Prediction:
     """Min T such that every GPU reads share x_b of its bytes from bin b (same x for all GPUs).
 
-    Solved with GLOP. A second pass keeps T and minimises the total of load/capacity, so that
-    among equally fast answers the one that spreads traffic and uses short paths is reported
-    (the search ranks with the first pass alone and details only what it keeps).
-    Coefficients are summed per edge before they reach the solver: the model stays small
-    (one row per link, one column per bin) and quick to build, which the search relies on.
+    Solved as "max θ = 1/T" with u_b = x_b·θ, which keeps every constraint linear even when the
+    number of SSDs per slot class is a variable too (``ssd_classes``: a MILP choosing how many
+    of ``n_ssds`` SSDs go in each class, each class's representative bin scaled by its count).
+    The LP runs on GLOP, the MILP on SCIP. A second pass keeps θ and minimises the total of
+    load/capacity, so that among equally fast answers the one that spreads traffic and uses
+    short paths is reported (the search ranks with the first pass and details what it keeps).
+    Coefficients are summed per edge before they reach the solver: one row per link, one column
+    per bin, quick to build.
     """
     from ortools.linear_solver import pywraplp
 
-    _check_tiers(net)
-    D = net.demand_gb
-    solver = pywraplp.Solver.CreateSolver("GLOP")
+    ssd_classes = ssd_classes or {}
+    if not ssd_classes:
+        _check_tiers(net)
+    D, G = net.demand_gb, len(net.gpus)
+    solver = pywraplp.Solver.CreateSolver("SCIP" if ssd_classes else "GLOP")
     inf = solver.infinity()
-    T = solver.NumVar(0.0, inf, "T")
-    x = {b.id: solver.NumVar(0.0, 1.0, f"x[{b.id}]") for b in net.bins}
+    theta = solver.NumVar(0.0, THETA_MAX, "theta")
+    u = {b.id: solver.NumVar(0.0, inf, f"u[{b.id}]") for b in net.bins}
     for tier, share in net.shares.items():
         bins = net.tier_bins(tier)
         if bins:
-            row = solver.Constraint(share, share)
+            row = solver.Constraint(0.0, 0.0)
+            row.SetCoefficient(theta, -share)
             for b in bins:
-                row.SetCoefficient(x[b.id], 1.0)
+                row.SetCoefficient(u[b.id], 1.0)
+    count = {}
+    skip = set()
+    if ssd_classes:
+        total = solver.Constraint(n_ssds, n_ssds)
+        for bin_id, cls in ssd_classes.items():
+            count[bin_id] = solver.IntVar(0, cls.max_count, f"n[{bin_id}]")
+            total.SetCoefficient(count[bin_id], 1.0)
+            row = solver.Constraint(-inf, 0.0)  # G·D·u ≤ n·rate
+            row.SetCoefficient(u[bin_id], G * D)
+            row.SetCoefficient(count[bin_id], -cls.rate_gbps)
+            skip |= {f"read:{bin_id}", cls.uplink}
     # (gpu, path, variable) for every route; a variable per path only where there is a choice.
     routes: list[tuple[str, list[str], object]] = []
     for (b, g), alts in net.paths.items():
         if len(alts) == 1:
-            routes.append((g, alts[0], x[b]))
+            routes.append((g, alts[0], u[b]))
             continue
         split = solver.Constraint(0.0, 0.0)
-        split.SetCoefficient(x[b], -1.0)
+        split.SetCoefficient(u[b], -1.0)
         for i, path in enumerate(alts):
-            v = solver.NumVar(0.0, 1.0, f"f[{b},{g},{i}]")
+            v = solver.NumVar(0.0, inf, f"f[{b},{g},{i}]")
             split.SetCoefficient(v, 1.0)
             routes.append((g, path, v))
     coef: dict[str, dict[object, float]] = defaultdict(lambda: defaultdict(float))
     for _, path, var in routes:
         for e in path:
-            if net.edges[e][2] < INF:
+            if net.edges[e][2] < INF and e not in skip:
                 coef[e][var] += D
     spread: dict[object, float] = defaultdict(float)
     for e, terms in coef.items():
         cap = net.edges[e][2]
-        row = solver.Constraint(-inf, 0.0)
-        row.SetCoefficient(T, -cap)
+        row = solver.Constraint(-inf, cap)
         for var, c in terms.items():
             row.SetCoefficient(var, c)
             spread[var] += c / cap
     objective = solver.Objective()
-    objective.SetCoefficient(T, 1.0)
-    objective.SetMinimization()
+    objective.SetCoefficient(theta, 1.0)
+    objective.SetMaximization()
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        raise MomentError("proportional-share LP found no solution (is every GPU reachable from every bin?)")
-    t_star = T.solution_value()
-    if spread and second_pass:  # same T, least total normalised load
-        T.SetUb(t_star * (1 + 1e-7) + 1e-12)
-        objective.SetCoefficient(T, 0.0)
+        raise MomentError("proportional-share model found no solution (is every GPU reachable from every bin?)")
+    theta_star = theta.solution_value()
+    if theta_star <= 0:
+        raise MomentError("proportional-share model: the demand cannot be delivered")
+    if spread and second_pass:  # same θ, least total normalised load
+        theta.SetLb(theta_star * (1 - 1e-7))
+        for var in count.values():  # keep the counts the first pass chose
+            var.SetBounds(var.solution_value(), var.solution_value())
+        objective.Clear()
         for var, c in spread.items():
             objective.SetCoefficient(var, c)
+        objective.SetMinimization()
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            raise MomentError("proportional-share LP: second pass failed")
-    value = {var: var.solution_value() for _, _, var in routes}  # type: ignore[attr-defined]
+            raise MomentError("proportional-share model: second pass failed")
+    th = theta.solution_value()
+    t = 0.0 if th >= THETA_MAX * (1 - 1e-9) else 1.0 / th
+    value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
+    for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it
+        load[f"read:{bin_id}"] = load[cls.uplink] = G * D * u[bin_id].solution_value() / th
     gpu_edges: dict[str, set[str]] = defaultdict(set)
     for g, path, var in routes:
         if value[var] > 1e-12:
             gpu_edges[g].update(path)
-    share = {b.id: x[b.id].solution_value() for b in net.bins}
-    pred = _finish(net, "proportional", T.solution_value(), share, load, gpu_edges)
-    pred.link_load = sum(load[e] / net.edges[e][2] for e in load) / max(pred.iteration_s, 1e-12)
+    share = {b.id: u[b.id].solution_value() / th for b in net.bins}
+    pred = _finish(net, "proportional", t, share, load, gpu_edges)
+    pred.link_load = sum(load[e] / net.edges[e][2] for e in load if e in coef) / max(t, 1e-12)
+    pred.ssd_counts = {b: round(v.solution_value()) for b, v in count.items()}
     return pred
 
 

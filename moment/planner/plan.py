@@ -31,9 +31,10 @@ def default_counts(machine: Machine) -> tuple[int, int]:
     return len(space.gpus), len(space.ssds)
 
 
-def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10) -> PlanOutcome:
+def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
+         method: str = "auto") -> PlanOutcome:
     t0 = time.perf_counter()
-    result = search.search(machine, workload, n_gpus, n_ssds, keep=top)
+    result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method)
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
@@ -53,6 +54,7 @@ def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: in
         search={
             "gpus": n_gpus,
             "ssds": n_ssds,
+            "method": result.method,
             "raw_layouts": result.raw,
             "distinct_layouts": result.distinct,
             "evaluated": result.evaluated,

@@ -123,7 +123,7 @@ def edge_notes(s: Scored) -> tuple[dict[str, str], set[str]]:
         rate = load / T if T > 0 else 0.0
         util = s.prop.utilisation.get(key, 0.0)
         text = f"{'↑' if kind == 'up' else '↓' if kind == 'down' else ''}{rate:.3g} GB/s ({util:.0%})"
-        notes[target] = f"{notes[target]} {text}" if target in notes else text
+        notes[target] = f"{notes[target]}\n{text}" if target in notes else text
         if key in s.prop.bottleneck:
             hot.add(target)
     return notes, hot

@@ -18,7 +18,7 @@ from moment.errors import UsageError
 from moment.planner import models
 from moment.planner.bounds import LayoutBound
 from moment.planner.layout import SlotSpace, pick_devices, placement, slot_space
-from moment.planner.network import Skeleton
+from moment.planner.network import Skeleton, device_link_gbps
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine, Port
 
@@ -46,6 +46,7 @@ class SearchResult:
     distinct: int  # after collapsing interchangeable slots and mirror subtrees
     evaluated: int
     devices: list[Device] = field(default_factory=list)
+    method: str = "enumerate"
 
 
 def _parents(machine: Machine) -> dict[str, str]:
@@ -184,6 +185,83 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
 
 
 TIE_LIMIT = 300
+
+
+def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10) -> SearchResult:
+    """For large machines: enumerate only the distinct GPU placements; for each, a MILP picks how
+    many SSDs go in each slot class (and the read shares) to minimise T.
+
+    Exact for the proportional model: SSDs of one class share every link above their own slot, so
+    a class behaves like one bin whose read rate and own link scale with its count.
+    """
+    space = slot_space(machine)
+    gpus, ssds = pick_devices(space, "gpu", n_gpus), pick_devices(space, "nvme", n_ssds)
+    _check_room(space, n_gpus, n_ssds)
+    classes = slot_classes(machine, space)
+    skeleton = skeleton_for(machine)
+    template = ssds[0] if ssds else None
+    placements: dict[str, tuple[int, ...]] = {}
+    raw = 0
+    for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in classes]):
+        room = sum(len(c.ports) - gi for c, gi in zip(classes, g) if c.ssd_ok)
+        raw += math.prod(math.comb(len(c.ports), gi) for c, gi in zip(classes, g)) * math.comb(room, n_ssds)
+        placements.setdefault(_signature(machine, classes, g, (0,) * len(classes)), g)
+    found: list[Candidate] = []
+    for g in placements.values():
+        layout = _materialise(classes, g, (0,) * len(classes), gpus, [])
+        placed = {p: d for p, d in zip(layout, gpus)}
+        reps: dict[str, models.SsdClass] = {}
+        for i, (c, gi) in enumerate(zip(classes, g)):
+            room = len(c.ports) - gi
+            if c.ssd_ok and room > 0 and template is not None:
+                rep = template.model_copy(update={"id": f"ssd-class{i}", "bdf": None, "functions": []})
+                port_id = c.ports[gi]
+                placed[port_id] = rep
+                link = skeleton.positions[port_id].link
+                rate = min(rep.read_gbps or 3.0, device_link_gbps(link, rep) or math.inf)
+                reps[rep.id] = models.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=f"up:{port_id}")
+        if n_ssds and not reps:
+            continue
+        net = skeleton.network(placed, workload)
+        pred = models.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds)
+        s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
+        found.append(Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s)))
+        found[-1].prediction = pred
+    found.sort(key=lambda c: c.prediction.iteration_s)  # type: ignore[union-attr]
+    top = found[:keep] if keep else found
+    pool = {d.id: d for d in gpus + ssds}
+    for cand in top:  # the exact LP on the concrete layout, with balanced shares
+        cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
+    top.sort(key=_rank_key)
+    return SearchResult(ranked=top, raw=raw, distinct=len(placements), evaluated=len(found), devices=gpus + ssds,
+                        method="milp")
+
+
+ENUMERATION_LIMIT = 20_000  # class-count layouts; beyond this "auto" switches to the MILP
+
+
+def plan_search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10,
+                method: str = "auto") -> SearchResult:
+    """The front door: ``enumerate`` (every distinct layout, bound-pruned), ``milp`` (GPU placements
+    enumerated, SSD counts by MILP), or ``auto``: enumeration while the space is small."""
+    if method == "auto":
+        method = "enumerate" if _space_size(machine, n_gpus, n_ssds, ENUMERATION_LIMIT) <= ENUMERATION_LIMIT else "milp"
+    if method == "milp":
+        return search_milp(machine, workload, n_gpus, n_ssds, keep)
+    return search(machine, workload, n_gpus, n_ssds, keep)
+
+
+def _space_size(machine: Machine, n_gpus: int, n_ssds: int, limit: int) -> int:
+    """Number of class-count layouts, counted up to ``limit`` + 1."""
+    space = slot_space(machine)
+    classes = slot_classes(machine, space)
+    n = 0
+    for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in classes]):
+        for _ in _distribute(n_ssds, [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]):
+            n += 1
+            if n > limit:
+                return n
+    return n
 
 
 def _rank_key(c: Candidate) -> tuple[float, float]:

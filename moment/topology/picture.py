@@ -23,7 +23,7 @@ COLOURS = {
     "other": "#eeeeee",
     "free": "#ffffff",
 }
-LEAF_W, GAP, LEVEL_H, BOX_H = 118, 14, 120, 46
+LEAF_W, GAP, LEVEL_H, BOX_H = 118, 14, 130, 46
 
 
 @dataclass
@@ -127,7 +127,7 @@ def render_svg(
             x1, y1, x2, y2 = parent.x, parent.y + BOX_H, child.x, child.y
             out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{colour}" stroke-width="{w}"/>')
             # Labels sit just above the child box: children are LEAF_W apart, so they never collide.
-            lines = [t for t in (child.edge, edge_notes.get(child.edge_key, "")) if t]
+            lines = [t for t in (child.edge, *edge_notes.get(child.edge_key, "").split("\n")) if t]
             for i, text in enumerate(reversed(lines)):
                 out.append(
                     f'<text x="{x2:.1f}" y="{y2 - 4 - i * 11:.1f}" text-anchor="middle" fill="{colour}" '
