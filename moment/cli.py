@@ -59,6 +59,28 @@ def _add_inspect_args(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_inspect)
 
 
+def _add_bench_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure SSD, DRAM and GPU-copy bandwidths; write them into a profile",
+        description=(
+            "Measure what the planner would otherwise take from tables: random-read GB/s of files on "
+            "each SSD at the feature read size, DRAM copy GB/s, host→GPU and GPU↔GPU copy GB/s when CUDA "
+            "is present. Read-only: files and devices are opened O_RDONLY, never written."
+        ),
+    )
+    p.add_argument("--profile", help="profile to put the figures into (bundled name or file)")
+    p.add_argument("--out", metavar="FILE", help="write the profile with measured figures here")
+    p.add_argument("--file", action="append", default=[], metavar="PATH[:DEVICE]",
+                   help="a file (or block device) on an SSD to read; :nvme3 names the profile's SSD it sits on")
+    p.add_argument("--read-size", type=int, default=4096, help="bytes per read (the feature row size; default 4096)")
+    p.add_argument("--queue-depth", type=int, default=32, help="reads in flight (default 32)")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default 2)")
+    p.add_argument("--no-dram", action="store_true", help="skip the DRAM copy")
+    p.add_argument("--json", action="store_true", help="machine-readable figures")
+    p.set_defaults(func=cmd_bench)
+
+
 def _add_demo_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the pipeline on a bundled profile (what the README's first command does)")
     p.add_argument("--profile", default="moment-machine-b", help="bundled profile to use (default: moment-machine-b)")
@@ -123,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect_args(sub)
     _add_plan_args(sub)
     _add_score_args(sub)
+    _add_bench_args(sub)
     _add_demo_args(sub)
     sub.add_parser("profiles", help="list the bundled topology profiles").set_defaults(func=cmd_profiles)
     return parser
@@ -308,6 +331,64 @@ def _plan_picture(scored, path: str) -> None:
     err.print(f"picture written to {path}", highlight=False)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from moment import bench
+    from moment.topology.profile_io import resolve_profile, save_profile
+
+    if args.out and not args.profile:
+        raise UsageError("--out needs --profile (the profile to put the figures into)")
+    if args.read_size < 512 or args.read_size % 512:
+        raise UsageError("--read-size must be a multiple of 512 bytes")
+    if args.queue_depth < 1 or args.seconds <= 0:
+        raise UsageError("--queue-depth and --seconds must be positive")
+    machine = resolve_profile(args.profile) if args.profile else None
+    ssd, rows = {}, []
+    for spec in args.file:
+        path, dev = spec, ""
+        head, _, tail = spec.rpartition(":")
+        if head and tail and "/" not in tail:  # PATH:DEVICE
+            path, dev = head, tail
+        res = bench.random_read(path, args.read_size, args.queue_depth, args.seconds)
+        rows.append({"what": f"random read {path}", "gbps": res.gbps, "iops": res.iops, "direct": res.direct, "device": dev or None})
+        if dev:
+            ssd[dev] = res
+    dram = None if args.no_dram else bench.dram_copy_gbps()
+    if dram:
+        rows.append({"what": "DRAM copy", "gbps": dram})
+    h2d_idx, peer_idx = bench.gpu_copies()
+    bus = bench.cuda_bus_ids()
+    gpu_of = {}
+    if machine is not None:
+        by_bdf = {d.bdf: d.id for d in machine.devices() if d.kind == "gpu" and d.bdf}
+        gpu_of = {i: by_bdf[b] for i, b in enumerate(bus) if b in by_bdf}
+    for i, gbps in h2d_idx.items():
+        rows.append({"what": f"host→cuda:{i} ({bus[i] if i < len(bus) else '?'})", "gbps": gbps, "device": gpu_of.get(i)})
+    for (i, j), gbps in peer_idx.items():
+        rows.append({"what": f"cuda:{i}→cuda:{j}", "gbps": gbps})
+    if not h2d_idx:
+        rows.append({"what": "GPU copies", "gbps": None, "note": "skipped: no CUDA device"})
+    if machine is not None and args.out:
+        h2d = {gpu_of[i]: v for i, v in h2d_idx.items() if i in gpu_of}
+        peer = {(gpu_of[i], gpu_of[j]): v for (i, j), v in peer_idx.items() if i in gpu_of and j in gpu_of}
+        save_profile(bench.apply_measurements(machine, ssd, dram, h2d, peer), args.out)
+    if args.json:
+        print(json.dumps({"measurements": rows, "profile_out": args.out}, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="moment bench (GB/s per direction)")
+    for col in ("measurement", "GB/s", "IOPS", "profile device", "note"):
+        table.add_column(col)
+    for r in rows:
+        note = r.get("note") or ("" if r.get("direct", True) else "page cache not bypassed (no O_DIRECT here)")
+        table.add_row(r["what"], f"{r['gbps']:.3f}" if r.get("gbps") else "-", f"{r['iops']:,.0f}" if r.get("iops") else "",
+                      r.get("device") or "", note)
+    out.print(table)
+    if args.out:
+        out.print(f"profile with measured figures written to [bold]{args.out}[/]")
+    return 0
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -327,6 +408,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from moment.planner.plan import default_counts, plan
+    from moment.planner.planfile import plan_document, write_plan
+    from moment.planner.report import print_layout, print_prediction, ranking_table
+    from moment.planner.workload import load_workload
     from moment.topology import profiler
     from moment.topology.profile_io import resolve_profile, save_profile
     from moment.topology.render import print_inspect, print_summary
@@ -336,17 +421,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out.rule(f"[bold]1. topology profile: {args.profile} (bundled)")
     machine = resolve_profile(args.profile)
     print_inspect(out, machine)
-    picture = work / f"{args.profile}.svg"
-    _write_picture(machine, str(picture))
-    out.rule("[bold]2. live profile of this machine")
-    caps = profiler.capture_live()
-    live, warnings = profiler.build_profile(caps, "this-machine")
+    _write_picture(machine, str(work / f"{args.profile}.svg"))
+    out.rule("[bold]   and a live profile of this machine")
+    live, warnings = profiler.build_profile(profiler.capture_live(), "this-machine")
     for w in warnings:
         out.print(f"[yellow]note:[/] {w}", highlight=False)
     print_summary(out, live)
     save_profile(live, work / "this-machine.yaml")
-    out.print(f"\nwrote {picture} and {work / 'this-machine.yaml'}")
-    out.print("[dim]plan, place and train arrive with their stages (issues #3-#5).[/]")
+    out.rule(f"[bold]2. plan: where the GPUs and SSDs of {args.profile} should go")
+    workload = load_workload(machine.workload)
+    out.print(f"workload: {workload.describe()}")
+    outcome = plan(machine, workload, *default_counts(machine))
+    print_layout(out, outcome.best)
+    print_prediction(out, outcome.best, workload)
+    best_s = outcome.best.prop.iteration_s
+    out.print(ranking_table("the paper's classic layouts, scored", list(outcome.classic.values()), best_s))
+    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), work / "plan.json")
+    _plan_picture(outcome.best, str(work / "plan.svg"))
+    out.print(f"\nwrote {work}/: {args.profile}.svg, this-machine.yaml, plan.json, plan.svg")
+    out.print("[dim]place and train arrive with their stages (issues #4, #5).[/]")
     return 0
 
 

@@ -1,0 +1,191 @@
+"""``moment bench``: measure the bandwidths the planner would otherwise take from spec tables.
+
+Read-only and safe: SSDs are measured by random reads of a file (or, with ``--device``, of a
+block device opened read-only) at the feature read size; DRAM by a memory copy; with CUDA,
+host→GPU copies per GPU and GPU→GPU peer copies. Measured figures go into a copy of the profile
+(``gbps`` on links, ``read_gbps``/``iops`` on SSDs, ``dram_gbps`` on sockets), where they
+override the bandwidth table.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moment.errors import MomentError, UsageError
+
+
+@dataclass
+class ReadResult:
+    path: str
+    gbps: float
+    iops: float
+    read_size: int
+    queue_depth: int
+    direct: bool  # O_DIRECT (page cache bypassed); False where the filesystem refused it
+
+
+def _open(path: str) -> tuple[int, bool]:
+    """Open read-only, with O_DIRECT where the filesystem allows it."""
+    flags = os.O_RDONLY
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct), True
+        except OSError:
+            pass
+    return os.open(path, flags), False
+
+
+def random_read(path: str, read_size: int = 4096, queue_depth: int = 32, seconds: float = 2.0,
+                seed: int = 0) -> ReadResult:
+    """Random aligned reads of ``read_size`` bytes by ``queue_depth`` threads for ``seconds``.
+
+    Threads releasing the GIL in ``os.preadv`` keep ``queue_depth`` reads in flight, as an
+    NVMe queue would see them from a plain-file reader.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or device")
+    try:
+        fd, direct = _open(path)
+    except OSError as exc:
+        raise MomentError(f"{path}: cannot open read-only: {exc.strerror}") from None
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        blocks = size // read_size
+        if blocks < 1:
+            raise UsageError(f"{path}: smaller than one read of {read_size} bytes")
+        if not direct:  # buffered reads would measure the page cache: drop it for this file
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        done = [0] * queue_depth
+        stop = time.perf_counter() + seconds
+
+        def worker(i: int) -> None:
+            rng = random.Random(seed * 1000 + i)
+            buf = mmap.mmap(-1, read_size)  # page-aligned, as O_DIRECT needs
+            n = 0
+            while time.perf_counter() < stop:
+                os.preadv(fd, [buf], rng.randrange(blocks) * read_size)
+                n += 1
+            done[i] = n
+            buf.close()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(queue_depth)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    reads = sum(done)
+    return ReadResult(path, reads * read_size / elapsed / 1e9, reads / elapsed, read_size, queue_depth, direct)
+
+
+def dram_copy_gbps(megabytes: int = 256, repeats: int = 5, threads: int | None = None) -> float:
+    """Bytes copied per second (one direction), best of ``repeats``, with one thread per core
+    (numpy releases the GIL while copying): one thread alone reaches a fraction of a socket's
+    memory bandwidth."""
+    threads = threads or os.cpu_count() or 1
+    chunk = megabytes * 1024 * 1024 // 8 // threads
+    src = [np.ones(chunk, dtype=np.float64) for _ in range(threads)]
+    dst = [np.empty_like(a) for a in src]
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.copyto, args=(d, a)) for d, a in zip(dst, src)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, sum(a.nbytes for a in src) / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """Host→GPU GB/s per CUDA device (pinned memory) and GPU→GPU peer GB/s; empty without CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return {}, {}
+    if not torch.cuda.is_available():
+        return {}, {}
+    n = megabytes * 1024 * 1024
+    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    h2d: dict[int, float] = {}
+    peer: dict[tuple[int, int], float] = {}
+    for i in range(torch.cuda.device_count()):
+        dev = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(i)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(i)
+        h2d[i] = 3 * n / (time.perf_counter() - t0) / 1e9
+    for i in range(torch.cuda.device_count()):
+        for j in range(torch.cuda.device_count()):
+            if i != j:
+                a = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
+                b = torch.empty(n, dtype=torch.uint8, device=f"cuda:{j}")
+                b.copy_(a)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                b.copy_(a)
+                torch.cuda.synchronize()
+                peer[(i, j)] = n / (time.perf_counter() - t0) / 1e9
+    return h2d, peer
+
+
+def cuda_bus_ids() -> list[str]:
+    """PCI address of each CUDA device, in CUDA order (to match the profile's GPUs)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        out = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+        return out
+    except (ImportError, AttributeError, RuntimeError):
+        return []
+
+
+def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float],
+                       peer: dict[tuple[str, str], float]):
+    """A copy of the profile with measured figures in place of table values.
+
+    ``ssd``: device id → result; ``h2d``: GPU device id → host→GPU GB/s (set on the GPU's port
+    link); ``peer``: (gpu, gpu) → GB/s (set on their NVLink, if they have one)."""
+    m = machine.model_copy(deep=True)
+    devices = {}
+    for port, _ in m.iter_ports():
+        if port.device is not None:
+            devices[port.device.id] = port
+    for dev_id, res in ssd.items():
+        if dev_id not in devices or devices[dev_id].device.kind != "nvme":
+            raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
+        devices[dev_id].device.read_gbps = round(res.gbps, 4)
+        devices[dev_id].device.iops = round(res.iops)
+    for gpu, gbps in h2d.items():
+        if gpu in devices:
+            devices[gpu].link.gbps = round(gbps, 4)
+    for nv in m.nvlinks:
+        got = [peer[k] for k in (tuple(nv.between), tuple(reversed(nv.between))) if k in peer]
+        if got:
+            nv.gbps = round(min(got), 4)
+    if dram:
+        for socket in m.sockets:
+            socket.dram_gbps = round(dram, 3)
+    return m

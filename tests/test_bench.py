@@ -1,0 +1,77 @@
+"""`moment bench`: measurements on this machine (files, DRAM), written into a profile copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moment import bench
+from moment.topology.profile_io import load_profile
+
+
+@pytest.fixture()
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "features.bin"
+    path.write_bytes(os.urandom(8 * 1024 * 1024))
+    return path
+
+
+def test_random_read_measures_something(data_file: Path) -> None:
+    res = bench.random_read(str(data_file), read_size=4096, queue_depth=4, seconds=0.3)
+    assert res.gbps > 0 and res.iops > 0
+    assert res.gbps == pytest.approx(res.iops * 4096 / 1e9, rel=1e-9)
+
+
+def test_dram_copy() -> None:
+    assert bench.dram_copy_gbps(megabytes=32, repeats=2) > 0.1
+
+
+def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "measured.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "moment", "bench", "--profile", "moment-machine-b", "--out", str(out),
+         "--file", f"{data_file}:nvme3", "--seconds", "0.3", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["measurements"]
+    read = next(r for r in rows if r["what"].startswith("random read"))
+    m = load_profile(out)
+    nvme3 = next(d for d in m.devices() if d.id == "nvme3")
+    assert nvme3.read_gbps == pytest.approx(read["gbps"], rel=1e-3)
+    nvme0 = next(d for d in m.devices() if d.id == "nvme0")
+    assert nvme0.read_gbps == 5.15  # untouched
+    dram = next(r for r in rows if r["what"] == "DRAM copy")
+    assert m.sockets[0].dram_gbps == pytest.approx(dram["gbps"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["bench", "--file", "/nonexistent/file"], "no such file"),
+        (["bench", "--out", "x.yaml"], "--out needs --profile"),
+        (["bench", "--profile", "moment-machine-b", "--out", "x.yaml", "--file", "{f}:gpu0", "--no-dram", "--seconds", "0.1"],
+         "gpu0 is not an NVMe SSD"),
+        (["bench", "--read-size", "1000"], "multiple of 512"),
+    ],
+)
+def test_bench_errors(args: list[str], needle: str, data_file: Path, tmp_path: Path) -> None:
+    args = [a.replace("{f}", str(data_file)) for a in args]
+    done = subprocess.run([sys.executable, "-m", "moment", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode != 0
+    assert needle in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_gpu_copies_skip_without_cuda() -> None:
+    torch = pytest.importorskip("torch")
+    h2d, peer = bench.gpu_copies(megabytes=16)
+    if not torch.cuda.is_available():
+        assert h2d == {} and peer == {}
+    else:  # on a GPU machine: one figure per device
+        assert len(h2d) == torch.cuda.device_count() and all(v > 0 for v in h2d.values())
