@@ -241,7 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "classic": {k: v.to_dict() for k, v in outcome.classic.items()},
         }, indent=2))
         return 0
-    from moment.planner.report import print_layout, print_prediction, ranking_table
+    from moment.planner.report import busiest_links_table, print_layout, print_prediction, ranking_table
 
     srch = outcome.search
     out.print(f"[bold]{machine.name}[/]: {srch['gpus']} GPUs, {srch['ssds']} SSDs")
@@ -261,6 +261,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     print_layout(out, outcome.best)
     print_prediction(out, outcome.best, workload)
+    out.print(busiest_links_table(outcome.best))
     best_s = outcome.best.prop.iteration_s
     out.print(ranking_table("top layouts", outcome.ranking, best_s))
     if outcome.classic:
@@ -302,7 +303,7 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
 
 def cmd_score(args: argparse.Namespace) -> int:
     from moment.planner.plan import resolve_layout
-    from moment.planner.report import print_layout, print_prediction, score
+    from moment.planner.report import busiest_links_table, links_table, print_layout, print_prediction, score
 
     machine, workload = _machine_and_workload(args)
     name, layout = resolve_layout(machine, args.layout)
@@ -310,11 +311,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.picture:
         _plan_picture(scored, args.picture)
     if args.json:
-        print(json.dumps({"profile": machine.name, "tier_shares": scored.net.shares, **scored.to_dict()}, indent=2))
+        print(json.dumps({"profile": machine.name, "tier_shares": scored.net.shares, **scored.to_dict(),
+                          "links": links_table(scored)}, indent=2))
         return 0
     out.print(f"workload: {workload.describe()}")
     print_layout(out, scored)
     print_prediction(out, scored, workload)
+    out.print(busiest_links_table(scored))
     return 0
 
 

@@ -290,11 +290,12 @@ def explain_difference(net: Network, paper_p: Prediction, prop: Prediction) -> s
     if prop.iteration_s <= paper_p.iteration_s * 1.01:
         return None
     slower = prop.iteration_s / paper_p.iteration_s - 1
-    hot = prop.bottleneck[:2]
-    names = ", ".join(net.labels[e] for e in hot) or "a shared link"
+    links = [e for e in prop.bottleneck if e.split(":", 1)[0] in ("up", "down", "upi", "nv")]
+    names = " and ".join(net.labels[e] for e in links[:2]) or "a shared link"
     return (
         f"proportional share is {slower:.0%} slower: random sampling makes every GPU read every bin, so "
-        f"{names} carries traffic the paper's max flow routes around (it lets each GPU read only the bins near it)"
+        f"{names} fill(s) with traffic the paper's max flow routes around (it lets each GPU read only the "
+        f"bins near it)"
     )
 
 

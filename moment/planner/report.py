@@ -107,6 +107,18 @@ def bin_targets(s: Scored) -> list[dict[str, Any]]:
     return out
 
 
+def busiest_links_table(s: Scored, limit: int = 8) -> Table:
+    """The links closest to full at the prediction (per-link utilisation)."""
+    table = Table(title=f"busiest links of {s.name} (of {sum(1 for r in links_table(s))})")
+    for col in ("link", "capacity GB/s", "GB/iter", "utilisation"):
+        table.add_column(col, justify="left" if col == "link" else "right")
+    for row in links_table(s)[:limit]:
+        style = "red" if row["edge"] in s.prop.bottleneck else ""
+        table.add_row(short_label(row["label"]), f"{row['capacity_gbps']:.3g}", f"{row['load_gb']:.3g}",
+                      f"[{style}]{row['utilisation']:.0%}[/]" if style else f"{row['utilisation']:.0%}")
+    return table
+
+
 def edge_notes(s: Scored) -> tuple[dict[str, str], set[str]]:
     """Per-port flow labels and the bottleneck ports, for the plan picture."""
     notes: dict[str, str] = {}
