@@ -81,6 +81,73 @@ def _add_bench_args(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _add_dataset_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dataset", help="make or import a graph dataset (CSR + features on disk)")
+    dsub = p.add_subparsers(dest="dataset_verb", metavar="ACTION", parser_class=_Parser, required=True)
+    s = dsub.add_parser(
+        "synth",
+        help="generate a synthetic power-law graph of any size, out of core",
+        description=(
+            "Generate a Chung-Lu power-law graph with planted communities (labels a GNN can learn), written "
+            "block by block: never the whole graph in memory."
+        ),
+    )
+    s.add_argument("--nodes", type=int, required=True)
+    s.add_argument("--avg-degree", type=float, default=15.0)
+    s.add_argument("--dim", type=int, default=128, help="feature dimension")
+    s.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    s.add_argument("--classes", type=int, default=16)
+    s.add_argument("--train-fraction", type=float, default=0.01)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="dataset directory to create")
+    s.set_defaults(func=cmd_dataset_synth)
+    i = dsub.add_parser("import", help="import plain arrays (edge list or CSR + features .npy)")
+    i.add_argument("--features", required=True, help="N×d .npy (float32/float16)")
+    i.add_argument("--edges", help="E×2 .npy edge list (src, dst)")
+    i.add_argument("--indptr", help="CSR indptr .npy (with --indices)")
+    i.add_argument("--indices", help="CSR indices .npy (with --indptr)")
+    i.add_argument("--labels", required=True, help="N .npy of class ids")
+    i.add_argument("--train", help="train vertex ids .npy (default: a random 1%%)")
+    i.add_argument("--val", help="validation vertex ids .npy")
+    i.add_argument("--test", help="test vertex ids .npy")
+    i.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--out", required=True, help="dataset directory to create")
+    i.set_defaults(func=cmd_dataset_import)
+
+
+def _add_place_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "place",
+        help="place a dataset's features into GPU caches, CPU caches and SSD bins per a plan",
+        description=(
+            "Pre-sample hotness with the trainer's sampler, place vertices with DDAK (or the hash baseline) "
+            "against the plan's per-bin traffic targets, and write the placed dataset: relabelled topology, "
+            "cache bins, one bin per SSD. Crash-safe: a killed run resumes when run again."
+        ),
+    )
+    p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
+    p.add_argument("--dataset", required=True, help="dataset directory")
+    p.add_argument("--out", required=True, help="placed dataset directory")
+    p.add_argument("--policy", choices=("ddak", "hash"), default="ddak")
+    p.add_argument("--gpu-cache", metavar="SIZE", help="per-GPU feature cache: 2GB, 512MiB, 1%% (of vertices), 10000rows")
+    p.add_argument("--cpu-cache", metavar="SIZE", help="CPU feature cache, all sockets together (default: the plan's 1%%)")
+    p.add_argument("--ssd-dir", action="append", default=[], metavar="BIN=DIR",
+                   help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)")
+    p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
+    p.add_argument("--epochs", type=int, default=1, help="pre-sampling epochs (default 1)")
+    p.add_argument("--pool", type=int, default=100, help="DDAK pool size (default 100)")
+    p.add_argument("--profile", help="refuse a plan made for another profile than this one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.set_defaults(func=cmd_place)
+    v = sub.add_parser("verify", help="re-check a placed dataset: checksums, counts, features against the source")
+    v.add_argument("placed", help="placed dataset directory")
+    v.add_argument("--source", help="source dataset (default: the one the manifest names)")
+    v.add_argument("--sample", type=int, default=10_000, help="vertices to compare with the source (default 10000)")
+    v.set_defaults(func=cmd_verify)
+
+
 def _add_demo_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the pipeline on a bundled profile (what the README's first command does)")
     p.add_argument("--profile", default="moment-machine-b", help="bundled profile to use (default: moment-machine-b)")
@@ -146,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(sub)
     _add_score_args(sub)
     _add_bench_args(sub)
+    _add_dataset_args(sub)
+    _add_place_args(sub)
     _add_demo_args(sub)
     sub.add_parser("profiles", help="list the bundled topology profiles").set_defaults(func=cmd_profiles)
     return parser
@@ -389,6 +458,115 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out.print(table)
     if args.out:
         out.print(f"profile with measured figures written to [bold]{args.out}[/]")
+    return 0
+
+
+class RichProgress:
+    """``progress(stage, total)`` → ``update(done, total)``: one rich bar per stage."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             console=console, transient=False)
+
+    def __enter__(self) -> RichProgress:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bars.stop()
+
+    def __call__(self, stage: str, total: int):
+        task = self.bars.add_task(stage, total=total or None)
+
+        def update(done: int, total_now: int) -> None:
+            self.bars.update(task, completed=done, total=total_now or None)
+
+        return update
+
+
+def cmd_dataset_synth(args: argparse.Namespace) -> int:
+    from placement import synth
+
+    need = synth.estimate(args.nodes, args.avg_degree, args.dim, args.dtype)
+    total = sum(need.values())
+    out.print(f"generating {args.nodes:,} vertices, ~{args.nodes * args.avg_degree:,.0f} edges, "
+              f"{args.dim}-dim {args.dtype} features: ~{total / 1e9:.2f} GB on disk")
+    synth.check_free_space(Path(args.out), total)
+    with RichProgress(err) as bars:
+        def progress(stage: str, done: int, of: int, _bars={}) -> None:  # noqa: B006 - one bar per stage
+            if stage not in _bars:
+                _bars[stage] = bars(stage, of)
+            _bars[stage](done, of)
+
+        ds = synth.synthesize(args.out, nodes=args.nodes, avg_degree=args.avg_degree, dim=args.dim, dtype=args.dtype,
+                              seed=args.seed, classes=args.classes, train_fraction=args.train_fraction, progress=progress)
+    out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
+              f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices")
+    return 0
+
+
+def cmd_dataset_import(args: argparse.Namespace) -> int:
+    from placement import importer
+
+    if bool(args.edges) == bool(args.indptr or args.indices) or bool(args.indptr) != bool(args.indices):
+        raise UsageError("give either --edges, or --indptr with --indices")
+    ds = importer.import_arrays(args.out, features=args.features, edges=args.edges, indptr=args.indptr,
+                                indices=args.indices, labels=args.labels, train=args.train, val=args.val,
+                                test=args.test, undirected=args.undirected, seed=args.seed)
+    out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
+    return 0
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    from placement.place import PlaceOptions, place
+
+    dirs = {}
+    for spec in args.ssd_dir:
+        name, sep, d = spec.partition("=")
+        if not sep or not name or not d:
+            raise UsageError(f"--ssd-dir {spec!r}: expected BIN=DIR, e.g. nvme0=/mnt/nvme0")
+        dirs[name] = Path(d)
+    profile_sha = None
+    if args.profile:
+        from moment.planner.planfile import profile_hash
+        from moment.topology.profile_io import resolve_profile
+
+        profile_sha = profile_hash(resolve_profile(args.profile))
+    opts = PlaceOptions(policy=args.policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, ssd_dirs=dirs,
+                        hotness=Path(args.hotness) if args.hotness else None, epochs=args.epochs, pool=args.pool,
+                        seed=args.seed, profile_sha256=profile_sha)
+    with RichProgress(err) as bars:
+        manifest = place(args.plan, args.dataset, args.out, opts, progress=bars,
+                         log=lambda msg: err.print(msg, highlight=False))
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    print_placement(manifest)
+    out.print(f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`)")
+    return 0
+
+
+def print_placement(manifest: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"placement ({manifest['policy']}): per bin")
+    for col in ("bin", "tier", "ids", "rows", "capacity", "used", "target share", "achieved"):
+        table.add_column(col, justify="left" if col in ("bin", "tier") else "right")
+    for b in manifest["bins"]:
+        table.add_row(b["name"], b["tier"], f"{b['start']:,}–{b['start'] + b['count']:,}", f"{b['count']:,}",
+                      f"{b['capacity']:,}", f"{b['count'] / max(b['capacity'], 1):.0%}", f"{b['target']:.2%}",
+                      f"{b['achieved']:.2%}")
+    out.print(table)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from placement.placed import verify
+
+    result = verify(args.placed, args.source, sample=args.sample)
+    out.print(f"[green]ok[/]: {result['files']} files match their checksums, {result['rows']:,} rows, "
+              f"{result['sampled']:,} sampled features equal the source")
     return 0
 
 

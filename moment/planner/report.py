@@ -98,12 +98,18 @@ def links_table(s: Scored) -> list[dict[str, Any]]:
 
 def bin_targets(s: Scored) -> list[dict[str, Any]]:
     """Share of all feature bytes each GPU cache, CPU cache and SSD should serve (stage 3)."""
-    where = {p.device.id: (p.id, sock.id) for p, sock in s.machine.iter_ports() if p.device is not None}
+    where = {p.device.id: (p.id, sock.id, p.device) for p, sock in s.machine.iter_ports() if p.device is not None}
+    dram = {sock.id: sock.dram_gb for sock in s.machine.sockets}
     out = []
     for b in s.net.bins:
-        dev = b.id.split(":", 1)[1] if b.tier == "cpu" else b.id
-        port, socket = where.get(dev, (None, dev if b.tier == "cpu" else None))
-        out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port, "socket": socket})
+        if b.tier == "cpu":
+            socket = b.id.split(":", 1)[1]
+            port, capacity = None, dram.get(socket)
+        else:
+            port, socket, dev = where[b.id]
+            capacity = dev.memory_gb if b.tier == "gpu" else dev.capacity_gb
+        out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port,
+                    "socket": socket, "capacity_gb": capacity})
     return out
 
 

@@ -1,0 +1,1 @@
+"""Stage 3: datasets, pre-sampling hotness, DDAK placement, the placed layout on disk."""

@@ -1,0 +1,155 @@
+"""The placed dataset: what ``moment place`` writes and the trainer and ``moment verify`` read.
+
+A placed directory holds ``placed.json`` (written last: its presence with ``complete: true`` is
+what makes the directory a placed dataset), the topology, labels and splits in new ids, the
+old↔new id maps, the hotness it was placed by, and the GPU/CPU cache bins; SSD bins live in the
+directory of their SSD (or ``bins/`` inside). Every file has its size and BLAKE2b checksum in
+the manifest. New ids are ranges: bin ``b`` holds ids ``[start, start + count)`` in a raw
+row-major file, so a vertex's location is a range lookup.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moment.errors import MomentError
+from placement.writer import file_digest
+
+FORMAT = "moment.placed/1"
+MANIFEST = "placed.json"
+
+
+class PlacedError(MomentError):
+    """A placed dataset that is missing, incomplete or damaged (names the file)."""
+
+
+@dataclass
+class PlacedBin:
+    name: str
+    tier: str
+    start: int
+    count: int
+    path: Path
+    bytes: int
+    digest: str
+    target: float
+    achieved: float
+
+
+@dataclass
+class Placed:
+    root: Path
+    meta: dict[str, Any]
+    bins: list[PlacedBin]
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.meta["num_nodes"])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.meta["feature_dim"])
+
+    @property
+    def feature_dtype(self) -> np.dtype:
+        return np.dtype(self.meta["feature_dtype"])
+
+    @property
+    def row_bytes(self) -> int:
+        return self.feature_dim * self.feature_dtype.itemsize
+
+    def file(self, key: str) -> Path:
+        return self.root / self.meta["files"][key]["path"]
+
+    def array(self, key: str) -> np.ndarray:
+        return np.load(self.file(key), mmap_mode="r")
+
+    def bin_of_new(self, new_ids: np.ndarray) -> np.ndarray:
+        """Bin index of each new id (a range lookup)."""
+        starts = np.array([b.start for b in self.bins], dtype=np.int64)
+        return np.searchsorted(starts, new_ids, side="right") - 1
+
+    def read_rows(self, new_ids: np.ndarray) -> np.ndarray:
+        """Feature rows of new ids, read from the bins (plain file reads; the trainer has faster
+        readers). Used by verify and tests."""
+        out = np.empty((len(new_ids), self.feature_dim), dtype=self.feature_dtype)
+        which = self.bin_of_new(new_ids)
+        for b in np.unique(which):
+            pb = self.bins[b]
+            mask = which == b
+            rows = np.memmap(pb.path, dtype=self.feature_dtype, mode="r", shape=(pb.count, self.feature_dim))
+            out[mask] = rows[new_ids[mask] - pb.start]
+        return out
+
+
+def _abs(root: Path, p: str) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else root / path
+
+
+def open_placed(path: str | Path, checksums: bool = False) -> Placed:
+    """Open a placed dataset; refuse an incomplete or damaged one with the file it is about.
+
+    Sizes are always checked (cheap); ``checksums`` re-reads every file."""
+    root = Path(path)
+    manifest = root / MANIFEST
+    if not manifest.exists():
+        partial = root.with_name(root.name + ".partial")
+        hint = f" (an interrupted `moment place` left {partial}: re-run it to resume)" if partial.exists() else ""
+        raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
+    try:
+        meta = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise PlacedError(f"{manifest}: unreadable ({str(exc).splitlines()[0]})") from None
+    if meta.get("format") != FORMAT or meta.get("complete") is not True:
+        raise PlacedError(f"{manifest}: not a complete {FORMAT} manifest")
+    bins = [
+        PlacedBin(b["name"], b["tier"], b["start"], b["count"], _abs(root, b["path"]), b["bytes"], b["digest"],
+                  b.get("target", 0.0), b.get("achieved", 0.0))
+        for b in meta["bins"]
+    ]
+    placed = Placed(root, meta, bins)
+    checks = [(b.path, b.bytes, b.digest) for b in bins]
+    checks += [(_abs(root, f["path"]), f["bytes"], f["digest"]) for f in meta["files"].values()]
+    for file, size, digest in checks:
+        if not file.exists():
+            raise PlacedError(f"{file}: missing (listed in {manifest})")
+        if file.stat().st_size != size:
+            raise PlacedError(f"{file}: {file.stat().st_size} bytes, manifest says {size}: truncated or replaced")
+        if checksums and file_digest(file) != digest:
+            raise PlacedError(f"{file}: checksum mismatch: the file is damaged")
+    expect = 0
+    for b in bins:
+        if b.start != expect or b.bytes != b.count * placed.row_bytes:
+            raise PlacedError(f"{manifest}: bin {b.name} does not continue the id ranges")
+        expect += b.count
+    if expect != placed.num_nodes:
+        raise PlacedError(f"{manifest}: bins hold {expect} rows, expected {placed.num_nodes}")
+    return placed
+
+
+def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """Checksums of every file, counts, and a random sample of features compared with the source."""
+    from placement.dataset import open_dataset
+
+    placed = open_placed(path, checksums=True)
+    src = open_dataset(source or placed.meta["source"]["path"])
+    if src.num_nodes != placed.num_nodes or src.feature_dim != placed.feature_dim:
+        raise PlacedError(f"{src.root}: the source has {src.num_nodes}×{src.feature_dim} features, the placement {placed.num_nodes}×{placed.feature_dim}")
+    rng = np.random.default_rng(seed)
+    old = np.unique(rng.integers(0, placed.num_nodes, size=min(sample, placed.num_nodes)))
+    new = np.asarray(placed.array("old_to_new")[old])
+    got = placed.read_rows(new)
+    want = np.asarray(src.features()[old])
+    bad = np.flatnonzero((got != want).any(axis=1))
+    if bad.size:
+        raise PlacedError(f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)")
+    back = np.asarray(placed.array("new_to_old")[new])
+    if not np.array_equal(back, old):
+        raise PlacedError(f"{placed.file('new_to_old')}: not the inverse of old_to_new")
+    return {"files": len(placed.bins) + len(placed.meta["files"]), "rows": placed.num_nodes, "sampled": int(old.size)}
