@@ -124,7 +124,8 @@ def _header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
-            shape, fortran, dtype = np.lib.format._read_array_header(fh, version)  # noqa: SLF001
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(fh)
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing ({key})") from None
     except (OSError, ValueError) as exc:

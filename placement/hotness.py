@@ -1,0 +1,231 @@
+"""Pre-sampling hotness: how often training will read each vertex's feature row.
+
+``presample`` runs the training sampler (``trainer.sampler.NeighborSampler``, same fan-outs,
+batch size and seed) over the train split and counts, per vertex, the batches whose sampled
+vertex set contains it. A batch reads each of its unique vertices' feature rows once, so the
+counts are feature-row reads: the quantity a cache placement wants to capture.
+
+On disk a ``Hotness`` is two files and no pickle: the counts as ``.npy`` and the rest as a JSON
+sidecar (same path, suffix ``.json``) that also records N and the total, so ``load`` can tell a
+truncated, swapped or foreign file from a good one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moment.errors import MomentError
+from moment.topology.profile_io import atomic_write_text
+from placement.dataset import Dataset
+from trainer.sampler import NeighborSampler, num_batches
+
+FORMAT = "moment.hotness/1"
+CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+Progress = Callable[[int, int], None]
+
+
+class HotnessError(MomentError):
+    """A hotness file pair that does not load; the message names the file and what is wrong."""
+
+
+@dataclass
+class Hotness:
+    counts: np.ndarray  # int64, N: feature-row reads per vertex over all pre-sampled batches
+    batches: int
+    mean_unique_per_batch: float
+    epochs: int
+    fanouts: tuple[int, ...]
+    batch_size: int
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def curve(self, points: Sequence[float] = CURVE_POINTS) -> list[tuple[float, float]]:
+        """(x, share of all reads that hit the hottest x of vertices) for each x in ``points``."""
+        return access_curve(self.counts, points)
+
+    def save(self, path: str | Path) -> None:
+        """Write the counts to ``path`` (.npy) and the rest to its .json sidecar, each atomically."""
+        path = Path(path)
+        _atomic_save_npy(path, np.ascontiguousarray(self.counts, dtype=np.int64))
+        meta = {
+            "format": FORMAT,
+            "num_nodes": int(self.counts.shape[0]),
+            "total": self.total,
+            "batches": self.batches,
+            "mean_unique_per_batch": self.mean_unique_per_batch,
+            "epochs": self.epochs,
+            "fanouts": list(self.fanouts),
+            "batch_size": self.batch_size,
+        }
+        atomic_write_text(sidecar(path), json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, num_nodes: int | None = None) -> Hotness:
+        """Read a saved ``Hotness``; ``num_nodes`` (the dataset's N) is checked when given."""
+        path = Path(path)
+        meta = _read_sidecar(sidecar(path))
+        counts = _read_counts(path)
+        if counts.shape != (meta["num_nodes"],):
+            raise HotnessError(f"{path}: counts have shape {counts.shape}, the sidecar says ({meta['num_nodes']},)")
+        if num_nodes is not None and meta["num_nodes"] != num_nodes:
+            raise HotnessError(f"{path}: counts are for {meta['num_nodes']} vertices, the dataset has {num_nodes}")
+        if counts.size and int(counts.min()) < 0:
+            raise HotnessError(f"{path}: negative counts (not a hotness file?)")
+        if int(counts.sum()) != meta["total"]:
+            raise HotnessError(f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta['total']} (corrupt or mismatched pair)")
+        return cls(
+            counts=counts,
+            batches=meta["batches"],
+            mean_unique_per_batch=float(meta["mean_unique_per_batch"]),
+            epochs=meta["epochs"],
+            fanouts=tuple(meta["fanouts"]),
+            batch_size=meta["batch_size"],
+        )
+
+
+def presample(
+    dataset: Dataset,
+    fanouts: Sequence[int] = (25, 10),
+    batch_size: int = 8000,
+    epochs: int = 1,
+    seed: int = 0,
+    progress: Progress | None = None,
+    device: str = "cpu",
+) -> Hotness:
+    """Count feature-row reads per vertex over ``epochs`` of sampled training batches.
+
+    Uses the training sampler exactly as one training process does (``batches`` with shuffle,
+    epoch by epoch, then ``sample``), so a sampler built with the same seed replays these batches.
+    ``progress(done, total)`` is called after every batch.
+    """
+    sampler = NeighborSampler(dataset.indptr(), dataset.indices(), fanouts, device=device, seed=seed)
+    train = dataset.split("train")
+    counts = np.zeros(dataset.num_nodes, dtype=np.int64)
+    total = epochs * num_batches(train.size, batch_size)
+    done = 0
+    unique = 0
+    for epoch in range(epochs):
+        for seeds in sampler.batches(train, batch_size, shuffle=True, epoch=epoch):
+            nodes = sampler.sample(seeds).nodes.cpu().numpy()
+            counts[nodes] += 1  # nodes are unique within a batch, so no np.add.at needed
+            unique += nodes.size
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return Hotness(
+        counts=counts,
+        batches=done,
+        mean_unique_per_batch=unique / done if done else 0.0,
+        epochs=epochs,
+        fanouts=tuple(int(f) for f in fanouts),
+        batch_size=batch_size,
+    )
+
+
+def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> list[tuple[float, float]]:
+    """Share of reads caught by the hottest ``x`` of vertices (the top ceil(x * N)), per x.
+
+    Works from a histogram of count values rather than a sort: O(N) time and O(max count) memory,
+    and the same numbers as sorting the counts in descending order and taking prefix sums.
+    """
+    n = counts.shape[0]
+    total = int(counts.sum())
+    freq = np.bincount(counts)[::-1]  # vertices per count value, hottest value first
+    values = np.arange(freq.size - 1, -1, -1, dtype=np.int64)
+    vertices_through = np.cumsum(freq)  # vertices with count >= values[g]
+    reads_through = np.cumsum(freq * values)
+    curve = []
+    for x in points:
+        k = min(n, int(np.ceil(x * n)))
+        g = int(np.searchsorted(vertices_through, k))  # first group that reaches k vertices
+        before = (int(vertices_through[g - 1]), int(reads_through[g - 1])) if g > 0 else (0, 0)
+        reads = before[1] + (k - before[0]) * int(values[g]) if k > 0 else 0
+        curve.append((float(x), reads / total if total else 0.0))
+    return curve
+
+
+def hottest_first(counts: np.ndarray) -> np.ndarray:
+    """Vertex ids by descending count, ties by ascending id (= ``np.argsort(-counts, kind="stable")``).
+
+    Counts are small integers, so sort the key ``max - count`` as 16-bit digits: numpy's stable
+    sort is a radix sort for <= 16-bit types, one pass if the key fits 16 bits, two LSD passes
+    (low digit, then high digit) if it fits 32; wider keys fall back to a comparison sort.
+    """
+    top = int(counts.max()) if counts.size else 0
+    if top < 1 << 16:
+        return np.argsort(_key(counts, top, np.uint16), kind="stable")
+    if top < 1 << 32:
+        key = _key(counts, top, np.uint32)
+        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+        return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(top - counts.astype(np.int64), kind="stable")
+
+
+def _key(counts: np.ndarray, top: int, dtype: type[np.unsignedinteger]) -> np.ndarray:
+    """``top - counts`` written straight into a narrow unsigned array (no int64 temporary)."""
+    key = np.empty(counts.shape, dtype=dtype)
+    np.subtract(top, counts, out=key, casting="unsafe")
+    return key
+
+
+def sidecar(path: Path) -> Path:
+    """The JSON file that accompanies a counts file."""
+    return path.with_suffix(".json")
+
+
+def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    """np.save to a temporary file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, array, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HotnessError(f"{path}: missing (the counts file's JSON sidecar)") from None
+    except (OSError, ValueError) as exc:
+        raise HotnessError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise HotnessError(f"{path}: format: expected {FORMAT!r}, got {got!r}")
+    for key in ("num_nodes", "total", "batches", "epochs", "batch_size"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise HotnessError(f"{path}: {key}: expected a non-negative integer, got {value!r}")
+    fanouts = meta.get("fanouts")
+    if not isinstance(fanouts, list) or not all(isinstance(f, int) and f > 0 for f in fanouts):
+        raise HotnessError(f"{path}: fanouts: expected a list of positive integers, got {fanouts!r}")
+    if not isinstance(meta.get("mean_unique_per_batch"), int | float):
+        raise HotnessError(f"{path}: mean_unique_per_batch: expected a number, got {meta.get('mean_unique_per_batch')!r}")
+    return meta
+
+
+def _read_counts(path: Path) -> np.ndarray:
+    try:
+        counts = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise HotnessError(f"{path}: missing (hotness counts)") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise HotnessError(f"{path}: not a readable .npy file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(counts, np.ndarray) or counts.dtype != np.int64 or counts.ndim != 1:
+        raise HotnessError(f"{path}: counts must be a 1-D int64 array, got {getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '')}")
+    return counts

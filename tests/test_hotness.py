@@ -1,0 +1,171 @@
+"""placement.hotness: pre-sampled counts, the access curve, hottest-first order, the files on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moment.errors import MomentError
+from placement.dataset import open_dataset, write_manifest
+from placement.hotness import Hotness, access_curve, hottest_first, presample, sidecar
+from trainer.sampler import NeighborSampler
+
+FANOUTS = (5, 4)
+BATCH = 64
+
+
+def power_law_dataset(root: Path, n: int = 3000, degree: int = 8, seed: int = 0) -> Path:
+    """Every vertex's neighbours drawn with Zipf weights over a shuffled vertex order, so a few
+    (not simply the low-numbered) vertices are everybody's neighbours."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, n + 1) ** 1.2
+    popular = rng.permutation(n)
+    indices = popular[rng.choice(n, n * degree, p=weights / weights.sum())].astype(np.int32)
+    indptr = (np.arange(n + 1) * degree).astype(np.int64)
+    ids = rng.permutation(n)
+    root.mkdir()
+    arrays = {
+        "indptr": indptr,
+        "indices": indices,
+        "features": np.zeros((n, 4), dtype=np.float32),
+        "labels": rng.integers(0, 3, n).astype(np.int64),
+        "train_idx": np.sort(ids[:900]).astype(np.int64),
+        "val_idx": np.sort(ids[900:1000]).astype(np.int64),
+        "test_idx": np.sort(ids[1000:1100]).astype(np.int64),
+    }
+    for name, array in arrays.items():
+        np.save(root / f"{name}.npy", array)
+    meta = {"num_nodes": n, "num_edges": n * degree, "feature_dim": 4, "feature_dtype": "float32", "num_classes": 3}
+    write_manifest(root, meta)
+    return root
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return power_law_dataset(tmp_path_factory.mktemp("hot") / "ds")
+
+
+@pytest.fixture(scope="module")
+def hot(dataset_dir: Path) -> Hotness:
+    return presample(open_dataset(dataset_dir), FANOUTS, BATCH, epochs=2, seed=9)
+
+
+def test_counts_equal_a_brute_force_recount(dataset_dir: Path, hot: Hotness) -> None:
+    ds = open_dataset(dataset_dir)
+    sampler = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), FANOUTS, seed=9)
+    counts = np.zeros(ds.num_nodes, dtype=np.int64)
+    sizes = []
+    for epoch in range(2):
+        for seeds in sampler.batches(np.array(ds.split("train")), BATCH, epoch=epoch):
+            nodes = sampler.sample(seeds).nodes.tolist()
+            sizes.append(len(nodes))
+            for v in nodes:
+                counts[v] += 1
+    assert np.array_equal(hot.counts, counts)
+    assert hot.counts.dtype == np.int64
+    assert hot.batches == len(sizes) == 2 * 15  # ceil(900 / 64) per epoch
+    assert hot.mean_unique_per_batch == pytest.approx(np.mean(sizes))
+    assert (hot.epochs, hot.fanouts, hot.batch_size) == (2, FANOUTS, BATCH)
+    train = np.array(ds.split("train"))
+    assert (hot.counts[train] >= 2).all(), "every seed is read at least once per epoch"
+
+
+def test_progress_reports_every_batch(dataset_dir: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    hot = presample(open_dataset(dataset_dir), FANOUTS, 300, epochs=2, progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(i, 6) for i in range(1, 7)] and hot.batches == 6
+
+
+def test_curve_monotone_ends_at_one_and_shows_skew(hot: Hotness) -> None:
+    curve = hot.curve()
+    xs, shares = zip(*curve)
+    assert list(xs) == sorted(xs)
+    assert all(a <= b for a, b in zip(shares, shares[1:]))
+    assert curve[-1] == (1.0, 1.0)
+    top1 = dict(curve)[0.01]
+    assert top1 > 0.05, f"top 1% of a power-law graph catch only {top1:.1%} of reads"
+
+
+def test_curve_matches_sorting(hot: Hotness) -> None:
+    ordered = np.sort(hot.counts)[::-1]
+    reads = np.cumsum(ordered)
+    n = ordered.size
+    points = (0.0, 0.0003, 0.001, 0.0101, 0.37, 0.999, 1.0)
+    expected = [0.0] + [reads[int(np.ceil(x * n)) - 1] / reads[-1] for x in points[1:]]
+    assert [s for _, s in access_curve(hot.counts, points)] == pytest.approx(expected)
+    assert access_curve(np.zeros(5, dtype=np.int64), (0.5, 1.0)) == [(0.5, 0.0), (1.0, 0.0)]
+
+
+@pytest.mark.parametrize("top", [0, 7, 60_000, 70_000, 3_000_000_000, 2**40])
+def test_hottest_first_matches_stable_argsort(top: int) -> None:
+    rng = np.random.default_rng(top % 1000)
+    counts = rng.integers(0, top + 1, 5000, dtype=np.int64)
+    counts[rng.choice(5000, 50)] = top  # many ties at the top and elsewhere
+    counts[:100] = counts[100:200]
+    assert np.array_equal(hottest_first(counts), np.argsort(-counts, kind="stable"))
+
+
+def test_hottest_first_on_presampled_counts(hot: Hotness) -> None:
+    order = hottest_first(hot.counts)
+    assert np.array_equal(order, np.argsort(-hot.counts, kind="stable"))
+    assert hot.counts[order[0]] == hot.counts.max()
+
+
+def test_save_load_round_trip(hot: Hotness, tmp_path: Path) -> None:
+    path = tmp_path / "hotness.npy"
+    hot.save(path)
+    assert sidecar(path) == tmp_path / "hotness.json"
+    back = Hotness.load(path, num_nodes=hot.counts.size)
+    assert np.array_equal(back.counts, hot.counts)
+    assert (back.batches, back.mean_unique_per_batch, back.epochs, back.fanouts, back.batch_size) == (
+        hot.batches,
+        hot.mean_unique_per_batch,
+        hot.epochs,
+        hot.fanouts,
+        hot.batch_size,
+    )
+    assert not list(tmp_path.glob(".*.tmp")), "temporary files are cleaned up"
+
+
+def _break(path: Path, how: str) -> None:
+    meta_path = sidecar(path)
+    meta = json.loads(meta_path.read_text())
+    counts = np.load(path)
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif how == "shape":
+        np.save(path, counts[:-1])
+    elif how == "sum":
+        counts[3] += 1
+        np.save(path, counts)
+    elif how == "dtype":
+        np.save(path, counts.astype(np.float64))
+    elif how == "pickle":
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif how == "format":
+        meta_path.write_text(json.dumps({**meta, "format": "moment.dataset/1"}))
+    elif how == "json":
+        meta_path.write_text("{not json")
+    elif how == "no-sidecar":
+        meta_path.unlink()
+    elif how == "fanouts":
+        meta_path.write_text(json.dumps({**meta, "fanouts": "25,10"}))
+
+
+@pytest.mark.parametrize("how", ["truncated", "shape", "sum", "dtype", "pickle", "format", "json", "no-sidecar", "fanouts"])
+def test_load_rejects_corrupt_or_mismatched_files(hot: Hotness, tmp_path: Path, how: str) -> None:
+    path = tmp_path / "hotness.npy"
+    hot.save(path)
+    _break(path, how)
+    with pytest.raises(MomentError, match="hotness"):
+        Hotness.load(path)
+
+
+def test_load_rejects_counts_for_another_dataset(hot: Hotness, tmp_path: Path) -> None:
+    path = tmp_path / "hotness.npy"
+    hot.save(path)
+    with pytest.raises(MomentError, match="dataset has 10"):
+        Hotness.load(path, num_nodes=10)
