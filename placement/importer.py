@@ -1,0 +1,340 @@
+"""Bring real data in (``moment dataset import``): plain .npy arrays → a dataset directory.
+
+Edges come as an E×2 list (src, dst) or as CSR (indptr, indices, already in moment's orientation:
+the neighbours of v are indices[indptr[v]:indptr[v+1]]). Either is turned into CSR by destination
+(the neighbours of v are the sources of the edges into v, what v aggregates from) in two passes over
+chunks: count per destination, then fill an on-disk indices array; only the N-sized counters live in
+RAM. Every input is checked first and an error names the file and what is wrong with it. The result
+is written beside ``out`` and renamed into place once complete, like ``synthesize``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moment.errors import UsageError
+from placement.dataset import FEATURE_DTYPES, FILES, Dataset, DatasetError, open_dataset, write_manifest
+from placement.synth import Progress, check_free_space, staging
+
+Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations)
+SPLITS = ("train", "val", "test")
+
+
+def import_arrays(
+    out: str | Path,
+    features: str | Path,
+    labels: str | Path,
+    edges: str | Path | None = None,
+    indptr: str | Path | None = None,
+    indices: str | Path | None = None,
+    train: str | Path | None = None,
+    val: str | Path | None = None,
+    test: str | Path | None = None,
+    undirected: bool = False,
+    seed: int = 0,
+    feature_dtype: str | None = None,
+    fractions: tuple[float, float, float] = (0.01, 0.005, 0.005),
+    chunk: int = 1 << 21,
+    progress: Progress | None = None,
+) -> Dataset:
+    """Validate the arrays, then write them as a dataset directory at ``out`` and open it.
+
+    ``undirected`` adds the reverse of every edge (self-loops once). Splits not given are drawn at
+    random (``fractions`` of the labelled vertices, ``seed``) from labelled vertices in no given split.
+    ``feature_dtype`` converts the features (e.g. float64 → float32); by default they keep theirs.
+    ``chunk`` is the number of edges (or feature values) handled at once.
+    """
+    if (edges is None) == (indptr is None and indices is None) or (indptr is None) != (indices is None):
+        raise UsageError("give either an edge list, or indptr with indices")
+    out = Path(out)
+    if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
+        raise UsageError(f"feature_dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
+    feats = _npy(features, "features")
+    n, dim = _check_features(feats, features)
+    dtype = np.dtype(feature_dtype or feats.dtype.name)
+    if dtype.name not in FEATURE_DTYPES:
+        raise DatasetError(f"{features}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
+                           "(or ask for a conversion with feature_dtype)")
+    labs = _npy(labels, "labels")
+    classes = _check_labels(labs, labels, n, features, chunk)
+    source = _EdgeList(edges, n) if edges is not None else _Csr(indptr, indices, n, chunk)
+    splits = {name: _read_split(path, name, n) for name, path in zip(SPLITS, (train, val, test)) if path is not None}
+    _check_splits(splits, labs, labels)
+    index_dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
+    counts = _count(source, n, undirected, chunk, progress)
+    num_edges = int(counts.sum())
+    check_free_space(out, 8 * (2 * n + 1) + num_edges * index_dtype.itemsize + n * dim * dtype.itemsize)
+    with staging(out) as tmp:
+        _fill(tmp, source, counts, index_dtype, undirected, chunk, progress)
+        _write_features(tmp, feats, features, dtype, chunk, progress)
+        _write_labels(tmp, labs, chunk)
+        _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
+        write_manifest(tmp, {
+            "name": out.absolute().name,
+            "num_nodes": n,
+            "num_edges": num_edges,
+            "feature_dim": dim,
+            "feature_dtype": dtype.name,
+            "num_classes": classes,
+            "directed": not undirected,
+            "source": _provenance({"features": features, "labels": labels, "edges": edges, "indptr": indptr,
+                                   "indices": indices}, splits, undirected, seed),
+        })
+    return open_dataset(out)
+
+
+def _npy(path: str | Path, what: str) -> np.ndarray:
+    """A read-only memory map of an .npy input, or an error naming it."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file ({what})") from None
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: not a readable .npy array ({what}: {str(exc).splitlines()[0]})") from None
+
+
+def _check_features(feats: np.ndarray, path: str | Path) -> tuple[int, int]:
+    if feats.ndim != 2:
+        raise DatasetError(f"{path}: features must be a 2-D N×d array, got shape {feats.shape}")
+    if feats.dtype.kind != "f":
+        raise DatasetError(f"{path}: features have dtype {feats.dtype.name}, expected float32 or float16")
+    if not feats.flags.c_contiguous:
+        raise DatasetError(f"{path}: features must be row-major (C order)")
+    if feats.shape[0] < 1 or feats.shape[1] < 1:
+        raise DatasetError(f"{path}: features have shape {feats.shape}: need at least one vertex and one column")
+    return feats.shape
+
+
+def _check_labels(labs: np.ndarray, path: str | Path, n: int, features: str | Path, chunk: int) -> int:
+    """Shape and range of the labels (-1: unlabelled); returns the number of classes."""
+    if labs.ndim != 1 or labs.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: labels must be a 1-D integer array, got {labs.dtype.name} of shape {labs.shape}")
+    if labs.shape[0] != n:
+        raise DatasetError(f"{path}: labels have {labs.shape[0]} entries but {features} has {n} rows")
+    top = -1
+    for a in range(0, n, chunk):
+        part = np.asarray(labs[a : a + chunk])
+        if (part < -1).any():
+            at = a + int(np.argmax(part < -1))
+            raise DatasetError(f"{path}: labels[{at}] = {int(labs[at])}: a class id is >= 0 (-1 for unlabelled)")
+        top = max(top, int(part.max()))
+    if top < 0:
+        raise DatasetError(f"{path}: no vertex is labelled (all -1)")
+    return top + 1
+
+
+class _EdgeList:
+    """An E×2 .npy edge list (src, dst), read in chunks."""
+
+    def __init__(self, path: str | Path, n: int) -> None:
+        self.path, self.n = path, n
+        self.array = _npy(path, "edges")
+        if self.array.ndim != 2 or self.array.shape[1] != 2 or self.array.dtype.kind not in "iu":
+            raise DatasetError(f"{path}: edges must be an E×2 integer array (src, dst), "
+                               f"got {self.array.dtype.name} of shape {self.array.shape}")
+        self.size = self.array.shape[0]
+
+    def chunks(self, chunk: int) -> Edges:
+        for a in range(0, self.array.shape[0], chunk):
+            part = np.asarray(self.array[a : a + chunk], dtype=np.int64)
+            _check_range(part, self.n, self.path, "edges", a)
+            yield part[:, 0], part[:, 1]
+
+
+class _Csr:
+    """CSR arrays (neighbours of v = indices[indptr[v]:indptr[v+1]]), read as edges row range by row range."""
+
+    def __init__(self, indptr: str | Path, indices: str | Path, n: int, chunk: int) -> None:
+        self.indptr_path, self.indices_path, self.n = indptr, indices, n
+        self.indptr, self.indices = _npy(indptr, "indptr"), _npy(indices, "indices")
+        for arr, path, what in ((self.indptr, indptr, "indptr"), (self.indices, indices, "indices")):
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise DatasetError(f"{path}: {what} must be a 1-D integer array, "
+                                   f"got {arr.dtype.name} of shape {arr.shape}")
+        if self.indptr.shape[0] != n + 1:
+            raise DatasetError(f"{indptr}: indptr has {self.indptr.shape[0]} entries, expected N+1 = {n + 1} "
+                               "(N from the features)")
+        e = self.size = self.indices.shape[0]
+        if self.indptr[0] != 0 or self.indptr[-1] != e:
+            raise DatasetError(f"{indptr}: indptr must run from 0 to len(indices) = {e}, "
+                               f"got {int(self.indptr[0])}..{int(self.indptr[-1])}")
+        for a in range(0, n, chunk):
+            steps = np.diff(np.asarray(self.indptr[a : a + chunk + 1]))
+            if (steps < 0).any():
+                raise DatasetError(f"{indptr}: indptr decreases at vertex {a + int(np.argmax(steps < 0))}")
+
+    def chunks(self, chunk: int) -> Edges:
+        """Whole rows, about ``chunk`` edges at a time (one row may be longer)."""
+        v = 0
+        while v < self.n:
+            start = int(self.indptr[v])
+            end = max(v + 1, int(np.searchsorted(self.indptr, start + chunk, side="right")) - 1)
+            end = min(end, self.n)
+            stop = int(self.indptr[end])
+            src = np.asarray(self.indices[start:stop], dtype=np.int64)
+            _check_range(src, self.n, self.indices_path, "indices", start)
+            yield src, np.repeat(np.arange(v, end, dtype=np.int64), np.diff(np.asarray(self.indptr[v : end + 1])))
+            v = end
+
+
+def _check_range(ids: np.ndarray, n: int, path: str | Path, what: str, offset: int) -> None:
+    bad = (ids < 0) | (ids >= n)
+    if bad.any():
+        at = int(np.argmax(bad.ravel()))
+        row = offset + (at // ids.shape[1] if ids.ndim == 2 else at)
+        value = int(ids.ravel()[at])
+        raise DatasetError(f"{path}: {what}[{row}] holds {value}, not a vertex id (N = {n} from the features)")
+
+
+def _directed(src: np.ndarray, dst: np.ndarray, undirected: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk's edges plus, if undirected, their reverses (a self-loop is not doubled)."""
+    if not undirected:
+        return src, dst
+    keep = src != dst
+    return np.concatenate([src, dst[keep]]), np.concatenate([dst, src[keep]])
+
+
+def _count(source: _EdgeList | _Csr, n: int, undirected: bool, chunk: int, progress: Progress | None) -> np.ndarray:
+    """In-edges per destination (first pass); validates every id on the way."""
+    counts = np.zeros(n, dtype=np.int64)
+    done = _report(progress, "count", 0, source.size)
+    for src, dst in source.chunks(chunk):
+        ids, k = np.unique(_directed(src, dst, undirected)[1], return_counts=True)  # no N-sized temporary
+        counts[ids] += k
+        done = _report(progress, "count", done + src.size, source.size)
+    return counts
+
+
+def _fill(tmp: Path, source: _EdgeList | _Csr, counts: np.ndarray, dtype: np.dtype, undirected: bool, chunk: int,
+          progress: Progress | None) -> None:
+    """indptr from the counts, then every source put in its destination's row, in input order."""
+    indptr = np.lib.format.open_memmap(tmp / FILES["indptr"], mode="w+", dtype=np.int64, shape=(counts.size + 1,))
+    indptr[0] = 0
+    np.cumsum(counts, out=indptr[1:])
+    cursor = np.array(indptr[:-1])
+    indices = _create(tmp / FILES["indices"], dtype, (int(indptr[-1]),))
+    done = _report(progress, "fill", 0, source.size)
+    for src, dst in source.chunks(chunk):
+        _place(indices, cursor, *_directed(src, dst, undirected))
+        done = _report(progress, "fill", done + src.size, source.size)
+
+
+def _place(indices: np.ndarray, cursor: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+    """Write each source at its destination's cursor (in chunk order) and advance the cursors."""
+    if not dst.size:
+        return
+    # dst·size + position is unique, so a plain (fast) sort of it is a stable sort by destination;
+    # it fits int64 while N·size < 2^63, i.e. for any N below 2^40 at the default chunk
+    key = dst * dst.size + np.arange(dst.size)
+    key.sort()
+    order, dst = key % dst.size, key // dst.size
+    pos = cursor[dst] + np.arange(dst.size) - np.searchsorted(dst, dst, side="left")
+    indices[pos] = src[order]
+    last = np.flatnonzero(np.append(dst[1:] != dst[:-1], True))
+    cursor[dst[last]] = pos[last] + 1
+
+
+def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dtype, chunk: int,
+                    progress: Progress | None) -> None:
+    """A byte copy when nothing changes, else a chunked conversion that refuses overflow."""
+    target = tmp / FILES["features"]
+    if feats.dtype == dtype and feats.dtype.isnative:
+        shutil.copyfile(path, target)
+        return
+    out = np.lib.format.open_memmap(target, mode="w+", dtype=dtype, shape=feats.shape)
+    rows = max(1, chunk // feats.shape[1])
+    for a in range(0, feats.shape[0], rows):
+        with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
+            part = np.asarray(feats[a : a + rows]).astype(dtype)
+        if not np.isfinite(part).all() and np.isfinite(feats[a : a + rows]).all():
+            raise DatasetError(f"{path}: features in rows {a}..{a + len(part) - 1} do not fit in {dtype.name}")
+        out[a : a + rows] = part
+        _report(progress, "features", a + len(part), feats.shape[0])
+
+
+def _write_labels(tmp: Path, labs: np.ndarray, chunk: int) -> None:
+    out = np.lib.format.open_memmap(tmp / FILES["labels"], mode="w+", dtype=np.int64, shape=labs.shape)
+    for a in range(0, labs.shape[0], chunk):
+        out[a : a + chunk] = labs[a : a + chunk]
+
+
+def _read_split(path: str | Path, name: str, n: int) -> np.ndarray:
+    """A split's ids, checked (1-D integers in range, no repeats) and sorted."""
+    arr = _npy(path, name)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: {name} must be a 1-D integer array of vertex ids, "
+                           f"got {arr.dtype.name} of shape {arr.shape}")
+    ids = np.sort(np.asarray(arr, dtype=np.int64))
+    _check_range(ids, n, path, name, 0)
+    if ids.size and (np.diff(ids) == 0).any():
+        raise DatasetError(f"{path}: {name} lists vertex {int(ids[np.argmax(np.diff(ids) == 0)])} twice")
+    return ids
+
+
+def _check_splits(given: dict[str, np.ndarray], labs: np.ndarray, labels_path: str | Path) -> None:
+    """Given splits are disjoint and hold only labelled vertices (a training label of -1 is a bug)."""
+    names = list(given)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            both = np.intersect1d(given[a], given[b])
+            if both.size:
+                raise DatasetError(f"{a} and {b} share {both.size} vertices (e.g. {int(both[0])}): splits are disjoint")
+        unlabelled = given[a][np.asarray(labs[given[a]]) < 0]
+        if unlabelled.size:
+            raise DatasetError(f"{labels_path}: vertex {int(unlabelled[0])} of the {a} split is unlabelled (-1)")
+
+
+def _write_splits(tmp: Path, given: dict[str, np.ndarray], labs: np.ndarray, labels_path: str | Path,
+                  fractions: tuple[float, float, float], seed: int, chunk: int) -> None:
+    """Given splits as they are, the others random among labelled vertices not yet in a split."""
+    splits = dict(given)
+    missing = [(name, f) for name, f in zip(SPLITS, fractions) if name not in given]
+    if missing:
+        pool = _labelled(labs, chunk)
+        sizes = [max(1, round(f * pool.size)) for _, f in missing]
+        pool = np.setdiff1d(pool, np.concatenate([np.empty(0, np.int64), *given.values()]), assume_unique=True)
+        if sum(sizes) > pool.size:
+            raise DatasetError(f"{labels_path}: only {pool.size} labelled vertices are free for the "
+                               f"{', '.join(name for name, _ in missing)} split(s), {sum(sizes)} needed")
+        picked = np.random.default_rng(seed).choice(pool, size=sum(sizes), replace=False)
+        for (name, _), part in zip(missing, np.split(picked, np.cumsum(sizes)[:-1])):
+            splits[name] = np.sort(part)
+    for name in SPLITS:
+        np.save(tmp / FILES[name], splits[name])
+
+
+def _labelled(labs: np.ndarray, chunk: int) -> np.ndarray:
+    parts = [a + np.flatnonzero(np.asarray(labs[a : a + chunk]) >= 0) for a in range(0, labs.shape[0], chunk)]
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _provenance(files: dict[str, str | Path | None], splits: dict[str, np.ndarray], undirected: bool,
+                seed: int) -> dict[str, Any]:
+    """Where the dataset came from, for the manifest."""
+    return {
+        "kind": "import",
+        "files": {k: str(Path(v).absolute()) for k, v in files.items() if v is not None},
+        "given_splits": sorted(splits),
+        "undirected": undirected,
+        "seed": seed,
+    }
+
+
+def _create(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """An .npy file to fill in place (a plain array when empty: an empty file cannot be mapped)."""
+    if 0 in shape:
+        np.save(path, np.empty(shape, dtype))
+        return np.empty(shape, dtype)
+    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+
+def _report(progress: Progress | None, stage: str, done: int, total: int) -> int:
+    """Tell the progress callback; returns ``done`` so a loop can carry it."""
+    if progress:
+        progress(stage, done, total)
+    return done
