@@ -31,7 +31,7 @@ def test_writes_a_valid_dataset_of_the_asked_size(graph: Dataset) -> None:
     assert abs(graph.num_edges / (N * DEGREE) - 1) < 0.05  # E = N + Poisson((d-1)·N) by construction
     assert np.diff(graph.indptr()).min() >= 1
     assert graph.indices().dtype == np.int32 and graph.features().dtype == np.float16
-    assert graph.meta["generator"]["kind"] == "chung-lu" and graph.meta["directed"] is False
+    assert graph.meta["generator"]["kind"] == "chung-lu" and graph.meta["directed"] is True
     assert graph.meta["name"] == "g"
 
 
