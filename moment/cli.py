@@ -137,6 +137,9 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
     p.add_argument("--epochs", type=int, default=1, help="pre-sampling epochs (default 1)")
     p.add_argument("--pool", type=int, default=100, help="DDAK pool size (default 100)")
+    p.add_argument("--priority", choices=("projected", "paper"), default="projected",
+                   help="DDAK bin priority: projected (default, matches the plan's targets) or the paper's "
+                        "(access/target)×(used/capacity)")
     p.add_argument("--profile", help="refuse a plan made for another profile than this one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the manifest")
@@ -535,7 +538,7 @@ def cmd_place(args: argparse.Namespace) -> int:
 
         profile_sha = profile_hash(resolve_profile(args.profile))
     opts = PlaceOptions(policy=args.policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, ssd_dirs=dirs,
-                        hotness=Path(args.hotness) if args.hotness else None, epochs=args.epochs, pool=args.pool,
+                        hotness=Path(args.hotness) if args.hotness else None, epochs=args.epochs, pool=args.pool, priority=args.priority,
                         seed=args.seed, profile_sha256=profile_sha)
     with RichProgress(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars,

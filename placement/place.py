@@ -25,7 +25,7 @@ from moment.errors import MomentError, UsageError
 from moment.planner.planfile import read_plan
 from placement import relabel as rl
 from placement.dataset import Dataset, open_dataset
-from placement.ddak import BinSpec, Placement, ddak, hash_placement
+from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
 from placement.hotness import Hotness, presample
 from placement.placed import FORMAT, MANIFEST
 from placement.writer import BinFile, file_digest, write_bins
@@ -59,6 +59,7 @@ class PlaceOptions:
     hotness: Path | None = None
     epochs: int = 1
     pool: int = 100
+    priority: str = "projected"  # DDAK priority: projected (matches targets) or paper
     seed: int = 0
     profile_sha256: str | None = None  # refuse a plan made for another profile
 
@@ -154,15 +155,13 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         f"top 1% of vertices catch {dict(hot.curve((0.01,)))[0.01]:.1%} of reads")
 
     # 2. Placement (deterministic; saved so a resumed run writes the same layout).
-    key = _key(plan["profile"], plan["bin_targets"], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool,
+    key = _key(plan["profile"], plan["bin_targets"], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool, opts.priority,
                hot.counts.sum(), str(dirs))
     bin_file = work / f"bin_of-{key}.npy"
     t0 = time.perf_counter()
-    from placement.hotness import hottest_first
-
-    order = hottest_first(hot.counts)
+    order = hotness_order(hot.counts)
     if opts.policy == "ddak":
-        placed: Placement = ddak(hot.counts, specs, pool=opts.pool, order=order)
+        placed: Placement = ddak(hot.counts, specs, pool=opts.pool, order=order, priority=opts.priority)
     else:
         placed = hash_placement(hot.counts, specs, seed=opts.seed, order=order)
     if bin_file.exists():
@@ -228,6 +227,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         "plan": {"path": str(Path(plan_path).resolve()), "profile": plan["profile"], "layout": plan["layout"]["name"]},
         "policy": opts.policy,
         "pool": opts.pool,
+        "priority": opts.priority if opts.policy == "ddak" else None,
         "num_nodes": ds.num_nodes,
         "num_edges": ds.num_edges,
         "feature_dim": ds.feature_dim,

@@ -22,6 +22,7 @@ from moment.topology.profile_io import atomic_write_text
 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
+CHUNK_BYTES = 64 << 20  # source rows read per step
 
 
 def new_hasher() -> hashlib.blake2b:
@@ -72,7 +73,7 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
     (a resumed run must be writing the same placement, or it starts over).
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
-    chunk_rows = chunk_rows or max(1, (64 << 20) // row_bytes)
+    chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
     state = _load_state(work, key)
     start = state["next_row"] if state else 0
     hashers = [new_hasher() for _ in files]
@@ -90,6 +91,8 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
             remaining -= len(block)
         fh.seek(done)
         handles.append(fh)
+    if progress and start:
+        progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
     try:
         since = 0
         row = start

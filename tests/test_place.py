@@ -1,0 +1,189 @@
+"""`moment place` end to end: every feature where the plan says, nothing lost, crash-safe."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moment.errors import MomentError, UsageError
+from moment.planner.plan import plan
+from moment.planner.planfile import plan_document, write_plan
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.dataset import open_dataset
+from placement.place import PlaceOptions, parse_rows, place
+from placement.placed import PlacedError, open_placed, verify
+from placement.synth import synthesize
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory) -> Path:
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload)
+    outcome = plan(machine, workload, 4, 8, top=1)
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "ds"
+    synthesize(out, nodes=30_000, avg_degree=8, dim=16, dtype="float32", seed=1, train_fraction=0.2)
+    return out
+
+
+OPTS = dict(gpu_cache="3%", cpu_cache="4%")
+
+
+def test_every_feature_reads_back(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "placed"
+    manifest = place(plan_file, dataset, out, PlaceOptions(**OPTS))
+    ds, placed = open_dataset(dataset), open_placed(out, checksums=True)
+    n = ds.num_nodes
+    # Every vertex, through the placed layout, equals its source row.
+    new = np.asarray(placed.array("old_to_new"))
+    assert np.array_equal(np.sort(new), np.arange(n))
+    assert np.array_equal(placed.read_rows(new), np.asarray(ds.features()))
+    # Bins: tier order in id space, original order inside each bin, capacities kept.
+    tiers = [b.tier for b in placed.bins]
+    assert tiers == sorted(tiers, key=["gpu", "cpu", "ssd"].index)
+    old = np.asarray(placed.array("new_to_old"))
+    for b in placed.bins:
+        assert (np.diff(old[b.start : b.start + b.count]) > 0).all()
+    caps = {b["name"]: b["capacity"] for b in manifest["bins"]}
+    assert all(b.count <= caps[b.name] for b in placed.bins)
+    # Topology, labels and splits rewritten in new ids.
+    indptr, indices = np.asarray(ds.indptr()), np.asarray(ds.indices())
+    pin, pind = np.asarray(placed.array("indptr")), np.asarray(placed.array("indices"))
+    for v in np.random.default_rng(0).integers(0, n, 200):
+        mine = set(new[indices[indptr[v] : indptr[v + 1]]].tolist())
+        assert mine == set(pind[pin[new[v]] : pin[new[v] + 1]].tolist())
+    assert np.array_equal(np.asarray(placed.array("labels"))[new], np.asarray(ds.labels()))
+    assert np.array_equal(np.sort(old[np.asarray(placed.array("train"))]), np.sort(np.asarray(ds.split("train"))))
+    # Hotter tiers hold hotter vertices.
+    hot = np.asarray(placed.array("hotness"))
+    gpu_end = sum(b.count for b in placed.bins if b.tier == "gpu")
+    ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
+    assert hot[:gpu_end].min() >= hot[ssd_start:].max()
+    assert verify(out)["rows"] == n
+
+
+def test_ddak_matches_ssd_targets_better_than_hash(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    err = {}
+    for policy in ("ddak", "hash"):
+        m = place(plan_file, dataset, tmp_path / policy, PlaceOptions(policy=policy, epochs=3, **OPTS))
+        ssd = [b for b in m["bins"] if b["tier"] == "ssd"]
+        target = np.array([b["target"] for b in ssd])
+        got = np.array([b["achieved"] for b in ssd])
+        err[policy] = np.abs(got / got.sum() - target / target.sum()).sum()
+    assert err["ddak"] < 0.02
+    assert err["ddak"] < err["hash"]
+
+
+def test_damaged_placement_is_refused(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "placed"
+    m = place(plan_file, dataset, out, PlaceOptions(**OPTS))
+    ssd_bin = out / m["bins"][-1]["path"]
+    data = bytearray(ssd_bin.read_bytes())
+    data[100] ^= 0xFF
+    ssd_bin.write_bytes(bytes(data))
+    open_placed(out)  # sizes are fine ...
+    with pytest.raises(PlacedError, match="checksum mismatch"):
+        open_placed(out, checksums=True)  # ... the checksum is not
+    ssd_bin.write_bytes(bytes(data[:-8]))
+    with pytest.raises(PlacedError, match="truncated"):
+        open_placed(out)
+    ssd_bin.unlink()
+    with pytest.raises(PlacedError, match="missing"):
+        open_placed(out)
+
+
+def test_killed_run_is_refused_then_resumed(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """Kill -9 in the middle of writing the bins: the output is refused, a re-run completes it."""
+    out = tmp_path / "placed"
+    script = f"""
+import os, signal, placement.writer as w
+w.CHECKPOINT_BYTES = 64 << 10
+w.CHUNK_BYTES = 32 << 10
+calls = 0
+real = w._save_state
+def save(*a, **k):
+    global calls
+    real(*a, **k)
+    calls += 1
+    if calls == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+w._save_state = save
+from placement.place import PlaceOptions, place
+place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL
+    partial = out.with_name("placed.partial")
+    state = json.loads((partial / "write-state.json").read_text())
+    assert 0 < state["next_row"] < 30_000
+    with pytest.raises(PlacedError, match="interrupted"):
+        open_placed(out)
+    seen: list[int] = []
+
+    def progress(stage: str, total: int):
+        return (lambda done, of: seen.append(done)) if stage == "writing bins" else (lambda done, of: None)
+
+    place(plan_file, dataset, out, PlaceOptions(**OPTS), progress=progress)  # the re-run resumes ...
+    assert seen[0] == state["next_row"]  # ... from the checkpoint, not from row 0
+    assert not partial.exists()
+    assert verify(out, sample=30_000)["sampled"] > 0
+    ds, placed = open_dataset(dataset), open_placed(out, checksums=True)
+    assert np.array_equal(placed.read_rows(np.asarray(placed.array("old_to_new"))), np.asarray(ds.features()))
+
+
+def test_replacing_a_placement_keeps_only_the_new_one(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "placed"
+    place(plan_file, dataset, out, PlaceOptions(**OPTS))
+    place(plan_file, dataset, out, PlaceOptions(policy="hash", **OPTS))
+    assert json.loads((out / "placed.json").read_text())["policy"] == "hash"
+    assert [p.name for p in tmp_path.iterdir()] == ["placed"]
+
+
+def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="expected a size"):
+        place(plan_file, dataset, tmp_path / "x", PlaceOptions(gpu_cache="lots"))
+    with pytest.raises(UsageError, match="another profile"):
+        place(plan_file, dataset, tmp_path / "x", PlaceOptions(profile_sha256="0" * 64, **OPTS))
+    with pytest.raises(MomentError, match="dataset.json"):
+        place(plan_file, tmp_path, tmp_path / "x", PlaceOptions(**OPTS))
+    bad_plan = tmp_path / "plan.json"
+    bad_plan.write_text('{"format": "something else"}')
+    with pytest.raises(MomentError, match="format"):
+        place(bad_plan, dataset, tmp_path / "x", PlaceOptions(**OPTS))
+    with pytest.raises(UsageError, match="nvme9"):
+        place(plan_file, dataset, tmp_path / "x", PlaceOptions(ssd_dirs={"nvme9": tmp_path}, **OPTS))
+
+
+def test_parse_rows() -> None:
+    assert parse_rows("1%", "x", 10_000, 64) == 100
+    assert parse_rows("6400B", "x", 10_000, 64) == 100
+    assert parse_rows("1KiB", "x", 10_000, 64) == 16
+    assert parse_rows("250rows", "x", 10_000, 64) == 250
+
+
+def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "placed"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "moment", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
+    done = run("place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(out), "--gpu-cache", "3%", "--cpu-cache", "4%",
+               "--ssd-dir", f"nvme0={tmp_path / 'ssd0'}")
+    assert done.returncode == 0, done.stderr
+    assert "achieved" in done.stdout
+    assert any((tmp_path / "ssd0").glob("nvme0-*.bin"))  # the SSD bin went to its directory
+    assert run("verify", str(out)).returncode == 0
+    bad = run("verify", str(tmp_path / "nowhere"))
+    assert bad.returncode == 1 and "not a placed dataset" in bad.stderr and "Traceback" not in bad.stderr
