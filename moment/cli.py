@@ -547,21 +547,32 @@ def cmd_place(args: argparse.Namespace) -> int:
         print(json.dumps(manifest, indent=2))
         return 0
     print_placement(manifest)
-    out.print(f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`)")
+    out.print(f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`; "
+              f"re-plan with the measured hotness: `moment plan --workload {args.out}/workload.yaml ...`)")
     return 0
 
 
 def print_placement(manifest: dict) -> None:
+    """Per bin: rows, fill, and access share against the plan's target. Shares are also given
+    within the tier: how much a tier serves is set by hotness and cache sizes; how it splits over
+    the tier's bins is what DDAK controls."""
     from rich.table import Table
 
+    tier_target: dict[str, float] = {}
+    tier_got: dict[str, float] = {}
+    for b in manifest["bins"]:
+        tier_target[b["tier"]] = tier_target.get(b["tier"], 0.0) + b["target"]
+        tier_got[b["tier"]] = tier_got.get(b["tier"], 0.0) + b["achieved"]
     table = Table(title=f"placement ({manifest['policy']}): per bin")
-    for col in ("bin", "tier", "ids", "rows", "capacity", "used", "target share", "achieved"):
+    for col in ("bin", "tier", "rows", "fill", "target", "achieved", "in tier: target", "achieved"):
         table.add_column(col, justify="left" if col in ("bin", "tier") else "right")
     for b in manifest["bins"]:
-        table.add_row(b["name"], b["tier"], f"{b['start']:,}–{b['start'] + b['count']:,}", f"{b['count']:,}",
-                      f"{b['capacity']:,}", f"{b['count'] / max(b['capacity'], 1):.0%}", f"{b['target']:.2%}",
-                      f"{b['achieved']:.2%}")
+        t, g = tier_target[b["tier"]], tier_got[b["tier"]]
+        table.add_row(b["name"], b["tier"], f"{b['count']:,}", f"{b['count'] / max(b['capacity'], 1):.0%}",
+                      f"{b['target']:.2%}", f"{b['achieved']:.2%}",
+                      f"{b['target'] / t:.1%}" if t else "-", f"{b['achieved'] / g:.1%}" if g else "-")
     out.print(table)
+    out.print(f"tiers: " + ", ".join(f"{k} serves {tier_got[k]:.1%} of reads (plan assumed {tier_target[k]:.1%})" for k in tier_got))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -247,9 +247,33 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     hot_file.with_suffix(".json").unlink(missing_ok=True)
     from moment.topology.profile_io import atomic_write_text
 
+    _write_workload(work, ds, hot)
     atomic_write_text(work / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     _commit(work, out)
     return manifest
+
+
+def _write_workload(work: Path, ds: Dataset, hot: Hotness) -> None:
+    """The measured workload as ``moment plan --workload`` reads it: the planner's input from
+    pre-sampling (hotness curve and unique vertices per batch), closing the loop."""
+    import yaml
+
+    from moment.topology.profile_io import atomic_write_text
+
+    body = {
+        "dataset": ds.meta.get("name", "dataset"),
+        "nodes": ds.num_nodes,
+        "edges": ds.num_edges,
+        "feature_dim": ds.feature_dim,
+        "feature_dtype": ds.meta["feature_dtype"],
+        "fanouts": list(hot.fanouts),
+        "batch_size": hot.batch_size,
+        "unique_per_batch": round(hot.mean_unique_per_batch, 1),
+        "hotness": {"curve": [[x, round(y, 6)] for x, y in hot.curve() if 0 < x < 1],
+                    "source": f"measured: {hot.epochs} pre-sampled epoch(s), {hot.batches} batches"},
+    }
+    atomic_write_text(work / "workload.yaml", "# Measured by `moment place` (pre-sampling); use with `moment plan --workload`.\n"
+                      + yaml.safe_dump(body, sort_keys=False))
 
 
 def _commit(work: Path, out: Path) -> None:

@@ -160,6 +160,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
         objective.SetMinimization()
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
             raise MomentError("proportional-share model: second pass failed")
+        _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
     t = 0.0 if th >= THETA_MAX * (1 - 1e-9) else 1.0 / th
     value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
@@ -175,6 +176,43 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
     pred.link_load = sum(load[e] / net.edges[e][2] for e in load if e in coef) / max(t, 1e-12)
     pred.ssd_counts = {b: round(v.solution_value()) for b, v in count.items()}
     return pred
+
+
+def _balance(solver, objective, spread: dict, net: Network, u: dict) -> None:
+    """Third pass: at the same time and (nearly) the same link load, spread each tier's share as
+    evenly as its bins allow (min of the largest share in each tier). Symmetric bins then get
+    equal targets instead of whatever vertex of the LP's optimal face the solver returned.
+    If the solver balks at the added rows (GLOP can, on tight tolerances), the second pass's
+    answer is restored."""
+    from ortools.linear_solver import pywraplp
+
+    best = sum(c * var.solution_value() for var, c in spread.items())
+    keep = solver.Constraint(-solver.infinity(), best * (1 + 1e-4) + 1e-9)
+    for var, c in spread.items():
+        keep.SetCoefficient(var, c)
+    objective.Clear()
+    for tier in net.shares:
+        bins = net.tier_bins(tier)
+        if len(bins) < 2:
+            continue
+        z = solver.NumVar(0.0, solver.infinity(), f"z[{tier}]")
+        for b in bins:
+            row = solver.Constraint(-solver.infinity(), 0.0)
+            row.SetCoefficient(u[b.id], 1.0)
+            row.SetCoefficient(z, -1.0)
+        objective.SetCoefficient(z, 1.0)
+    objective.SetMinimization()
+    for slack in (1e-4, 1e-3, 1e-2):
+        keep.SetUb(best * (1 + slack) + 1e-9)
+        if solver.Solve() == pywraplp.Solver.OPTIMAL:
+            return
+    keep.SetUb(solver.infinity())
+    objective.Clear()
+    for var, c in spread.items():
+        objective.SetCoefficient(var, c)
+    objective.SetMinimization()
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        raise MomentError("proportional-share model: second pass failed")
 
 
 # --- paper model: max flow inside a time bisection ------------------------------------------

@@ -130,12 +130,18 @@ def edge_notes(s: Scored) -> tuple[dict[str, str], set[str]]:
     notes: dict[str, str] = {}
     hot: set[str] = set()
     T = s.prop.iteration_s
+    port_of = {p.device.id: p.id for p, _ in s.machine.iter_ports() if p.device is not None}
     for key, load in s.prop.edge_load_gb.items():
         kind, _, ident = key.partition(":")
         if kind in ("up", "down"):
             target = ident
         elif kind == "upi":
             target = "upi"
+        elif kind == "read" and key in s.prop.bottleneck and ident in port_of:
+            target = port_of[ident]  # a saturated SSD: drawn on its own link
+            notes[target] = f"{notes[target]}\nreads 100%" if target in notes else "reads 100%"
+            hot.add(target)
+            continue
         else:
             continue
         rate = load / T if T > 0 else 0.0
