@@ -88,8 +88,9 @@ def _bins(plan: dict, ds: Dataset, opts: PlaceOptions, out: Path) -> tuple[list[
     for t in targets:
         if t["tier"] == "gpu":
             cap = gpu_rows
-        elif t["tier"] == "cpu":
-            cap = cpu_rows // max(len(cpus), 1)
+        elif t["tier"] == "cpu":  # the CPU cache goes where the plan wants CPU reads served from
+            total = sum(c["share"] for c in cpus)
+            cap = int(cpu_rows * t["share"] / total) if total > 0 else cpu_rows // max(len(cpus), 1)
         else:
             d = opts.ssd_dirs.get(t["bin"], out.with_name(out.name + ".partial") / "bins" / t["bin"])
             dirs[t["bin"]] = d
