@@ -398,7 +398,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 def _plan_picture(scored, path: str) -> None:
     from moment.planner.report import edge_notes
     from moment.topology.picture import render_svg
-    from moment.topology.profile_io import atomic_write_text
+    from moment.fileio import atomic_write_text
 
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")
@@ -574,7 +574,7 @@ def print_placement(manifest: dict) -> None:
                       f"{b['target']:.2%}", f"{b['achieved']:.2%}",
                       f"{b['target'] / t:.1%}" if t else "-", f"{b['achieved'] / g:.1%}" if g else "-")
     out.print(table)
-    out.print(f"tiers: " + ", ".join(f"{k} serves {tier_got[k]:.1%} of reads (plan assumed {tier_target[k]:.1%})" for k in tier_got))
+    out.print("tiers: " + ", ".join(f"{k} serves {tier_got[k]:.1%} of reads (plan assumed {tier_target[k]:.1%})" for k in tier_got))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -659,7 +659,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _write_picture(machine, path: str) -> None:
     from moment.topology.picture import render_svg
-    from moment.topology.profile_io import atomic_write_text
+    from moment.fileio import atomic_write_text
 
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError
+from moment.fileio import read_json
 
 FORMAT = "moment.dataset/1"
 FILES = {
@@ -42,9 +43,9 @@ class DatasetError(MomentError):
     """A dataset that does not validate; the message names the file and the field."""
 
 
-@dataclass
-class Dataset:
-    root: Path
+class FeatureShape:
+    """Sizes read from a manifest's ``meta``: shared by datasets and placed datasets."""
+
     meta: dict[str, Any]
 
     @property
@@ -70,6 +71,12 @@ class Dataset:
     @property
     def row_bytes(self) -> int:
         return self.feature_dim * self.feature_dtype.itemsize
+
+
+@dataclass
+class Dataset(FeatureShape):
+    root: Path
+    meta: dict[str, Any]
 
     def path(self, key: str) -> Path:
         return self.root / self.meta["files"][key]
@@ -98,16 +105,7 @@ def _read_meta(root: Path) -> dict[str, Any]:
     path = root / "dataset.json"
     if not root.is_dir():
         raise DatasetError(f"{root}: not a dataset directory")
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing (a dataset directory needs its manifest)") from None
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
-    if not isinstance(meta, dict):
-        raise DatasetError(f"{path}: the manifest is a JSON object")
-    if meta.get("format") != FORMAT:
-        raise DatasetError(f"{path}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
+    meta = read_json(path, FORMAT, "a dataset directory needs its manifest", DatasetError)
     for key in ("num_nodes", "num_edges", "feature_dim", "num_classes"):
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key != "num_edges" else 0):
@@ -186,7 +184,7 @@ def check_ids(ds: Dataset, chunk: int = 1 << 24) -> None:
 
 def write_manifest(root: Path, meta: dict[str, Any]) -> None:
     """Write dataset.json (last, atomically: its presence means the arrays are complete)."""
-    from moment.topology.profile_io import atomic_write_text
+    from moment.fileio import atomic_write_text
 
     body = {"format": FORMAT, **meta}
     body.setdefault("files", dict(FILES))

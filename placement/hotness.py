@@ -13,8 +13,6 @@ truncated, swapped or foreign file from a good one.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError
-from moment.topology.profile_io import atomic_write_text
+from moment.fileio import atomic_file, atomic_write_text, read_json
 from placement.dataset import Dataset
 from trainer.sampler import NeighborSampler, num_batches
 
@@ -156,27 +154,11 @@ def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> 
 
 
 def hottest_first(counts: np.ndarray) -> np.ndarray:
-    """Vertex ids by descending count, ties by ascending id (= ``np.argsort(-counts, kind="stable")``).
+    """Vertex ids by descending count, ties by ascending id (= ``np.argsort(-counts, kind="stable")``),
+    with DDAK's fast ordering (a compiled counting sort: counts are small integers)."""
+    from placement.ddak import hotness_order
 
-    Counts are small integers, so sort the key ``max - count`` as 16-bit digits: numpy's stable
-    sort is a radix sort for <= 16-bit types, one pass if the key fits 16 bits, two LSD passes
-    (low digit, then high digit) if it fits 32; wider keys fall back to a comparison sort.
-    """
-    top = int(counts.max()) if counts.size else 0
-    if top < 1 << 16:
-        return np.argsort(_key(counts, top, np.uint16), kind="stable")
-    if top < 1 << 32:
-        key = _key(counts, top, np.uint32)
-        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
-        return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
-    return np.argsort(top - counts.astype(np.int64), kind="stable")
-
-
-def _key(counts: np.ndarray, top: int, dtype: type[np.unsignedinteger]) -> np.ndarray:
-    """``top - counts`` written straight into a narrow unsigned array (no int64 temporary)."""
-    key = np.empty(counts.shape, dtype=dtype)
-    np.subtract(top, counts, out=key, casting="unsafe")
-    return key
+    return hotness_order(counts)
 
 
 def sidecar(path: Path) -> Path:
@@ -185,28 +167,13 @@ def sidecar(path: Path) -> Path:
 
 
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    """np.save to a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """np.save through a temporary file, so readers never see half a file."""
+    with atomic_file(path, binary=True) as fh:
+        np.save(fh, array, allow_pickle=False)
 
 
 def _read_sidecar(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HotnessError(f"{path}: missing (the counts file's JSON sidecar)") from None
-    except (OSError, ValueError) as exc:
-        raise HotnessError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise HotnessError(f"{path}: format: expected {FORMAT!r}, got {got!r}")
+    meta = read_json(path, FORMAT, "the counts file's JSON sidecar", HotnessError)
     for key in ("num_nodes", "total", "batches", "epochs", "batch_size"):
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -246,7 +246,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         stale.unlink()
     hot_file.unlink(missing_ok=True)
     hot_file.with_suffix(".json").unlink(missing_ok=True)
-    from moment.topology.profile_io import atomic_write_text
+    from moment.fileio import atomic_write_text
 
     _write_workload(work, ds, hot)
     atomic_write_text(work / MANIFEST, json.dumps(manifest, indent=2) + "\n")
@@ -259,7 +259,7 @@ def _write_workload(work: Path, ds: Dataset, hot: Hotness) -> None:
     pre-sampling (hotness curve and unique vertices per batch), closing the loop."""
     import yaml
 
-    from moment.topology.profile_io import atomic_write_text
+    from moment.fileio import atomic_write_text
 
     body = {
         "dataset": ds.meta.get("name", "dataset"),

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError
+from placement.dataset import FeatureShape
 from placement.writer import file_digest
 
 FORMAT = "moment.placed/1"
@@ -42,26 +43,10 @@ class PlacedBin:
 
 
 @dataclass
-class Placed:
+class Placed(FeatureShape):
     root: Path
     meta: dict[str, Any]
     bins: list[PlacedBin]
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.meta["num_nodes"])
-
-    @property
-    def feature_dim(self) -> int:
-        return int(self.meta["feature_dim"])
-
-    @property
-    def feature_dtype(self) -> np.dtype:
-        return np.dtype(self.meta["feature_dtype"])
-
-    @property
-    def row_bytes(self) -> int:
-        return self.feature_dim * self.feature_dtype.itemsize
 
     def file(self, key: str) -> Path:
         return self.root / self.meta["files"][key]["path"]

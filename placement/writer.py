@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moment.topology.profile_io import atomic_write_text
+from moment.fileio import atomic_write_text
 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

@@ -111,7 +111,7 @@ def test_save_is_atomic(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "p.yaml"
     save_profile(machine, path)
     before = path.read_text()
-    monkeypatch.setattr("moment.topology.profile_io.os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr("moment.fileio.os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         save_profile(resolve_profile("moment-machine-a"), path)
     assert path.read_text() == before

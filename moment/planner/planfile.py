@@ -30,7 +30,8 @@ from moment.errors import MomentError
 from moment.planner.report import Scored, bin_targets, links_table
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
-from moment.topology.profile_io import atomic_write_text, dump_profile
+from moment.fileio import atomic_write_text, read_json
+from moment.topology.profile_io import dump_profile
 
 FORMAT = "moment.plan/1"
 
@@ -72,14 +73,7 @@ def write_plan(doc: dict[str, Any], path: str | Path) -> None:
 def read_plan(path: str | Path) -> dict[str, Any]:
     """Load a plan.json; a clear one-line error for a missing, broken or foreign file."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise MomentError(f"{p}: no such plan file") from None
-    except (OSError, ValueError) as exc:
-        raise MomentError(f"{p}: not a readable plan ({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise MomentError(f"{p}: format: expected {FORMAT!r}, got {doc.get('format') if isinstance(doc, dict) else doc!r}")
+    doc = read_json(p, FORMAT, "plan file")
     for key in ("profile", "layout", "bin_targets", "ranks"):
         if key not in doc:
             raise MomentError(f"{p}: {key}: missing")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from moment.errors import UsageError
 from moment.planner import models
 from moment.planner.bounds import LayoutBound
-from moment.planner.layout import SlotSpace, pick_devices, placement, slot_space
+from moment.planner.layout import SlotSpace, pick_devices, slot_space
 from moment.planner.network import Skeleton, device_link_gbps
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine, Port

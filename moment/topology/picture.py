@@ -117,7 +117,7 @@ def render_svg(
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'font-family="sans-serif" font-size="11">',
-        f'<rect width="100%" height="100%" fill="white"/>',
+        '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="10" y="16" font-size="13" font-weight="bold">{escape(title or machine.name)}</text>',
     ]
     for parent in nodes:

@@ -7,8 +7,6 @@ on disk is always complete.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from moment.errors import ProfileError, UsageError
+from moment.fileio import atomic_write_text
 from moment.topology.model import SCHEMA, Machine
 
 BUNDLED_PACKAGE = "topology_profiles"
@@ -76,28 +75,6 @@ def dump_profile(machine: Machine) -> str:
 def save_profile(machine: Machine, path: str | Path) -> None:
     """Write atomically: a temporary file in the same directory, fsync, rename."""
     atomic_write_text(Path(path), dump_profile(machine))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a profile is for sharing
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def bundled_profiles() -> dict[str, Path]:

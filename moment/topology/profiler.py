@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from moment.errors import MomentError, SourceError
 from moment.topology import bandwidth, build, merge
-from moment.topology.model import Machine
+from moment.topology.model import Machine, NvLink
 from moment.topology.pci import PciFunction
 from moment.topology.sources.dmidecode import DmiSlot, parse_dmidecode_slots, parse_dmidecode_system
 from moment.topology.sources.lspci_tree import parse_lspci_tree
@@ -194,7 +194,7 @@ def build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     elif caps.nccl is not None and caps.nccl.nvlinks:
         by_bdf = {d.bdf: d.id for d in gpus}
         machine.nvlinks = [
-            merge.NvLink(between=(by_bdf[a], by_bdf[b]), links=n, arch=bandwidth.gpu_arch_of(gpus[0].model))
+            NvLink(between=(by_bdf[a], by_bdf[b]), links=n, arch=bandwidth.gpu_arch_of(gpus[0].model))
             for a, b, n in caps.nccl.nvlinks
             if a in by_bdf and b in by_bdf
         ]

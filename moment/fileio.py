@@ -1,0 +1,62 @@
+"""Files users exchange: written atomically, read back with one-line errors.
+
+Every file moment writes for someone else (profiles, plans, manifests, hotness) goes through
+``atomic_file``: a temporary file beside the target, fsync, rename — a reader sees the old file
+or the whole new one, never half. ``read_json`` is the one way such a JSON document is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from moment.errors import MomentError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """Write ``path`` through a temporary file that replaces it only once complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; these files are for sharing
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_file(path) as fh:
+        fh.write(text)
+
+
+def read_json(path: str | Path, fmt: str, what: str, error: type[MomentError] = MomentError) -> dict[str, Any]:
+    """A JSON object whose ``format`` is ``fmt``; ``error`` names the file and what is wrong."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise error(f"{p}: missing ({what})") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{p}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise error(f"{p}: format: expected {fmt!r}, got {got!r}")
+    return doc
