@@ -1,0 +1,333 @@
+"""The tiered feature store and the SSD readers: every row equals its source row, whatever tier
+it is served from; stats add up; reads are coalesced; O_DIRECT falls back cleanly."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moment.planner.plan import plan
+from moment.planner.planfile import plan_document, write_plan
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.dataset import open_dataset
+from placement.place import PlaceOptions, place
+from placement.placed import PlacedError, open_placed
+from placement.synth import synthesize
+from trainer.featurestore import PygFeatureStore, TieredFeatureStore
+from trainer.readers import FileReader, coalesce, make_reader
+
+DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
+
+
+@pytest.fixture(scope="module")
+def placed_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fs")
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload)
+    outcome = plan(machine, workload, 4, 8, top=1)
+    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic),
+               root / "plan.json")
+    synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=DIM, dtype="float32", seed=1, train_fraction=0.2)
+    place(root / "plan.json", root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
+    return root / "placed"
+
+
+@pytest.fixture(scope="module")
+def truth(placed_dir: Path) -> np.ndarray:
+    """Every feature row in new-id order, from the source dataset."""
+    placed = open_placed(placed_dir)
+    features = np.asarray(open_dataset(placed.meta["source"]["path"]).features())
+    return features[np.asarray(placed.array("new_to_old"))]
+
+
+@pytest.fixture(scope="module")
+def store(placed_dir: Path):
+    with TieredFeatureStore(placed_dir) as s:
+        yield s
+
+
+def _ssd_range(placed_dir: Path) -> tuple[int, int]:
+    placed = open_placed(placed_dir)
+    ssd = [b for b in placed.bins if b.tier == "ssd"]
+    return ssd[0].start, placed.num_nodes
+
+
+def test_every_tier_is_in_play(placed_dir: Path) -> None:
+    tiers = {b.tier for b in open_placed(placed_dir).bins}
+    assert tiers == {"gpu", "cpu", "ssd"}
+
+
+def test_random_ids_equal_the_source(store: TieredFeatureStore, truth: np.ndarray) -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, len(truth), 7_000)
+    ids = np.concatenate([ids, ids[:500], [0, len(truth) - 1, 0]])  # repeats, both ends
+    rng.shuffle(ids)
+    got = store.get(torch.from_numpy(ids))
+    assert got.dtype == torch.float32 and got.shape == (len(ids), DIM)
+    assert np.array_equal(got.numpy(), truth[ids])
+
+
+def test_all_ids_once_equal_the_source(store: TieredFeatureStore, truth: np.ndarray) -> None:
+    ids = np.random.default_rng(1).permutation(len(truth))
+    assert np.array_equal(store.get(torch.from_numpy(ids)).numpy(), truth[ids])
+    assert np.array_equal(store.get(torch.arange(len(truth))).numpy(), truth)
+
+
+def test_empty_and_bad_ids(store: TieredFeatureStore) -> None:
+    assert store.get(torch.zeros(0, dtype=torch.int64)).shape == (0, DIM)
+    with pytest.raises(IndexError, match="out of range"):
+        store.get(torch.tensor([0, store.placed.num_nodes]))
+    with pytest.raises(IndexError, match="out of range"):
+        store.get(torch.tensor([-1]))
+    with pytest.raises(TypeError, match="1-D integer"):
+        store.get(torch.zeros(3))
+
+
+def test_stats_add_up(store: TieredFeatureStore) -> None:
+    store.reset_stats()
+    ids = np.random.default_rng(2).integers(0, store.placed.num_nodes, 5_000)
+    store.get(torch.from_numpy(ids))
+    s = store.stats()
+    tiers = s["tiers"]
+    assert s["asked"] == len(ids) == sum(t["rows"] for t in tiers.values())
+    ssd = tiers["ssd"]
+    ssd_ids = ids[ids >= _ssd_range(store.placed.root)[0]]
+    assert ssd["rows"] == ssd_ids.size
+    assert ssd["unique_rows"] == np.unique(ssd_ids).size
+    assert ssd["bytes"] == ssd["unique_rows"] * store.row_bytes
+    bins = s["ssd_bins"].values()
+    assert sum(b["rows"] for b in bins) == ssd["rows"]
+    assert sum(b["bytes"] for b in bins) == ssd["bytes"]
+    assert all(b["seconds"] >= 0 for b in bins)
+    assert all(0 <= r <= 1 for r in s["hit_rate"].values())
+    assert s["hit_rate"]["gpu"] == tiers["gpu"]["rows"] / len(ids) > 0
+    assert s["io"]["preads"] > 0 and set(s["io"]["modes"].values()) <= {"direct", "buffered"}
+    store.reset_stats()
+    assert store.stats()["asked"] == 0 and store.stats()["tiers"]["ssd"]["bytes"] == 0
+
+
+def test_peer_gpu_bins_are_served_from_host(placed_dir: Path, truth: np.ndarray) -> None:
+    with TieredFeatureStore(placed_dir, gpu_bins=["gpu1"]) as s:
+        gpu = [b for b in s.placed.bins if b.tier == "gpu"]
+        assert s.gpu.shape[0] == gpu[1].count and s.peer.shape[0] == sum(b.count for b in gpu) - gpu[1].count
+        ids = np.arange(gpu[-1].start + gpu[-1].count)[::-1].copy()
+        assert np.array_equal(s.get(torch.from_numpy(ids)).numpy(), truth[ids])
+        tiers = s.stats()["tiers"]
+        assert tiers["gpu"]["rows"] == gpu[1].count and tiers["gpu-peer"]["rows"] == len(ids) - gpu[1].count
+    with pytest.raises(ValueError, match="no GPU bin named nvme0"):
+        TieredFeatureStore(placed_dir, gpu_bins=["nvme0"])
+
+
+def test_shared_cpu_tier_is_reused(placed_dir: Path, truth: np.ndarray) -> None:
+    with TieredFeatureStore(placed_dir, shared=True) as a:
+        assert a.cpu.is_shared()
+        with TieredFeatureStore(placed_dir, cpu_tensor=a.cpu) as b:
+            assert b.cpu.data_ptr() == a.cpu.data_ptr()
+            ids = np.random.default_rng(3).integers(0, len(truth), 2_000)
+            assert np.array_equal(b.get(torch.from_numpy(ids)).numpy(), truth[ids])
+        with pytest.raises(ValueError, match="cpu_tensor must be"):
+            TieredFeatureStore(placed_dir, cpu_tensor=a.cpu[1:])
+
+
+def test_truncated_ssd_bin_is_refused(placed_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "placed"
+    shutil.copytree(placed_dir, copy)
+    victim = [b for b in open_placed(copy).bins if b.tier == "ssd"][-1].path
+    os.truncate(victim, victim.stat().st_size - 8)
+    with pytest.raises(PlacedError, match=victim.name):
+        TieredFeatureStore(copy)
+    victim.unlink()
+    with pytest.raises(PlacedError, match="missing"):
+        TieredFeatureStore(copy)
+
+
+def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None:
+    fs = PygFeatureStore(store)
+    idx = torch.from_numpy(np.random.default_rng(4).integers(0, len(truth), 300))
+    assert np.array_equal(fs.get_tensor(group_name=None, attr_name="x", index=idx).numpy(), truth[idx.numpy()])
+    assert np.array_equal(fs[None, "x", idx].numpy(), truth[idx.numpy()])
+    assert np.array_equal(fs[None, "x", 5:9].numpy(), truth[5:9])
+    assert np.array_equal(fs.get_tensor(None, "x", 7).numpy(), truth[7])
+    assert fs.get_tensor_size(None, "x") == (len(truth), DIM)
+    assert fs.get_tensor_size(None, "y") is None
+    [attr] = fs.get_all_tensor_attrs()
+    assert (attr.group_name, attr.attr_name) == (None, "x")
+    attr.index = idx
+    assert np.array_equal(fs.multi_get_tensor([attr])[0].numpy(), truth[idx.numpy()])
+    with pytest.raises(KeyError):
+        fs.get_tensor(None, "y", idx)
+    with pytest.raises(NotImplementedError, match="read-only"):
+        fs.put_tensor(torch.zeros(1, DIM), None, "x", torch.tensor([0]))
+    with pytest.raises(NotImplementedError, match="read-only"):
+        fs.remove_tensor(None, "x", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray) -> None:
+    ids = np.random.default_rng(5).integers(0, len(truth), 20_000)
+    for gpu_bins in (None, ["gpu0"]):
+        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins) as s:
+            assert s.gpu.is_cuda
+            for _ in range(3):  # the staging buffers are reused
+                got = s.get(torch.from_numpy(ids).cuda())
+                assert got.is_cuda
+                assert np.array_equal(got.cpu().numpy(), truth[ids])
+
+
+# Readers #####################################################################
+
+
+@pytest.fixture()
+def raw_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    data = np.random.default_rng(6).integers(0, 256, size=(1_000, 512), dtype=np.uint8)
+    path = tmp_path / "rows.bin"
+    data.tofile(path)
+    return path, data
+
+
+def _aligned(rows: int, row_bytes: int, skew: int = 0) -> np.ndarray:
+    """A C-contiguous (rows, row_bytes) buffer whose address is 4096-aligned plus ``skew``."""
+    raw = np.empty(rows * row_bytes + 8192, dtype=np.uint8)
+    at = -raw.ctypes.data % 4096 + skew
+    return raw[at : at + rows * row_bytes].reshape(rows, row_bytes)
+
+
+def test_coalesce_runs() -> None:
+    first, pos, counts = coalesce(np.array([3, 4, 5, 9, 11, 12]))
+    assert first.tolist() == [3, 9, 11] and pos.tolist() == [0, 3, 4] and counts.tolist() == [3, 1, 2]
+    first, pos, counts = coalesce(np.arange(10, 20), max_rows=4)
+    assert first.tolist() == [10, 14, 18] and pos.tolist() == [0, 4, 8] and counts.tolist() == [4, 4, 2]
+    assert [a.size for a in coalesce(np.zeros(0, dtype=np.int64))] == [0, 0, 0]
+
+
+def test_file_reader_coalesces_and_equals_memmap(raw_file: tuple[Path, np.ndarray]) -> None:
+    path, data = raw_file
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=data.shape)
+    with FileReader(threads=4, direct=False) as reader:
+        rows = np.arange(100, 300)
+        out = np.empty((rows.size, 512), dtype=np.uint8)
+        reader.read(path, rows, out)
+        assert reader.preads == 1 and np.array_equal(out, mm[rows])
+        rows = np.unique(np.random.default_rng(7).integers(0, 1_000, 600))
+        runs = int((np.diff(rows) != 1).sum()) + 1
+        out = np.empty((rows.size, 512), dtype=np.uint8)
+        reader.preads = 0
+        reader.read(path, rows, out)
+        assert reader.preads == runs < rows.size
+        assert np.array_equal(out, mm[rows]) and reader.modes[str(path)] == "buffered"
+        with pytest.raises(ValueError, match="sorted"):
+            reader.read(path, rows[::-1].copy(), out)
+
+
+def test_file_reader_batch_spreads_over_threads(raw_file: tuple[Path, np.ndarray]) -> None:
+    path, data = raw_file
+    with FileReader(threads=4, direct=False, max_run_bytes=4096) as reader:
+        rows = [np.arange(0, 1_000, 2), np.arange(1_000)]  # 500 single rows; one long run, split
+        outs = [np.empty((r.size, 512), dtype=np.uint8) for r in rows]
+        seconds = reader.read_batch([_req(path, r, o) for r, o in zip(rows, outs)])
+        assert len(seconds) == 2 and min(seconds) >= 0
+        assert reader.preads == 500 + 1_000 // 8
+        for r, o in zip(rows, outs):
+            assert np.array_equal(o, data[r])
+
+
+def _req(path: Path, rows: np.ndarray, out: np.ndarray):
+    from trainer.readers import ReadRequest
+
+    return ReadRequest(path, rows, out)
+
+
+def test_o_direct_when_aligned_buffered_otherwise(raw_file: tuple[Path, np.ndarray]) -> None:
+    path, data = raw_file
+    rows = np.array([1, 2, 3, 50, 999])
+    with FileReader(threads=2) as reader:
+        out = _aligned(rows.size, 512)
+        reader.read(path, rows, out)
+        assert np.array_equal(out, data[rows])
+        assert reader.modes[str(path)] in ("direct", "buffered")  # buffered where the file system refuses O_DIRECT
+        skewed = _aligned(rows.size, 512, skew=8)
+        reader.read(path, rows, skewed)
+        assert np.array_equal(skewed, data[rows]) and reader.modes[str(path)] == "buffered"
+
+
+def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], monkeypatch) -> None:
+    """A device with a larger logical block than 512 refuses the read (EINVAL): read buffered."""
+    path, data = raw_file
+    real = os.preadv
+
+    def picky(fd: int, buffers: list, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", picky)
+    with FileReader(threads=1) as reader:
+        if reader._open(path).direct_fd is None:
+            pytest.skip("this file system refuses O_DIRECT at open")
+        rows = np.array([0, 1, 7, 8, 9])
+        out = _aligned(rows.size, 512)
+        reader.read(path, rows, out)
+        assert np.array_equal(out, data[rows]) and reader.modes[str(path)] == "buffered"
+
+
+def test_short_file_is_an_error_naming_it(raw_file: tuple[Path, np.ndarray]) -> None:
+    path, _ = raw_file
+    with FileReader(direct=False) as reader, pytest.raises(OSError, match=path.name):
+        reader.read(path, np.array([999, 1_000]), np.empty((2, 512), dtype=np.uint8))
+
+
+def test_kvikio_is_not_imported_for_cpu() -> None:
+    with make_reader("cpu") as reader:
+        assert isinstance(reader, FileReader)
+    assert "kvikio" not in sys.modules
+
+
+# Performance (printed, loosely checked) ######################################
+
+
+def test_get_is_faster_than_a_pread_loop(placed_dir: Path) -> None:
+    """50,000 random SSD ids through ``get`` against one pread per id in a single thread, both
+    reading through the page cache."""
+    lo, hi = _ssd_range(placed_dir)
+    ids = np.random.default_rng(8).integers(lo, hi, 50_000)
+    with TieredFeatureStore(placed_dir, reader=FileReader(direct=False)) as s:
+        s.get(torch.from_numpy(ids))  # warm the page cache and the staging buffer
+        t_get = _best(lambda: s.get(torch.from_numpy(ids)))
+        placed, row_bytes = s.placed, s.row_bytes
+    ssd = [b for b in placed.bins if b.tier == "ssd"]
+    fds = [os.open(b.path, os.O_RDONLY) for b in ssd]
+    starts = np.array([b.start for b in ssd])
+    which = np.searchsorted(starts, ids, side="right") - 1
+    offsets = ((ids - starts[which]) * row_bytes).tolist()
+    fd_of = [fds[k] for k in which.tolist()]
+
+    def loop() -> None:
+        for fd, off in zip(fd_of, offsets):
+            os.pread(fd, row_bytes, off)
+
+    t_loop = _best(loop)
+    for fd in fds:
+        os.close(fd)
+    print(f"\nget of 50,000 random SSD ids: {t_get * 1e3:.1f} ms; single-thread pread loop: {t_loop * 1e3:.1f} ms; "
+          f"ratio loop/get {t_loop / t_get:.2f}")
+    assert t_get < 5 * t_loop
+
+
+def _best(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)

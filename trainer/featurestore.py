@@ -1,0 +1,376 @@
+"""The tiered feature store: feature rows of new ids on the rank's device, from the tiers the
+placement put them in.
+
+New ids are ranges — GPU bins first, then CPU bins, then SSD bins — so a row's location is a
+range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). Tiers, as
+:meth:`TieredFeatureStore.stats` names them:
+
+* ``gpu``: the GPU bins this rank holds (``gpu_bins``; default all), in one tensor on ``device``.
+* ``gpu-peer``: GPU bins held by other ranks. The plan gives each GPU its own cache bin; in the
+  paper's design a rank reads a peer's bin over NVLink/PCIe peer-to-peer. This version keeps the
+  peer bins in host memory instead and counts them apart, so hit rates still show how much
+  traffic the GPU caches absorb.
+* ``cpu``: the CPU bins, one host tensor. ``shared=True`` puts it in shared memory so the ranks
+  of a node can use one copy: hand ``store.cpu`` to the other processes (torch.multiprocessing
+  shares it without a copy) and pass it as ``cpu_tensor`` to their stores.
+* ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
+  read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
+  the device is CUDA, so the host→device copy is asynchronous.
+
+Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
+final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
+its place in the output, so each SSD row is copied once after its read. The tier tensors are not
+pinned: rows leave them through the pinned staging buffer, and pinning would buy nothing
+without zero-copy kernels. Seconds in the stats are host wall time: on CUDA they include
+issuing, not finishing, the asynchronous copies. A store is not thread-safe: one ``get`` at a
+time (it reuses its staging buffers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import FeatureStore, TensorAttr
+
+from placement.placed import PlacedBin, PlacedError, open_placed
+from trainer.readers import FileReader, KvikioReader, ReadRequest, make_reader
+
+TIERS = ("gpu", "gpu-peer", "cpu", "ssd")
+GPU, PEER, CPU, SSD = range(len(TIERS))
+# Staging buffers start at a page boundary so that O_DIRECT reads into them are aligned.
+PAGE = 4096
+
+Reader = FileReader | KvikioReader
+
+
+class _Staging:
+    """A byte buffer reused across calls (grown by doubling), page-aligned; before it is
+    reused it waits for the asynchronous copies that read it in the previous call."""
+
+    def __init__(self, device: torch.device, pin: bool) -> None:
+        self.device, self.pin = device, pin
+        self._buf = torch.empty(0, dtype=torch.uint8, device=device)
+        self._event: torch.cuda.Event | None = None
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        if nbytes + PAGE > self._buf.numel():
+            size = max(nbytes + PAGE, 2 * self._buf.numel())
+            self._buf = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pin)
+        skew = -self._buf.data_ptr() % PAGE
+        return self._buf[skew : skew + nbytes]
+
+    def release(self) -> None:
+        """Mark the end of this call's use: the next take waits for the work queued so far."""
+        if self.device.type == "cuda" or self.pin:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+
+class TieredFeatureStore:
+    """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
+
+    def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu", gpu_bins: Sequence[str] | None = None,
+                 reader: Reader | None = None, pin_memory: bool | None = None, shared: bool = False,
+                 cpu_tensor: torch.Tensor | None = None) -> None:
+        self.placed = open_placed(placed_dir)  # refuses a missing or truncated bin, naming it
+        self.device = torch.device(device)
+        self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
+        self.dim = self.placed.feature_dim
+        self.row_bytes = self.placed.row_bytes
+        pin = self.device.type == "cuda" if pin_memory is None else pin_memory
+        self.pin = bool(pin) and torch.cuda.is_available()
+        self._owns_reader = reader is None
+        self.reader: Reader = reader if reader is not None else make_reader(self.device)
+        if self.reader.on_device and self.device.type != "cuda":
+            raise ValueError(f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}")
+        bins = self.placed.bins
+        self._tier = self._tiers_of(bins, gpu_bins)
+        self._starts = np.array([b.start for b in bins], dtype=np.int64)
+        self._offset = np.zeros(len(bins), dtype=np.int64)
+        self.gpu = self._load(GPU, self.device)
+        self.peer = self._load(PEER, torch.device("cpu"))
+        self.cpu = self._load(CPU, torch.device("cpu"), shared) if cpu_tensor is None else self._adopt(cpu_tensor)
+        self._tensors = (self.gpu, self.peer, self.cpu)
+        self._ssd = self._bins(SSD)
+        self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
+        self._host_stage = _Staging(torch.device("cpu"), self.pin)
+        self._dev_stage = _Staging(self.device, False) if self.reader.on_device else None
+        self.reset_stats()
+
+    # Set-up ##################################################################
+
+    def _tiers_of(self, bins: list[PlacedBin], gpu_bins: Sequence[str] | None) -> np.ndarray:
+        """Tier code of each bin; GPU bins not in ``gpu_bins`` are peers."""
+        gpu_names = [b.name for b in bins if b.tier == "gpu"]
+        local = set(gpu_names if gpu_bins is None else gpu_bins)
+        unknown = sorted(local - set(gpu_names))
+        if unknown:
+            raise ValueError(f"{self.placed.root}: no GPU bin named {', '.join(unknown)} (GPU bins: {', '.join(gpu_names)})")
+        code = {"cpu": CPU, "ssd": SSD}
+        return np.array([(GPU if b.name in local else PEER) if b.tier == "gpu" else code[b.tier] for b in bins], dtype=np.int8)
+
+    def _bins(self, tier: int) -> list[PlacedBin]:
+        return [self.placed.bins[i] for i in np.flatnonzero(self._tier == tier)]
+
+    def _load(self, tier: int, device: torch.device, shared: bool = False) -> torch.Tensor:
+        """One tensor holding a tier's bins back to back; records each bin's first row in it."""
+        which = np.flatnonzero(self._tier == tier)
+        bins = [self.placed.bins[i] for i in which]
+        out = torch.empty((sum(b.count for b in bins), self.dim), dtype=self.dtype, device=device)
+        if shared:
+            out.share_memory_()
+        row = 0
+        for i, b in zip(which, bins):
+            self._offset[i] = row
+            dst = out[row : row + b.count]
+            host = dst if device.type == "cpu" else torch.empty_like(dst, device="cpu")
+            _read_whole(b.path, host)
+            if host is not dst:
+                dst.copy_(host)
+            row += b.count
+        return out
+
+    def _adopt(self, cpu_tensor: torch.Tensor) -> torch.Tensor:
+        """Another store's CPU tier (shared memory), after checking it fits this placement."""
+        which = np.flatnonzero(self._tier == CPU)
+        counts = np.array([self.placed.bins[i].count for i in which], dtype=np.int64)
+        self._offset[which] = np.cumsum(counts) - counts
+        rows = int(counts.sum())
+        if tuple(cpu_tensor.shape) != (rows, self.dim) or cpu_tensor.dtype != self.dtype or cpu_tensor.device.type != "cpu":
+            raise ValueError(f"cpu_tensor must be a host {self.dtype} tensor of shape ({rows}, {self.dim}), "
+                             f"got {cpu_tensor.dtype} {tuple(cpu_tensor.shape)} on {cpu_tensor.device}")
+        return cpu_tensor
+
+    # Reading #################################################################
+
+    def get(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids`` (new ids, any order, repeats allowed), in that order, on ``device``.
+
+        Rows held in host memory and distinct SSD rows are first put in one staging buffer, then
+        one gather (on the CPU, or on the GPU after one host→device copy) puts every row in
+        place; GPU-resident rows are gathered on the GPU."""
+        start = time.perf_counter()
+        new = self._as_ids(ids)
+        b = np.searchsorted(self._starts, new, side="right") - 1
+        row = new - self._starts[b] + self._offset[b]
+        where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
+        uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
+        host_tiers = [t for t in (GPU, PEER, CPU) if self._tensors[t].device.type == "cpu"]
+        ssd_rows = 0 if self.reader.on_device else uniq.size
+        stage = self._host_stage.take((ssd_rows + sum(where[t].size for t in host_tiers)) * self.row_bytes)
+        stage = stage.view(-1, self.row_bytes)
+        src = np.empty(new.size, dtype=np.int64)  # each host-served row's row in the staging buffer
+        at = ssd_rows
+        for t in host_tiers:
+            k = where[t].size
+            self._gather(t, row[where[t]], stage[at : at + k])
+            src[where[t]] = np.arange(at, at + k)
+            at += k
+        src[where[SSD]] = inverse
+        ssd_stage = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows])
+        out = torch.empty((new.size, self.dim), dtype=self.dtype, device=self.device)
+        if self.device.type == "cpu":
+            self._assemble_on_host(out, stage, src)
+        else:
+            self._assemble_on_device(out, where, row, stage, src, ssd_stage)
+        self._host_stage.release()
+        self._asked += new.size
+        self._calls += 1
+        self._seconds += time.perf_counter() - start
+        return out
+
+    def _as_ids(self, ids: torch.Tensor | np.ndarray | Sequence[int]) -> np.ndarray:
+        t = torch.as_tensor(ids)
+        if t.dim() != 1 or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"ids must be a 1-D integer tensor, got {t.dtype} of shape {tuple(t.shape)}")
+        new = t.detach().to("cpu", torch.int64).numpy()
+        if new.size:
+            lo, hi = int(new.min()), int(new.max())
+            if lo < 0 or hi >= self.placed.num_nodes:
+                raise IndexError(f"new id {lo if lo < 0 else hi} out of range [0, {self.placed.num_nodes})")
+        return new
+
+    def _gather(self, tier: int, rows: np.ndarray, stage: torch.Tensor) -> None:
+        """Copy rows of a host-resident tier into the staging buffer."""
+        if rows.size == 0:
+            return
+        start = time.perf_counter()
+        np.take(_records(self._tensors[tier]), rows, out=_records(stage), mode="clip")
+        self._count(tier, rows.size, rows.size * self.row_bytes, time.perf_counter() - start)
+
+    def _read_ssd(self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor) -> torch.Tensor | None:
+        """Read each distinct SSD row once, all bins together; returns the device staging buffer
+        when the reader reads to the GPU."""
+        if uniq.size == 0:
+            return None
+        start = time.perf_counter()
+        if self._dev_stage is not None:
+            stage = self._dev_stage.take(uniq.size * self.row_bytes).view(-1, self.row_bytes)
+            target: Any = stage
+        else:
+            stage, target = host_stage, host_stage.numpy()
+        edges = [0, *np.searchsorted(uniq, self._ssd_starts[1:]).tolist(), uniq.size]
+        which = [k for k in range(len(self._ssd)) if edges[k + 1] > edges[k]]
+        requests = [ReadRequest(self._ssd[k].path, uniq[edges[k] : edges[k + 1]] - self._ssd[k].start,
+                                target[edges[k] : edges[k + 1]]) for k in which]
+        seconds = self.reader.read_batch(requests)
+        asked = np.bincount(bins - (len(self.placed.bins) - len(self._ssd)), minlength=len(self._ssd))
+        for k, secs in zip(which, seconds):
+            unique = edges[k + 1] - edges[k]
+            self._bin_stats[k] += (asked[k], unique, unique * self.row_bytes, secs)
+        self._ssd_unique += uniq.size
+        self._count(SSD, bins.size, uniq.size * self.row_bytes, time.perf_counter() - start)
+        return stage if self._dev_stage is not None else None
+
+    def _assemble_on_device(self, out: torch.Tensor, where: list[np.ndarray], row: np.ndarray, stage: torch.Tensor,
+                            src: np.ndarray, ssd_stage: torch.Tensor | None) -> None:
+        """Fill a GPU output: the host-served rows in one host→device copy, the rest on the GPU."""
+        dev = out.device
+        on_device = np.zeros(out.shape[0], dtype=bool)
+        if self.gpu.device == dev and where[GPU].size:
+            start = time.perf_counter()
+            out.index_copy_(0, _on(where[GPU], dev), self.gpu.index_select(0, _on(row[where[GPU]], dev)))
+            self._count(GPU, where[GPU].size, where[GPU].size * self.row_bytes, time.perf_counter() - start)
+            on_device[where[GPU]] = True
+        start = time.perf_counter()
+        if ssd_stage is not None:
+            values = ssd_stage.view(self.dtype)
+            out.index_copy_(0, _on(where[SSD], dev), values.index_select(0, _on(src[where[SSD]], dev)))
+            on_device[where[SSD]] = True
+            self._dev_stage.release()  # type: ignore[union-attr]
+        pos = np.flatnonzero(~on_device)
+        if pos.size:
+            values = stage.view(self.dtype).to(dev, non_blocking=self.pin)
+            out.index_copy_(0, _on(pos, dev), values.index_select(0, _on(src[pos], dev)))
+        self._assemble_seconds += time.perf_counter() - start
+
+    def _assemble_on_host(self, out: torch.Tensor, stage: torch.Tensor, src: np.ndarray) -> None:
+        """Fill a host output: every row comes from the staging buffer, in one gather."""
+        start = time.perf_counter()
+        np.take(_records(stage), src, out=_records(out), mode="clip")
+        self._assemble_seconds += time.perf_counter() - start
+
+    # Statistics ##############################################################
+
+    def _count(self, tier: int, rows: int, nbytes: int, seconds: float) -> None:
+        self._tier_stats[tier] += (rows, nbytes, seconds)
+
+    def reset_stats(self) -> None:
+        """Start counting afresh (e.g. per epoch)."""
+        self._tier_stats = np.zeros((len(TIERS), 3))
+        self._bin_stats = np.zeros((len(self._ssd), 4))
+        self._ssd_unique = 0
+        self._asked = 0
+        self._calls = 0
+        self._seconds = 0.0
+        self._assemble_seconds = 0.0
+        self._preads0 = self.reader.preads
+
+    def stats(self) -> dict[str, Any]:
+        """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
+        bytes are distinct rows read. Hit rates are rows served by a tier / rows asked."""
+        tiers = {name: {"rows": int(r), "bytes": int(b), "seconds": float(s)}
+                 for name, (r, b, s) in zip(TIERS, self._tier_stats)}
+        tiers["ssd"]["unique_rows"] = self._ssd_unique
+        bins = {b.name: {"rows": int(r), "unique_rows": int(u), "bytes": int(n), "seconds": float(s)}
+                for b, (r, u, n, s) in zip(self._ssd, self._bin_stats)}
+        asked = max(self._asked, 1)
+        return {
+            "asked": self._asked,
+            "calls": self._calls,
+            "seconds": self._seconds,
+            "assemble_seconds": self._assemble_seconds,
+            "tiers": tiers,
+            "ssd_bins": bins,
+            "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "gpu-peer", "cpu")},
+            "io": {"reader": type(self.reader).__name__, "preads": self.reader.preads - self._preads0,
+                   "modes": dict(self.reader.modes)},
+        }
+
+    def close(self) -> None:
+        """Close the reader if this store made it."""
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self) -> TieredFeatureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _records(t: torch.Tensor) -> np.ndarray:
+    """A 2-D host tensor's rows as numpy records: fancy indexing then moves whole rows, many
+    times faster than torch's CPU index ops on short rows."""
+    a = t.numpy().view(np.uint8)
+    return a.view(np.dtype((np.void, a.shape[1])))[:, 0]
+
+
+def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(a).to(device)
+
+
+def _read_whole(path: Path, dst: torch.Tensor) -> None:
+    """Fill a host tensor from a raw file (no intermediate copy)."""
+    view = memoryview(dst.numpy()).cast("B")
+    with open(path, "rb", buffering=0) as f:
+        while len(view):
+            got = f.readinto(view)
+            if not got:
+                raise PlacedError(f"{path}: shorter than its manifest says: truncated while in use")
+            view = view[got:]
+
+
+class PygFeatureStore(FeatureStore):
+    """PyG's ``FeatureStore`` over a :class:`TieredFeatureStore`: one read-only tensor, attribute
+    ``attr_name`` of group ``None`` (a homogeneous graph), indexed by new ids. Lets PyG loaders
+    (``NeighborLoader((feature_store, graph_store), ...)``) fetch features from the tiers."""
+
+    def __init__(self, store: TieredFeatureStore, attr_name: str = "x") -> None:
+        super().__init__()
+        self.store = store
+        self.attr_name = attr_name
+
+    def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
+        raise NotImplementedError("the tiered feature store is read-only: features come from a placed dataset")
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        raise NotImplementedError("the tiered feature store is read-only: features come from a placed dataset")
+
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        self._check(attr)
+        index, n = attr.index, self.store.placed.num_nodes
+        if index is None:
+            return self.store.get(torch.arange(n))
+        if isinstance(index, slice):
+            return self.store.get(torch.arange(*index.indices(n)))
+        if isinstance(index, int):
+            return self.store.get(torch.tensor([index]))[0]
+        index = torch.as_tensor(index)
+        if index.dtype == torch.bool:
+            index = index.nonzero().view(-1)
+        return self.store.get(index)
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
+        if not self._matches(attr):
+            return None
+        return (self.store.placed.num_nodes, self.store.dim)
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        return [TensorAttr(group_name=None, attr_name=self.attr_name)]
+
+    def _matches(self, attr: TensorAttr) -> bool:
+        return attr.group_name is None and attr.attr_name == self.attr_name
+
+    def _check(self, attr: TensorAttr) -> None:
+        if not self._matches(attr):
+            raise KeyError(f"no tensor for group {attr.group_name!r}, attribute {attr.attr_name!r} "
+                           f"(this store holds group None, attribute {self.attr_name!r})")

@@ -1,0 +1,336 @@
+"""Readers of feature rows from SSD bin files, for the tiered feature store.
+
+A read is a batch of requests, each "these rows of this file into this buffer": ``rows`` are row
+numbers within the bin file, sorted ascending and unique, and the buffer holds ``len(rows)``
+rows back to back. Runs of consecutive rows become one read, and the requests of all bins are in
+flight together, so every SSD has work queued at once (the plan counts on the SSDs reading in
+parallel).
+
+* :class:`FileReader` reads into host memory with ``os.preadv`` from a thread pool (preadv
+  releases the GIL). With ``direct=True`` it uses ``O_DIRECT`` — bypassing the page cache, whose
+  memory the plan gave to the CPU tier — when the file system accepts it and the rows are
+  512-byte aligned in size and buffer address; otherwise, or if the kernel then refuses a read,
+  it reads buffered. ``modes`` records what each file got.
+* :class:`KvikioReader` reads straight into GPU memory with kvikio (GPUDirect Storage when the
+  system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made.
+
+:func:`make_reader` picks the kvikio reader for a CUDA device when kvikio is installed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
+DIRECT_ALIGN = 512
+# Fewer runs than this per thread are not worth handing to the pool.
+MIN_RUNS_PER_TASK = 64
+# Longer runs are split so that one long sequential stretch still spreads over the threads.
+MAX_RUN_BYTES = 4 << 20
+
+FileRef = str | Path | int
+
+
+@dataclass
+class ReadRequest:
+    """Rows (sorted, unique row numbers of one bin file) to read into ``out`` back to back."""
+
+    file: FileRef
+    rows: np.ndarray
+    out: Any  # FileReader: a C-contiguous numpy array; KvikioReader: a contiguous CUDA tensor
+
+
+def coalesce(rows: np.ndarray, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of consecutive rows as (first row in the file, first position in the buffer, rows),
+    runs longer than ``max_rows`` split."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    pos = np.flatnonzero(np.diff(rows) != 1) + 1
+    pos = np.concatenate(([0], pos))
+    counts = np.diff(np.append(pos, rows.size))
+    if max_rows is not None and counts.max() > max_rows:
+        pieces = -(-counts // max_rows)
+        run = np.repeat(np.arange(pos.size), pieces)
+        k = np.arange(run.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        pos = pos[run] + k * max_rows
+        counts = np.minimum(counts[run] - k * max_rows, max_rows)
+    return rows[pos], pos, counts
+
+
+def _check_rows(rows: np.ndarray) -> None:
+    if rows.size > 1 and not (np.diff(rows) > 0).all():
+        raise ValueError("rows must be sorted ascending and unique")
+    if rows.size and rows[0] < 0:
+        raise ValueError(f"row {int(rows[0])} is negative")
+
+
+@dataclass
+class _File:
+    name: str
+    fd: int
+    direct_fd: int | None  # None: O_DIRECT refused by the file system, or not asked for
+    owned: bool
+    direct_failed: bool = False  # a direct read was refused (EINVAL): read buffered from then on
+
+
+@dataclass
+class _Task:
+    request: int
+    file: _File
+    direct: bool
+    offsets: list[int]
+    dests: list[int]
+    sizes: list[int]
+    buffer: memoryview = field(repr=False)
+
+
+def _pread_full(fd: int, view: memoryview, offset: int, name: str) -> None:
+    while len(view):
+        got = os.preadv(fd, [view], offset)
+        if got == 0:
+            raise OSError(errno.EIO, f"{name}: unexpected end of file at byte {offset}")
+        view, offset = view[got:], offset + got
+
+
+class _Reader:
+    """What both readers share: closing, also as a context manager."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FileReader(_Reader):
+    """Reads rows of plain files into host memory: coalesced preads from a thread pool.
+
+    ``preads`` counts the read calls issued (a run of consecutive rows is one); ``modes`` maps
+    each file to ``"direct"`` or ``"buffered"``, the mode its latest read used. Files are opened
+    once and kept open until :meth:`close`."""
+
+    on_device = False
+
+    def __init__(self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be ≥ 1, got {threads}")
+        self.threads = threads
+        self.direct = direct
+        self.max_run_bytes = max_run_bytes
+        self.preads = 0
+        self.modes: dict[str, str] = {}
+        self._files: dict[FileRef, _File] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def read(self, file: FileRef, rows: np.ndarray, out: np.ndarray) -> float:
+        """Read ``rows`` (sorted, unique) of ``file`` into ``out``; returns the seconds taken."""
+        return self.read_batch([ReadRequest(file, rows, out)])[0]
+
+    def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
+        """Serve all requests with their reads in flight together; returns, per request, the
+        seconds from the start of the batch until its last row was in."""
+        start = time.perf_counter()
+        tasks = self._plan(requests)
+        done = [start] * len(requests)
+        modes: dict[str, str] = {}
+        for request, finished, preads, mode, name in self._run(tasks):
+            done[request] = max(done[request], finished)
+            self.preads += preads
+            modes[name] = "buffered" if modes.get(name) == "buffered" else mode
+        self.modes.update(modes)
+        return [d - start for d in done]
+
+    def close(self) -> None:
+        """Close the files this reader opened and stop its threads."""
+        for f in self._files.values():
+            if f.owned:
+                os.close(f.fd)
+            if f.direct_fd is not None and f.direct_fd != f.fd:
+                os.close(f.direct_fd)
+        self._files.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _open(self, file: FileRef) -> _File:
+        key = file if isinstance(file, int) else str(file)
+        if key in self._files:
+            return self._files[key]
+        if isinstance(file, int):
+            direct = bool(fcntl.fcntl(file, fcntl.F_GETFL) & os.O_DIRECT)
+            f = _File(f"fd {file}", file, file if direct else None, owned=False)
+        else:
+            f = _File(str(file), os.open(file, os.O_RDONLY), self._open_direct(file), owned=True)
+        self._files[key] = f
+        return f
+
+    def _open_direct(self, path: FileRef) -> int | None:
+        if not self.direct or not hasattr(os, "O_DIRECT"):
+            return None
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            return None  # e.g. tmpfs: EINVAL; read buffered
+
+    def _plan(self, requests: Sequence[ReadRequest]) -> list[_Task]:
+        """Split the requests' runs into about ``threads`` tasks, interleaved across requests so
+        that every file is read from the start."""
+        runs = [self._runs(i, req) for i, req in enumerate(requests)]
+        total = sum(len(r[2]) for r in runs)
+        step = max(MIN_RUNS_PER_TASK, -(-total // self.threads))
+        per_request = [
+            [_Task(i, f, direct, offsets[s : s + step], dests[s : s + step], sizes[s : s + step], buffer)
+             for s in range(0, len(offsets), step)]
+            for i, f, offsets, dests, sizes, direct, buffer in runs
+        ]
+        return _interleave(per_request)
+
+    def _runs(self, i: int, req: ReadRequest) -> tuple[int, _File, list[int], list[int], list[int], bool, memoryview]:
+        """One request's reads: file offsets, buffer offsets and sizes in bytes, and the mode."""
+        rows = np.asarray(req.rows, dtype=np.int64)
+        _check_rows(rows)
+        out = req.out
+        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+            raise TypeError("out must be a writeable C-contiguous numpy array")
+        if rows.size and (out.nbytes == 0 or out.nbytes % rows.size):
+            raise ValueError(f"out holds {out.nbytes} bytes: not a whole number of {rows.size} rows")
+        f = self._open(req.file)
+        row_bytes = out.nbytes // max(rows.size, 1)
+        first, pos, counts = coalesce(rows, max(1, self.max_run_bytes // max(row_bytes, 1)))
+        direct = (f.direct_fd is not None and not f.direct_failed and row_bytes % DIRECT_ALIGN == 0
+                  and out.ctypes.data % DIRECT_ALIGN == 0)
+        offsets, dests, sizes = (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
+        return i, f, offsets, dests, sizes, direct, memoryview(out.reshape(-1).view(np.uint8))
+
+    def _run(self, tasks: list[_Task]) -> list[tuple[int, float, int, str, str]]:
+        if len(tasks) <= 1 or self.threads == 1:
+            return [self._do(t) for t in tasks]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="moment-read")
+        return list(self._pool.map(self._do, tasks))
+
+    def _do(self, task: _Task) -> tuple[int, float, int, str, str]:
+        """One task's preads (the hot loop: one preadv per run, checks only on the rare paths)."""
+        f, buffer, preadv = task.file, task.buffer, os.preadv
+        direct = task.direct and not f.direct_failed
+        fd = f.direct_fd if direct else f.fd
+        for offset, dest, size in zip(task.offsets, task.dests, task.sizes):
+            view = buffer[dest : dest + size]
+            try:
+                got = preadv(fd, [view], offset)
+            except OSError as exc:
+                if not direct or exc.errno != errno.EINVAL:
+                    raise OSError(exc.errno, f"{f.name}: {exc.strerror}") from None
+                f.direct_failed, direct, fd = True, False, f.fd  # the device wants a larger alignment
+                got = preadv(fd, [view], offset)
+            if got != size:
+                _pread_full(fd, view[got:], offset + got, f.name)
+        return task.request, time.perf_counter(), len(task.offsets), "direct" if direct else "buffered", f.name
+
+
+def _interleave(groups: list[list[_Task]]) -> list[_Task]:
+    """Round-robin over the groups: a0 b0 a1 b1 a2."""
+    longest = max((len(g) for g in groups), default=0)
+    return [g[k] for k in range(longest) for g in groups if k < len(g)]
+
+
+class KvikioReader(_Reader):
+    """Reads rows straight into GPU memory with kvikio (GPUDirect Storage, or its compat mode).
+
+    ``out`` buffers are contiguous CUDA tensors. kvikio runs the reads on its own thread pool;
+    every run of consecutive rows is one ``CuFile.pread``."""
+
+    on_device = True
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("KvikioReader needs CUDA")
+        import kvikio  # the optional GPU extra; imported only here
+
+        self._kvikio = kvikio
+        self.preads = 0
+        self.modes: dict[str, str] = {}
+        self._files: dict[str, Any] = {}
+
+    def read(self, file: FileRef, rows: np.ndarray, out: torch.Tensor) -> float:
+        """Read ``rows`` (sorted, unique) of ``file`` into the CUDA tensor ``out``."""
+        return self.read_batch([ReadRequest(file, rows, out)])[0]
+
+    def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
+        """Issue every request's reads, then wait for them; seconds per request as FileReader."""
+        start = time.perf_counter()
+        pending = [self._issue(req) for req in requests]
+        done = []
+        for futures in pending:
+            for future, size, name in futures:
+                got = future.get()
+                if got != size:
+                    raise OSError(errno.EIO, f"{name}: read {got} of {size} bytes")
+            done.append(time.perf_counter() - start)
+        return done
+
+    def close(self) -> None:
+        """Deregister and close the files."""
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def _issue(self, req: ReadRequest) -> list[tuple[Any, int, str]]:
+        rows = np.asarray(req.rows, dtype=np.int64)
+        if rows.size == 0:
+            return []
+        _check_rows(rows)
+        if isinstance(req.file, int):
+            raise TypeError("KvikioReader reads files by path, not by descriptor")
+        out = req.out
+        if not (isinstance(out, torch.Tensor) and out.is_cuda and out.is_contiguous()):
+            raise TypeError("out must be a contiguous CUDA tensor")
+        flat = out.view(torch.uint8).reshape(-1)
+        if flat.numel() % rows.size:
+            raise ValueError(f"out holds {flat.numel()} bytes: not a whole number of {rows.size} rows")
+        row_bytes = flat.numel() // rows.size
+        name = str(req.file)
+        handle = self._handle(name)
+        first, pos, counts = coalesce(rows)
+        futures = []
+        for offset, dest, size in zip((first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()):
+            futures.append((handle.pread(flat[dest : dest + size], size, offset), size, name))
+        self.preads += len(futures)
+        return futures
+
+    def _handle(self, name: str) -> Any:
+        if name not in self._files:
+            self._files[name] = self._kvikio.CuFile(name, "r")
+            self.modes[name] = "kvikio-compat" if self._compat() else "kvikio-gds"
+        return self._files[name]
+
+    def _compat(self) -> bool:
+        defaults = self._kvikio.defaults
+        preferred = getattr(defaults, "is_compat_mode_preferred", None) or defaults.compat_mode
+        return bool(preferred())
+
+
+def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True) -> FileReader | KvikioReader:
+    """kvikio for a CUDA device when CUDA and kvikio are there; plain file reads otherwise."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        try:
+            return KvikioReader()
+        except ImportError:
+            pass
+    return FileReader(threads=threads, direct=direct)
