@@ -1,0 +1,281 @@
+"""The trainer: DDP over gloo learns, keeps replicas equal, uses each seed once, resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moment.planner.plan import plan
+from moment.planner.planfile import plan_document, write_plan
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.place import PlaceOptions, place
+from placement.placed import PlacedError, open_placed
+from placement.synth import synthesize
+from trainer import checkpoint, launch, loop
+from trainer.config import TrainConfig, from_args
+from trainer.featurestore import TieredFeatureStore
+from trainer.metrics import param_digest
+from trainer.models import LAYERS, build_model
+from trainer.sampler import NeighborSampler
+
+CLASSES = 8
+CHANCE = 1 / CLASSES
+SMALL = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload)
+    outcome = plan(machine, workload, 4, 8, top=1)
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=32, dtype="float32", seed=1, classes=CLASSES,
+               train_fraction=0.2, val_fraction=0.05, test_fraction=0.05)
+    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
+    return root / "placed"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tmp_path: Path) -> None:
+    """torchrun with two CPU processes, as `moment train` launches it."""
+    metrics, ckpt = tmp_path / "metrics.json", tmp_path / "ckpt"
+    cmd = launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=3, metrics_json=metrics,
+                                        checkpoint_dir=ckpt, extra=SMALL)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = read_json(metrics)
+    assert doc["complete"] and doc["world_size"] == 2
+    assert [e["epoch"] for e in doc["epochs"]] == [0, 1, 2]
+    for e in doc["epochs"]:
+        assert e["epoch_s"] > 0 and e["seeds_per_s"] > 0 and np.isfinite(e["loss"])
+        assert set(e["bytes_per_tier"]) == {"gpu", "gpu-peer", "cpu", "ssd"} and sum(e["bytes_per_tier"].values()) > 0
+        assert set(e["gbps_per_ssd"]) == {b.name for b in open_placed(placed).bins if b.tier == "ssd"}
+        assert 0 < e["hit_rate"]["gpu"] < 1
+        # Both ranks take 4000 // 2 // 512 → 4 steps, 2000 seeds each: all 4000 training ids.
+        assert e["iterations"] == 4 and e["seeds"] == 4000
+    assert doc["epochs"][-1]["loss"] < doc["epochs"][0]["loss"]
+    assert doc["epochs"][-1]["val_acc"] > 5 * CHANCE and doc["test_acc"] > 5 * CHANCE  # reaches ~0.93
+    assert doc["measured_iteration_s"] > 0
+    assert doc["predicted_iteration_s"] == read_json(plan_file)["predicted"]["predicted_iteration_s"]
+    # DDP kept the replicas identical, and the checkpoint holds them.
+    a, b = doc["rank_param_digests"]
+    assert a == b
+    body = checkpoint.load(ckpt, TrainConfig.from_dict(doc["config"]))
+    assert body is not None and body["epoch"] == 3 and len(body["history"]) == 3
+    model = build_model(TrainConfig.from_dict(body["config"]), 32, CLASSES)
+    model.load_state_dict(body["model"])
+    assert param_digest(model) == a
+    assert "Traceback" not in done.stderr
+
+
+def test_each_training_id_is_a_seed_at_most_once_per_epoch(placed: Path) -> None:
+    p = open_placed(placed)
+    train = np.asarray(p.array("train"))
+    cfg = TrainConfig(data=str(placed), batch_size=300)
+    sampler = NeighborSampler(p.array("indptr"), p.array("indices"), (10, 5))
+    world = 3
+    for epoch in range(2):
+        per_rank = [torch.cat(list(loop.epoch_batches(sampler, train, cfg, epoch, r, world))) for r in range(world)]
+        steps = [len(list(loop.epoch_batches(sampler, train, cfg, epoch, r, world))) for r in range(world)]
+        assert len(set(steps)) == 1  # every rank runs the same number of steps
+        seen = torch.cat(per_rank)
+        assert seen.unique().numel() == seen.numel()  # no id twice, across ranks
+        assert set(seen.tolist()) <= set(train.tolist())
+        assert seen.numel() == len(train) - len(train) % world  # all but the uneven remainder
+
+
+def run_main(args: list[str]) -> int:
+    return loop.main(args)
+
+
+def test_resumed_run_ends_where_an_uninterrupted_run_ends(placed: Path, tmp_path: Path) -> None:
+    common = ["--data", str(placed), *SMALL, "--dropout", "0.3", "--max-batches-per-epoch", "3", "--deterministic"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(straight)]) == 0
+    assert run_main([*common, "--epochs", "1", "--checkpoint-dir", str(split)]) == 0
+    metrics = tmp_path / "resumed.json"
+    assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(split), "--resume",
+                     "--metrics-json", str(metrics)]) == 0
+    cfg = TrainConfig(data=str(placed), fanouts=(10, 5), hidden=64)
+    a, b = checkpoint.load(straight, cfg), checkpoint.load(split, cfg)
+    assert a["epoch"] == b["epoch"] == 2
+    for name, value in a["model"].items():
+        torch.testing.assert_close(b["model"][name], value, rtol=1e-6, atol=1e-7)
+    assert [e["epoch"] for e in read_json(metrics)["epochs"]] == [0, 1]
+    assert read_json(metrics)["epochs"][1]["loss"] == pytest.approx(a["history"][1]["loss"], rel=1e-6)
+
+
+def test_checkpoint_of_another_model_or_damaged_is_refused(placed: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--data", str(placed), *SMALL, "--epochs", "1", "--max-batches-per-epoch", "1", "--checkpoint-dir", str(tmp_path)]
+    assert run_main(args) == 0
+    with pytest.raises(checkpoint.CheckpointError, match="hidden=64"):
+        checkpoint.load(tmp_path, from_args([*args, "--hidden", "32"]))
+    checkpoint.path_in(tmp_path).write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert run_main([*args, "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unreadable checkpoint" in err
+
+
+def test_metrics_without_plan_have_no_prediction(placed: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "m.json"
+    args = ["--data", str(placed), *SMALL, "--epochs", "2", "--eval-every", "2", "--max-batches-per-epoch", "2",
+            "--metrics-json", str(metrics)]
+    assert run_main(args) == 0
+    doc = read_json(metrics)
+    assert doc["predicted_iteration_s"] is None and doc["prediction"] is None
+    assert doc["epochs"][0]["val_acc"] is None and doc["epochs"][1]["val_acc"] is not None
+    assert doc["measured_iteration_s"] == pytest.approx(sum(e["epoch_s"] for e in doc["epochs"]) / 4)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+def test_damaged_bin_is_one_line_and_exit_1(placed: Path, tmp_path: Path, damage: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "placed"
+    shutil.copytree(placed, copy)
+    ssd = next(b for b in open_placed(copy).bins if b.tier == "ssd")
+    if damage == "truncate":
+        ssd.path.write_bytes(ssd.path.read_bytes()[:-64])
+    else:
+        ssd.path.unlink()
+    capsys.readouterr()
+    assert run_main(["--data", str(copy), *SMALL, "--epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and ssd.path.name in err
+    assert ("truncated" if damage == "truncate" else "missing") in err
+    with pytest.raises(PlacedError):
+        launch.check_inputs(None, copy)
+
+
+def test_input_errors_are_reported_by_rank_0_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Every rank reads the same inputs: rank 0 speaks for all, the others exit 1 quietly."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, lines in (("0", 1), ("1", 0)):
+        monkeypatch.setenv("RANK", rank)
+        assert run_main(["--data", str(tmp_path / "nope")]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == lines and "Traceback" not in err
+        assert lines == 0 or "placed.json missing" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fanouts", "10,x"], "--fanouts"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--model", "gcn"], "--model"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--dropout", "1.5"], "--dropout"),
+])
+def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        from_args(["--data", "d", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_config_defaults_and_round_trip() -> None:
+    sage = from_args(["--data", "d"])
+    assert (sage.hidden, sage.fanouts, sage.batch_size, sage.layers, sage.lr) == (256, (25, 10), 8000, 2, 3e-3)
+    gat = from_args(["--data", "d", "--model", "gat", "--fanouts", "15,10,5"])
+    assert (gat.hidden, gat.heads, gat.layers) == (64, 8, 3)
+    assert TrainConfig.from_dict(json.loads(json.dumps(gat.to_dict()))) == gat
+    assert sage.resolved_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def test_models_consume_one_block_per_layer(placed: Path) -> None:
+    p = open_placed(placed)
+    sampler = NeighborSampler(p.array("indptr"), p.array("indices"), (6, 4, 3), seed=3)
+    batch = sampler.sample(torch.arange(0, 2000, 10))
+    with TieredFeatureStore(placed) as store:
+        x = store.get(batch.nodes).float()
+    for model in ("sage", "gat"):
+        net = build_model(TrainConfig(data="d", model=model, hidden=16, heads=2, fanouts=(6, 4, 3)), 32, CLASSES)
+        assert net(x, batch.blocks).shape == (200, CLASSES)
+    with pytest.raises(ValueError, match="blocks"):
+        net(x, batch.blocks[1:])
+
+
+def test_any_bipartite_pyg_conv_plugs_in(monkeypatch: pytest.MonkeyPatch, placed: Path) -> None:
+    from torch_geometric.nn import GraphConv
+
+    monkeypatch.setitem(LAYERS, "graphconv", lambda cfg, i, o, last: (GraphConv(i, o), o))
+    p = open_placed(placed)
+    batch = NeighborSampler(p.array("indptr"), p.array("indices"), (5, 5)).sample(torch.arange(50))
+    net = build_model(TrainConfig(data="d", model="graphconv", hidden=8, fanouts=(5, 5)), 32, CLASSES)
+    assert net(torch.randn(batch.nodes.numel(), 32), batch.blocks).shape == (50, CLASSES)
+
+
+def test_prefetcher_raises_worker_errors_and_stops_early() -> None:
+    def prepare(seeds: torch.Tensor) -> loop.Prepared:
+        if int(seeds[0]) == 3:
+            raise RuntimeError("boom")
+        return loop.Prepared(None, seeds.float(), seeds)  # type: ignore[arg-type]
+
+    pf = loop.Prefetcher(iter(torch.arange(10).split(1)), prepare, 2, torch.device("cpu"))
+    got = []
+    with pytest.raises(RuntimeError, match="boom"):
+        for item in pf:
+            got.append(int(item.y))
+    assert got == [0, 1, 2]
+    pf.close()
+    endless = (torch.tensor([0]) for _ in iter(int, 1))
+    pf = loop.Prefetcher(endless, prepare, 2, torch.device("cpu"))
+    assert int(next(iter(pf)).y) == 0
+    pf.close()  # returns although the producer is blocked on a full queue
+
+
+def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
+    cmd = launch.build_torchrun_command(plan_file, tmp_path, epochs=2, metrics_json="m.json", extra=["--seed", "3"])
+    n = str(launch.default_nproc(plan_file))
+    assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", n, "--standalone"]
+    assert cmd[6:] == ["-m", "trainer", "--data", str(tmp_path), "--model", "sage", "--plan", str(plan_file),
+                       "--epochs", "2", "--metrics-json", "m.json", "--seed", "3"]
+    if not torch.cuda.is_available():
+        assert n == "2"
+    multi = launch.build_torchrun_command(None, "d", nproc=4, model="gat", nnodes="2", rdzv_endpoint="host:29400",
+                                          max_restarts=3, checkpoint_dir="ck")
+    assert multi[3:13] == ["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                           "host:29400", "--max-restarts", "3"]
+    assert multi[-3:] == ["--checkpoint-dir", "ck", "--resume"]  # a restarted group continues
+    assert shlex.split(launch.format_command(cmd)) == cmd
+
+
+def test_plan_rank_gpu_helpers(placed: Path, plan_file: Path) -> None:
+    assert loop._parse_bdf("0000:1b:00.0") == (0, 0x1B, 0) and loop._parse_bdf("3b:02.1") == (0, 0x3B, 2)
+    assert loop._parse_bdf("gpu0") is None
+    doc = read_json(plan_file)
+    p = open_placed(placed)
+    assert loop.own_gpu_bins(p, doc, loop.DistEnv(1, 2, 1, True)) == [doc["ranks"][1]["gpu"]]
+    assert loop.own_gpu_bins(p, None, loop.DistEnv(0, 1, 0, False)) is None
+    assert loop._pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
+
+
+@cuda
+def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "m.json"
+    assert run_main(["--data", str(placed), "--plan", str(plan_file), *SMALL, "--epochs", "2", "--device", "cuda",
+                     "--metrics-json", str(metrics)]) == 0
+    doc = read_json(metrics)
+    assert doc["ranks"][0].startswith("cuda:")
+    assert doc["test_acc"] > 4 * CHANCE

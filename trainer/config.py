@@ -1,0 +1,157 @@
+"""One configuration object for a training run (torchtitan style).
+
+Everything a run depends on lives in :class:`TrainConfig`: the loop reads it, rank 0 prints it at
+start, and every checkpoint stores it (as a dict of primitives, so ``torch.load(weights_only=True)``
+can read it back). ``from_args`` is the command line of ``python -m trainer``; a bad value exits 2
+with argparse's one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MODELS = ("sage", "gat")
+DEFAULT_HIDDEN = {"sage": 256, "gat": 64}
+
+
+@dataclass
+class TrainConfig:
+    data: str  # placed dataset directory (`moment place` output)
+    plan: str | None = None  # plan.json: rank → GPU/socket map and the predicted iteration time
+    model: str = "sage"
+    hidden: int | None = None  # None: 256 for sage, 64 (per head) for gat
+    heads: int = 8  # gat only
+    fanouts: tuple[int, ...] = (25, 10)  # first hop first; the model has one layer per hop
+    batch_size: int = 8000
+    epochs: int = 3  # total epochs, counting those a resumed checkpoint already did
+    lr: float = 3e-3
+    dropout: float = 0.5
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    resume: bool = False  # continue from checkpoint_dir's checkpoint when there is one
+    metrics_json: str | None = None
+    prefetch: int = 2  # batches sampled and fetched ahead of the one training
+    device: str = "auto"  # auto: cuda when available, else cpu
+    backend: str = "auto"  # auto: nccl on cuda, gloo otherwise
+    max_batches_per_epoch: int | None = None  # cap for smoke runs and tests
+    eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
+    deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
+
+    def __post_init__(self) -> None:
+        self.fanouts = tuple(int(f) for f in self.fanouts)
+        if self.hidden is None:
+            self.hidden = DEFAULT_HIDDEN.get(self.model, 256)
+
+    @property
+    def layers(self) -> int:
+        return len(self.fanouts)
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_backend(self) -> str:
+        if self.backend == "auto":
+            return "nccl" if self.resolved_device().startswith("cuda") else "gloo"
+        return self.backend
+
+    def to_dict(self) -> dict[str, Any]:
+        """Primitives only (lists for tuples): safe for JSON and for weights_only checkpoints."""
+        out = dataclasses.asdict(self)
+        out["fanouts"] = list(self.fanouts)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _fanouts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(p) for p in text.replace(" ", "").split(",") if p)
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers like 25,10, got {text!r}")
+    return values
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    d = TrainConfig(data="")
+    p = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train a GNN on a placed dataset (run under torchrun for several GPUs/processes).",
+    )
+    p.add_argument("--data", required=True, metavar="DIR", help="placed dataset directory (`moment place` output)")
+    p.add_argument("--plan", metavar="plan.json", help="the plan: rank → GPU/socket map, predicted iteration time")
+    p.add_argument("--model", choices=MODELS, default=d.model)
+    p.add_argument("--hidden", type=_positive, help="hidden width (default 256 for sage, 64 per head for gat)")
+    p.add_argument("--heads", type=_positive, default=d.heads, help="attention heads (gat)")
+    p.add_argument("--fanouts", type=_fanouts, default=d.fanouts, help="neighbours per hop, first hop first (default 25,10)")
+    p.add_argument("--batch-size", type=_positive, default=d.batch_size, help="seeds per rank per step")
+    p.add_argument("--epochs", type=_positive, default=d.epochs, help="total epochs (a resumed run counts the done ones)")
+    p.add_argument("--lr", type=_positive_float, default=d.lr)
+    p.add_argument("--dropout", type=_fraction, default=d.dropout)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint there after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint if there is one")
+    p.add_argument("--metrics-json", metavar="FILE", help="write per-epoch and summary metrics there")
+    p.add_argument("--prefetch", type=_positive, default=d.prefetch, help="batches prepared ahead (default 2)")
+    p.add_argument("--device", default=d.device, help="auto, cpu, cuda (default auto)")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default=d.backend)
+    p.add_argument("--max-batches-per-epoch", type=_positive, help="stop each epoch after this many steps (smoke runs)")
+    p.add_argument("--eval-every", type=_positive, default=d.eval_every, help="epochs between validation passes")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels (reproducible, slower)")
+    return p
+
+
+def from_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Parse the command line; argparse exits 2 with a one-line message on a bad value."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint-dir")
+    if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
+        p.error(f"--device {args.device!r}: expected auto, cpu or cuda")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available on this machine")
+    values = {k: v for k, v in vars(args).items() if v is not None}
+    return TrainConfig(**values)

@@ -1,0 +1,109 @@
+"""Launching training: the torchrun command ``moment train`` runs (or prints, with --dry-run).
+
+One process per GPU of the plan (``plan.json`` "ranks"); each process finds its GPU and socket
+from the plan itself (see ``trainer.loop``). ``check_inputs`` opens the plan and the placed
+dataset first, so a bad input is one line from the CLI rather than one error per rank plus
+torchrun's own report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from moment.errors import UsageError
+from moment.planner.planfile import read_plan
+from placement.placed import open_placed
+from trainer.config import MODELS
+
+CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
+
+
+def default_nproc(plan_path: str | Path | None) -> int:
+    """GPUs the plan assigns ranks to (capped by the GPUs visible); 2 processes without CUDA."""
+    if not torch.cuda.is_available():
+        return CPU_PROCESSES
+    visible = torch.cuda.device_count()
+    if plan_path is None:
+        return visible
+    ranks = read_plan(plan_path).get("ranks") or []
+    return min(len(ranks), visible) or visible
+
+
+def check_inputs(plan_path: str | Path | None, placed_dir: str | Path) -> None:
+    """Raise the MomentError a rank would hit on a missing or damaged plan or placed dataset."""
+    if plan_path is not None:
+        read_plan(plan_path)
+    open_placed(placed_dir)
+
+
+def build_torchrun_command(
+    plan_path: str | Path | None,
+    placed_dir: str | Path,
+    nproc: int | None = None,
+    model: str = "sage",
+    epochs: int | None = None,
+    metrics_json: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    extra: Sequence[str] = (),
+    nnodes: str | int | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    max_restarts: int | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """``python -m torch.distributed.run ... -m trainer ...`` as an argument list (no shell).
+
+    Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. With
+    ``max_restarts`` and a ``checkpoint_dir`` the trainer gets ``--resume``, so a restarted
+    worker group continues from the last epoch instead of starting over. ``extra`` goes to the
+    trainer verbatim (``--fanouts 15,10``, ``--batch-size 1024``, ...).
+    """
+    if model not in MODELS:
+        raise UsageError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
+    n = default_nproc(plan_path) if nproc is None else int(nproc)
+    if n <= 0:
+        raise UsageError(f"--nproc {nproc}: expected a positive number of processes")
+    cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+    if nnodes is None and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes", str(nnodes or 1)]
+        cmd += ["--rdzv-backend", rdzv_backend or "c10d"]
+        if rdzv_endpoint is not None:
+            cmd += ["--rdzv-endpoint", rdzv_endpoint]
+        if rdzv_id is not None:
+            cmd += ["--rdzv-id", rdzv_id]
+    if max_restarts is not None:
+        cmd += ["--max-restarts", str(int(max_restarts))]
+    cmd += ["-m", "trainer", "--data", str(placed_dir), "--model", model]
+    if plan_path is not None:
+        cmd += ["--plan", str(plan_path)]
+    if epochs is not None:
+        cmd += ["--epochs", str(int(epochs))]
+    if metrics_json is not None:
+        cmd += ["--metrics-json", str(metrics_json)]
+    if checkpoint_dir is not None:
+        cmd += ["--checkpoint-dir", str(checkpoint_dir)]
+        if max_restarts and "--resume" not in extra:
+            cmd.append("--resume")
+    return cmd + list(extra)
+
+
+def format_command(cmd: Sequence[str]) -> str:
+    """The command as one shell-quoted line (what --dry-run prints)."""
+    return shlex.join(cmd)
+
+
+def run(cmd: Sequence[str]) -> int:
+    """Run the command (no shell) with this terminal; its exit status (130 on Ctrl-C)."""
+    try:
+        return subprocess.run(list(cmd), check=False).returncode
+    except KeyboardInterrupt:
+        return 130

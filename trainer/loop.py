@@ -1,0 +1,485 @@
+"""The training loop: DDP over the placed dataset, one process per GPU (``torchrun -m trainer``).
+
+The loop composes small parts: ``TrainConfig`` (what to run), ``NeighborSampler`` (which
+vertices), ``TieredFeatureStore`` (their features, from GPU/CPU caches and SSD bins),
+``build_model`` (the GNN), ``checkpoint`` (resume), ``metrics`` (what happened). Distributed
+set-up is all in :func:`setup`:
+
+* ranks come from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR``/``MASTER_PORT``; ``env://``); without it the run is a single process and no
+  process group is made;
+* on CUDA, local rank r uses the GPU the plan gives rank r: the CUDA device whose PCI address is
+  the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK``; the process is
+  pinned to the CPUs of that GPU's socket (NUMA node) when the plan names one and the machine
+  has that node.
+
+Per epoch every rank takes the same number of batches, of the same sizes (``epoch_batches``:
+one shuffled permutation, strided over ranks, the uneven remainder dropped), so DDP's
+collectives line up and each training vertex is a seed at most once per epoch. Each rank's
+feature store holds its own GPU's cache bin on the GPU (the plan names bins after GPUs); the
+other GPUs' bins are "peer" reads, served from host memory by this version of the store. A background thread samples
+and fetches the features of the next ``prefetch`` batches while the current one trains.
+
+Reproducibility: each epoch's neighbour samples depend only on (seed, epoch, rank), dropout on
+the torch RNG, which checkpoints save; a resumed run therefore replays what an uninterrupted
+run does (bit for bit on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from moment.errors import MomentError
+from moment.planner.planfile import read_plan
+from placement.placed import Placed, open_placed
+from trainer import checkpoint
+from trainer.config import TrainConfig, from_args
+from trainer.featurestore import TieredFeatureStore
+from trainer.metrics import Metrics, epoch_record, param_digest
+from trainer.models import build_model
+from trainer.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
+
+# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
+_TRAIN_STREAM, _EVAL_STREAM = 2, 3
+
+
+# -- distributed set-up ----------------------------------------------------------------------
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    launched: bool  # started by torchrun (a process group is expected)
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        env = os.environ
+        launched = "RANK" in env and "WORLD_SIZE" in env
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)), launched)
+
+
+def _parse_bdf(text: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of '0000:1b:00.0' or '1b:00.0'; None for anything else."""
+    m = re.fullmatch(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?", text.strip())
+    if not m:
+        return None
+    return int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)
+
+
+def _cuda_index_of(bdf: str | None) -> int | None:
+    want = _parse_bdf(bdf) if bdf else None
+    if want is None:
+        return None
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        if (p.pci_domain_id, p.pci_bus_id, p.pci_device_id) == want:
+            return i
+    return None
+
+
+def _node_cpus(node: int) -> set[int]:
+    """CPUs of NUMA node ``node`` (empty when the machine has no such node)."""
+    try:
+        text = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
+    except OSError:
+        return set()
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _pin_to_socket(socket: Any) -> str | None:
+    """Best effort: restrict this process to the CPUs of ``socket`` ('cpu1' or 1); what was done."""
+    m = re.search(r"(\d+)$", str(socket))
+    if m is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = _node_cpus(int(m.group(1))) & os.sched_getaffinity(0)
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
+    return f"{len(cpus)} CPUs of node {m.group(1)}"
+
+
+def select_device(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[torch.device, str]:
+    """This rank's device (and socket pinning on CUDA); a line saying what was chosen and why."""
+    if not cfg.resolved_device().startswith("cuda"):
+        return torch.device("cpu"), "cpu"
+    if cfg.device.startswith("cuda:"):  # an explicit device wins over the plan
+        device = torch.device(cfg.device)
+        torch.cuda.set_device(device)
+        return device, str(device)
+    entry = next((r for r in (plan or {}).get("ranks", []) if r.get("rank") == env.local_rank), None)
+    index = _cuda_index_of(entry.get("bdf")) if entry else None
+    why = f"plan {entry.get('gpu')} at {entry.get('bdf')}" if index is not None else "LOCAL_RANK"
+    if index is None:
+        index = env.local_rank % max(torch.cuda.device_count(), 1)
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    pinned = _pin_to_socket(entry["socket"]) if entry and entry.get("socket") is not None else None
+    return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")
+
+
+def setup(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[torch.device, str]:
+    """Device per rank, then the process group (env:// from torchrun); none for a lone process."""
+    device, where = select_device(cfg, env, plan)
+    if env.launched and not dist.is_initialized():
+        backend = cfg.resolved_backend()
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, init_method="env://", **kwargs)
+    return device, where
+
+
+def _comm_device(device: torch.device) -> torch.device:
+    return device if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (the values themselves for a lone process)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    t = torch.tensor(list(values), dtype=torch.float64, device=_comm_device(device))
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (pickled; small things only), in rank order."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# -- batches and prefetching -----------------------------------------------------------------
+
+
+def epoch_batches(sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int,
+                  world_size: int) -> Iterator[torch.Tensor]:
+    """Seed batches of ``rank`` for one training epoch: all ranks run the same number of steps,
+    each id is a seed at most once per epoch across ranks (all but ``len(ids) % world_size``)."""
+    batches = sampler.batches(ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size,
+                              drop_last_uneven=True)
+    return islice(batches, cfg.max_batches_per_epoch)
+
+
+def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
+    """A sampler sharing ``base``'s CSR (wherever it lives) with its own seed and call count."""
+    on_gpu = isinstance(base.indptr, torch.Tensor) and base.indptr.is_cuda
+    return NeighborSampler(base.indptr, base.indices, base.fanouts, base.device, seed=seed, csr_on_device=on_gpu)
+
+
+@dataclass
+class Prepared:
+    """A batch ready to train on: blocks, features of ``batch.nodes``, labels of the seeds."""
+
+    batch: SampledBatch
+    x: torch.Tensor
+    y: torch.Tensor
+    ready: torch.cuda.Event | None = None  # recorded on the copy stream (CUDA)
+
+
+class Prefetcher:
+    """Prepares up to ``depth`` batches ahead in a background thread (bounded queue).
+
+    On CUDA the thread works on its own stream, so sampling and host→GPU copies overlap the
+    training kernels; the consumer's stream waits on each batch's event before using it. An
+    exception in the thread is re-raised in the consumer."""
+
+    _DONE = object()
+
+    def __init__(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared], depth: int,
+                 device: torch.device) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._device = device
+        self._thread = threading.Thread(target=self._work, args=(seeds, prepare), name="moment-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared]) -> None:
+        try:
+            stream = None
+            if self._device.type == "cuda":
+                torch.cuda.set_device(self._device)  # the current device is per thread
+                stream = torch.cuda.Stream(self._device)
+            for s in seeds:
+                if stream is None:
+                    item = prepare(s)
+                else:
+                    with torch.cuda.stream(stream):
+                        item = prepare(s)
+                        item.ready = torch.cuda.Event()
+                        item.ready.record(stream)
+                if not self._put(item):
+                    return
+            self._put(self._DONE)
+        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which raises it
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[Prepared]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item.ready is not None:
+                current = torch.cuda.current_stream(self._device)
+                current.wait_event(item.ready)
+                for t in (item.x, item.y, *(b.edge_index for b in item.batch.blocks)):
+                    t.record_stream(current)  # the allocator must not reuse them early
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def make_prepare(sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray,
+                 device: torch.device) -> Callable[[torch.Tensor], Prepared]:
+    """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``."""
+    def prepare(seeds: torch.Tensor) -> Prepared:
+        batch = sampler.sample(seeds)
+        x = store.get(batch.nodes).to(device, torch.float32, non_blocking=True)
+        y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
+        return Prepared(batch, x, y)
+    return prepare
+
+
+# -- one epoch -------------------------------------------------------------------------------
+
+
+@dataclass
+class EpochResult:
+    train_s: float
+    iterations: int
+    seeds: int
+    loss_sum: float
+    data_wait_s: float
+
+
+def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[Prepared],
+                device: torch.device, on_step: Callable[[], None]) -> EpochResult:
+    """Forward, backward and step per batch; time per iteration includes waiting for data."""
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    iterations = seeds = 0
+    wait = 0.0
+    start = time.perf_counter()
+    it = iter(batches)
+    while True:
+        t = time.perf_counter()
+        item = next(it, None)
+        wait += time.perf_counter() - t
+        if item is None:
+            break
+        loss = F.cross_entropy(model(item.x, item.batch.blocks), item.y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()
+        iterations += 1
+        seeds += int(item.y.numel())
+        on_step()
+    total = float(loss_sum)  # waits for the last step's kernels
+    return EpochResult(time.perf_counter() - start, iterations, seeds, total, wait)
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, batches: Iterator[Prepared]) -> tuple[int, int]:
+    """(correct, total) on this rank's share of a split."""
+    module.eval()
+    correct = total = 0
+    for item in batches:
+        pred = module(item.x, item.batch.blocks).argmax(dim=-1)
+        correct += int((pred == item.y).sum())
+        total += int(item.y.numel())
+    return correct, total
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Data:
+    placed: Placed
+    labels: np.ndarray
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    num_classes: int
+
+
+def load_data(cfg: TrainConfig) -> Data:
+    """Open the placed dataset (one-line PlacedError when missing or damaged)."""
+    placed = open_placed(cfg.data)
+    return Data(placed, placed.array("labels"), np.asarray(placed.array("train")), np.asarray(placed.array("val")),
+                np.asarray(placed.array("test")), int(placed.meta["num_classes"]))
+
+
+def own_gpu_bins(placed: Placed, plan: dict[str, Any] | None, env: DistEnv) -> list[str] | None:
+    """The GPU cache bin of this rank's GPU (the plan names it after the GPU); None: every GPU
+    bin is local (no plan, or a plan whose GPUs the placement has no bins for)."""
+    entry = next((r for r in (plan or {}).get("ranks", []) if r.get("rank") == env.local_rank), None)
+    names = {b.name for b in placed.bins if b.tier == "gpu"}
+    return [entry["gpu"]] if entry and entry.get("gpu") in names else None
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Run:
+    """Everything one rank holds for a run; ``fit`` trains, evaluates, checkpoints, reports."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: dict[str, Any] | None,
+                 device: torch.device) -> None:
+        self.cfg, self.data, self.device = cfg, data, device
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        _seed_everything(cfg.seed)  # same initial parameters on every rank
+        self.store = TieredFeatureStore(cfg.data, device=device, gpu_bins=own_gpu_bins(data.placed, plan, env))
+        self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
+        self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
+                                    device=device, seed=cfg.seed)
+        self.start_epoch, history = 0, []
+        if cfg.resume and cfg.checkpoint_dir:
+            body = checkpoint.load(cfg.checkpoint_dir, cfg)
+            if body is not None:
+                self.start_epoch = checkpoint.restore(body, self.module, self.optimizer)
+                history = list(body["history"])
+        self.model: nn.Module = self.module
+        if dist.is_initialized():
+            ids = [device.index] if device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.module, device_ids=ids)
+        self.metrics = Metrics(cfg, plan, history, enabled=self.rank == 0)
+
+    def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
+        prepare = make_prepare(epoch_sampler(self.base, sampler_seed), self.store, self.data.labels, self.device)
+        return Prefetcher(seeds, prepare, self.cfg.prefetch, self.device)
+
+    def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
+        """Accuracy on a split, sharded over ranks and summed."""
+        seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
+        batches = self._batches(seeds, derive_seed(self.cfg.seed, _EVAL_STREAM, epoch, split, self.rank))
+        try:
+            correct, total = evaluate(self.module, iter(batches))
+        finally:
+            batches.close()
+        correct, total = all_reduce_sum([correct, total], self.device)
+        return correct / total if total else float("nan")
+
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        for epoch in range(self.start_epoch, cfg.epochs):
+            seeds = epoch_batches(self.base, self.data.train, cfg, epoch, self.rank, self.world)
+            steps = min(num_batches(len(self.data.train), cfg.batch_size, self.world, self.rank, drop_last_uneven=True),
+                        cfg.max_batches_per_epoch or sys.maxsize)
+            self.store.reset_stats()
+            batches = self._batches(seeds, derive_seed(cfg.seed, _TRAIN_STREAM, epoch, self.rank))
+            try:
+                with self.metrics.progress(epoch, steps) as step:
+                    result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)
+            finally:
+                batches.close()
+            stats = all_gather(self.store.stats())
+            loss_sum, iterations, seeds_done, wait = all_reduce_sum(
+                [result.loss_sum, result.iterations, result.seeds, result.data_wait_s], self.device)
+            train_s = max(all_gather(result.train_s))
+            evaluate_now = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
+            val_acc = self.accuracy(self.data.val, epoch, 0) if evaluate_now else None
+            record = epoch_record(epoch, train_s=train_s, iterations=result.iterations, seeds=int(seeds_done),
+                                  loss=loss_sum / max(iterations, 1), val_acc=val_acc,
+                                  data_wait_s=wait / self.world, stats=stats)
+            self.metrics.add_epoch(record)
+            if cfg.checkpoint_dir and self.rank == 0:
+                checkpoint.save(cfg.checkpoint_dir, epoch=epoch + 1, model=self.module, optimizer=self.optimizer,
+                                cfg=cfg, history=self.metrics.history)
+            if dist.is_initialized():
+                dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
+        test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
+        digests = all_gather(param_digest(self.module))
+        return self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)
+
+
+def train(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None, data: Data) -> dict[str, Any]:
+    """Run training as this process's rank; the metrics document (complete on rank 0)."""
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be deterministic
+        torch.use_deterministic_algorithms(True, warn_only=True)  # warn where a kernel has no such mode
+    run = None
+    try:
+        device, where = setup(cfg, env, plan)
+        run = Run(cfg, env, data, plan, device)
+        run.metrics.print_config(all_gather(where))
+        return run.fit()
+    finally:
+        if run is not None:
+            run.store.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``python -m trainer`` / torchrun entry point; exit status 0, 1 (MomentError) or 2 (usage).
+
+    A MomentError is one line on stderr, no traceback. Errors in the inputs (plan, placed
+    dataset) are the same on every rank, so only rank 0 reports them; an error while training
+    is reported by the rank that hit it."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # before anything initialises CUDA
+    env = DistEnv.from_environ()
+    cfg = from_args(argv)
+    try:
+        plan = read_plan(cfg.plan) if cfg.plan else None
+        data = load_data(cfg)
+    except MomentError as exc:
+        if env.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    try:
+        train(cfg, env, plan, data)
+    except MomentError as exc:
+        prefix = f"rank {env.rank}: " if env.world_size > 1 else ""
+        print(f"error: {prefix}{exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,224 @@
+"""What a training run measured, beside what the plan predicted.
+
+Rank 0 prints a progress bar per epoch and a summary table, and (with ``--metrics-json``)
+rewrites one JSON document atomically after every epoch (``"complete": false`` until the end):
+
+* ``format``: ``"moment.metrics/1"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
+  ``ranks``: each rank's device line (GPU, why that GPU, CPU pinning);
+* ``epochs``: one record per epoch, the training part only (validation is outside the timings):
+  ``epoch`` (0-based), ``epoch_s`` (training wall time, slowest rank), ``iterations`` (per
+  rank), ``iteration_s`` (``epoch_s / iterations``), ``seeds`` (all ranks), ``seeds_per_s``,
+  ``loss`` (mean over steps and ranks), ``val_acc`` (None when not evaluated that epoch),
+  ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
+  ``feature_read_s`` (time in the feature store per rank, mean), ``rows_per_tier`` and
+  ``bytes_per_tier`` (summed over ranks; SSD bytes count distinct rows read per batch),
+  ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
+  run drew from each tier and SSD bin), ``hit_rate`` (share of requested rows served by each
+  memory tier: ``gpu`` = the rank's own GPU bin, ``gpu-peer``, ``cpu``);
+* ``measured_iteration_s``: mean wall time of a training iteration (sample + feature fetch,
+  overlapped by the prefetcher, + forward/backward/step) over all epochs of the run:
+  ``sum(epoch_s) / sum(iterations)``;
+* ``predicted_iteration_s``: the plan's ``predicted.predicted_iteration_s`` (None without a
+  plan). The prediction is for the plan's workload (its dataset, fan-outs, batch size) on the
+  plan's machine: ``prediction`` says which, and ``note`` says when this run differs from it;
+* ``test_acc`` (None until the end); ``rank_param_digests``: a SHA-256 of each rank's parameters
+  at the end (all equal when DDP kept the replicas in step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from torch import nn
+
+from moment.fileio import atomic_write_text
+from trainer.config import TrainConfig
+
+FORMAT = "moment.metrics/1"
+TIERS = ("gpu", "gpu-peer", "cpu", "ssd")
+MEMORY_TIERS = ("gpu", "gpu-peer", "cpu")
+
+
+def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Feature-store stats of all ranks summed: rows, bytes and seconds per tier and SSD bin."""
+    tiers = {t: {"rows": 0, "bytes": 0, "seconds": 0.0} for t in TIERS}
+    bins: dict[str, dict[str, float]] = {}
+    asked, seconds = 0, 0.0
+    for s in per_rank:
+        asked += s["asked"]
+        seconds += s["seconds"]
+        for t, v in s["tiers"].items():
+            for k in ("rows", "bytes", "seconds"):
+                tiers.setdefault(t, {"rows": 0, "bytes": 0, "seconds": 0.0})[k] += v[k]
+        for name, v in s["ssd_bins"].items():
+            b = bins.setdefault(name, {"rows": 0, "bytes": 0, "seconds": 0.0})
+            for k in b:
+                b[k] += v[k]
+    return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins}
+
+
+def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, loss: float, val_acc: float | None,
+                 data_wait_s: float, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One epoch's record from the loop's counters and every rank's feature-store stats."""
+    merged = merge_stats(stats)
+    asked = max(merged["asked"], 1)
+    secs = max(train_s, 1e-12)
+    return {
+        "epoch": epoch,
+        "epoch_s": train_s,
+        "iterations": iterations,
+        "iteration_s": train_s / max(iterations, 1),
+        "seeds": seeds,
+        "seeds_per_s": seeds / secs,
+        "loss": loss,
+        "val_acc": val_acc,
+        "data_wait_s": data_wait_s,
+        "feature_read_s": merged["seconds"] / max(len(stats), 1),
+        "rows_per_tier": {t: int(v["rows"]) for t, v in merged["tiers"].items()},
+        "bytes_per_tier": {t: int(v["bytes"]) for t, v in merged["tiers"].items()},
+        "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
+        "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
+        "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},
+    }
+
+
+def prediction(plan: dict[str, Any] | None, cfg: TrainConfig) -> dict[str, Any] | None:
+    """What the plan predicted and for which workload; a note when this run differs from it."""
+    if plan is None:
+        return None
+    wl = plan.get("workload", {})
+    out = {
+        "iteration_s": plan.get("predicted", {}).get("predicted_iteration_s"),
+        "profile": plan.get("profile", {}).get("name"),
+        "layout": plan.get("layout", {}).get("name"),
+        "workload": {k: wl.get(k) for k in ("dataset", "nodes", "feature_dim", "fanouts", "batch_size")},
+    }
+    differs = [f"{k} {wl[k]} (this run {mine})" for k, mine in (("fanouts", list(cfg.fanouts)), ("batch_size", cfg.batch_size))
+               if k in wl and wl[k] != mine]
+    if cfg.resolved_device() == "cpu":
+        differs.append("this run is on the CPU")
+    out["note"] = ("predicted for the plan's workload and machine: " + ", ".join(differs)) if differs else \
+        "predicted for the plan's workload and machine"
+    return out
+
+
+def param_digest(module: nn.Module) -> str:
+    """SHA-256 of the parameters' bytes, in order: equal across ranks when replicas agree."""
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+class Metrics:
+    """Collects epoch records, prints on rank 0 (``enabled``), writes the JSON document."""
+
+    def __init__(self, cfg: TrainConfig, plan: dict[str, Any] | None, history: list[dict[str, Any]],
+                 enabled: bool, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.enabled = enabled
+        self.history = history
+        self.predicted = prediction(plan, cfg)
+        self.console = console or Console()
+        self.world_size = 1
+        self.ranks: list[str] = []
+
+    def print_config(self, ranks: list[str]) -> None:
+        """The config and where each rank runs, at the start."""
+        self.world_size, self.ranks = len(ranks), ranks
+        if not self.enabled:
+            return
+        fields = ", ".join(f"{k}={v}" for k, v in self.cfg.to_dict().items())
+        self.console.print(f"[bold]moment train[/]: {fields}", highlight=False)
+        for r, where in enumerate(ranks):
+            self.console.print(f"  rank {r}: {where}", highlight=False)
+        if self.history:
+            self.console.print(f"  resuming after epoch {len(self.history)}")
+
+    @contextmanager
+    def progress(self, epoch: int, steps: int) -> Iterator[Callable[[], None]]:
+        """A progress bar for one epoch's steps (rank 0); yields the per-step callback."""
+        if not self.enabled:
+            yield lambda: None
+            return
+        bar = Progress(TextColumn(f"epoch {epoch + 1}/{self.cfg.epochs}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+        task = bar.add_task("train", total=steps)
+        with bar:
+            yield lambda: bar.advance(task)
+
+    def add_epoch(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if not self.enabled:
+            return
+        self.console.print(
+            f"epoch {record['epoch'] + 1}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
+            f"{record['epoch_s']:.2f} s, {record['seeds_per_s']:,.0f} seeds/s, "
+            f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features", highlight=False)
+        self._write(test_acc=None, digests=None)
+
+    def document(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
+        iterations = sum(r["iterations"] for r in self.history)
+        return {
+            "format": FORMAT,
+            "complete": test_acc is not None,
+            "config": self.cfg.to_dict(),
+            "world_size": self.world_size,
+            "ranks": self.ranks,
+            "epochs": self.history,
+            "measured_iteration_s": sum(r["epoch_s"] for r in self.history) / iterations if iterations else None,
+            "predicted_iteration_s": self.predicted["iteration_s"] if self.predicted else None,
+            "prediction": self.predicted,
+            "test_acc": test_acc,
+            "rank_param_digests": digests,
+        }
+
+    def _write(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
+        doc = self.document(test_acc, digests)
+        if self.enabled and self.cfg.metrics_json:
+            atomic_write_text(self.cfg.metrics_json, json.dumps(doc, indent=2) + "\n")
+        return doc
+
+    def finish(self, test_acc: float, rank_param_digests: list[str]) -> dict[str, Any]:
+        """The final document: written, and summarised in a table (rank 0)."""
+        doc = self._write(test_acc, rank_param_digests)
+        if self.enabled:
+            self._summary(doc)
+        return doc
+
+    def _summary(self, doc: dict[str, Any]) -> None:
+        table = Table(title="training (GB/s per tier, summed over ranks; peer = other GPUs' bins)", title_justify="left",
+                      box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("epoch", "s", "seeds/s", "loss", "val acc", "gpu", "peer", "cpu", "ssd", "gpu hit"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for r in doc["epochs"]:
+            table.add_row(str(r["epoch"] + 1), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
+                          _fmt(r["val_acc"], ".3f"), *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
+                          f"{r['hit_rate'].get('gpu', 0.0):.1%}")
+        self.console.print(table)
+        measured, predicted = doc["measured_iteration_s"], doc["predicted_iteration_s"]
+        pred = doc["prediction"]
+        summary = Table(title="iteration time", title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
+        summary.add_column(justify="left", no_wrap=True)
+        summary.add_column(justify="left")
+        summary.add_row("measured", f"{measured:.4f} s (mean wall time per training iteration)" if measured else "—")
+        summary.add_row("predicted", f"{predicted:.4f} s ({pred['layout']} on {pred['profile']})" if pred and predicted
+                        else "— (no --plan)" if not pred else "— (the plan has no prediction)")
+        if measured and predicted:
+            summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
+        if pred:
+            summary.add_row("note", pred["note"])
+        summary.add_row("test accuracy", _fmt(doc["test_acc"], ".4f"))
+        self.console.print(summary)
