@@ -152,11 +152,38 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=cmd_verify)
 
 
+def _add_train_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train GraphSAGE/GAT with one DDP rank per GPU of the plan (torchrun)",
+        description=(
+            "Build and run the torchrun command: one rank per GPU of the plan (CPU ranks with gloo when there is "
+            "no GPU), features read from the placed dataset's GPU caches, CPU caches and SSD bins. Arguments "
+            "after -- go to the trainer unchanged (python -m trainer --help lists them)."
+        ),
+    )
+    p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
+    p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
+    p.add_argument("--model", choices=("sage", "gat"), default="sage")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
+    p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every epoch here")
+    p.add_argument("--max-restarts", type=int, help="torchrun restarts of a failed worker group (resumes from the checkpoint)")
+    p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
+    p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
+    p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
+    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)")
+    p.set_defaults(func=cmd_train)
+
+
 def _add_demo_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the pipeline on a bundled profile (what the README's first command does)")
     p.add_argument("--profile", default="moment-machine-b", help="bundled profile to use (default: moment-machine-b)")
     p.add_argument("--workdir", default="moment-demo", help="where the demo writes its files (default: ./moment-demo)")
     p.add_argument("--nodes", type=int, default=100_000, help="vertices of the generated graph (default 100000)")
+    p.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
+    p.add_argument("--nproc", type=int, default=None, help="training ranks (default: 2 CPU ranks without CUDA)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -220,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_args(sub)
     _add_dataset_args(sub)
     _add_place_args(sub)
+    _add_train_args(sub)
     _add_demo_args(sub)
     sub.add_parser("profiles", help="list the bundled topology profiles").set_defaults(func=cmd_profiles)
     return parser
@@ -586,6 +614,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer import launch
+
+    extra = [a for a in args.trainer_args if a != "--"]
+    launch.check_inputs(args.plan, args.data)  # a bad plan or placed dataset: one line, before torchrun
+    cmd = launch.build_torchrun_command(args.plan, args.data, nproc=args.nproc, model=args.model, epochs=args.epochs,
+                                        metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
+                                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts)
+    if args.dry_run:
+        print(launch.format_command(cmd))
+        return 0
+    err.print(f"running: {launch.format_command(cmd)}", highlight=False)
+    return launch.run(cmd)
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -652,8 +695,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_placement(manifest)
     checked = verify(placed_dir, sample=5000)
     out.print(f"verified: {checked['files']} files match their checksums; {checked['sampled']:,} sampled features equal the source")
-    out.print(f"\nwrote {work}/: {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/")
-    out.print("[dim]training arrives with its stage (issue #5).[/]")
+    out.rule("[bold]4. train: GraphSAGE, one DDP rank per GPU of the plan (CPU ranks with gloo here)")
+    from trainer import launch
+
+    metrics = work / "metrics.json"
+    cmd = launch.build_torchrun_command(work / "plan.json", placed_dir, nproc=args.nproc, model="sage", epochs=args.epochs,
+                                        metrics_json=metrics, checkpoint_dir=work / "checkpoints",
+                                        extra=["--fanouts", "10,5", "--batch-size", "1024", "--hidden", "128"])
+    out.print(f"running: {launch.format_command(cmd)}", highlight=False)
+    code = launch.run(cmd)
+    if code != 0:
+        raise MomentError(f"training failed with exit code {code}")
+    m = json.loads(metrics.read_text())
+    last = m["epochs"][-1]
+    out.print(f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
+              f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})")
+    out.print(f"\nwrote {work}/: {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
+              f"checkpoints/, metrics.json")
     return 0
 
 
