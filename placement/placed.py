@@ -3,7 +3,7 @@
 A placed directory holds ``placed.json`` (written last: its presence with ``complete: true`` is
 what makes the directory a placed dataset), the topology, labels and splits in new ids, the
 old↔new id maps, the hotness it was placed by, and the GPU/CPU cache bins; SSD bins live in the
-directory of their SSD (or ``bins/`` inside). Every file has its size and BLAKE2b checksum in
+directory of their SSD (or ``bins/`` inside). Every file has its size and SHA-256 checksum in
 the manifest. New ids are ranges: bin ``b`` holds ids ``[start, start + count)`` in a raw
 row-major file, so a vertex's location is a range lookup.
 """

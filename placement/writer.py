@@ -3,8 +3,9 @@
 The source features are read front to back in chunks; each chunk's rows are grouped by bin
 (original order kept inside a bin, which is the relabelled order) and appended to that bin's
 file. Every few hundred MB the bin files are fsync'ed and the progress recorded, so a killed
-run resumes from the last checkpoint instead of starting over. Checksums (BLAKE2b) are computed
-on the way; on resume the already-written part is re-read to rebuild them.
+run resumes from the last checkpoint instead of starting over. Checksums (SHA-256: hardware
+accelerated on current CPUs, ~1 GB/s) are computed on the way in a second thread, overlapping
+the writes; on resume the already-written part is re-read to rebuild them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from moment.fileio import atomic_write_text
@@ -25,8 +28,8 @@ CHECKPOINT_BYTES = 512 << 20
 CHUNK_BYTES = 64 << 20  # source rows read per step
 
 
-def new_hasher() -> hashlib.blake2b:
-    return hashlib.blake2b(digest_size=20)
+def new_hasher() -> "hashlib._Hash":
+    return hashlib.sha256()
 
 
 def file_digest(path: Path, block: int = 8 << 20) -> str:
@@ -65,6 +68,11 @@ def _save_state(work: Path, key: str, next_row: int, sizes: dict[str, int]) -> N
     atomic_write_text(work / STATE, json.dumps({"key": key, "next_row": next_row, "bytes": sizes}))
 
 
+def _hash_parts(hashers: list, parts: list[tuple[int, memoryview]]) -> None:
+    for b, part in parts:
+        hashers[b].update(part)
+
+
 def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], work: Path, key: str,
                chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None) -> list[Written]:
     """Append each vertex's feature row to its bin's file, in original id order.
@@ -93,25 +101,28 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
         handles.append(fh)
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
+    hashing = ThreadPoolExecutor(max_workers=1)  # hashlib releases the GIL: hashing overlaps writing
+    pending = None
     try:
         since = 0
         row = start
         while row < n:
             end = min(n, row + chunk_rows)
-            rows = np.ascontiguousarray(features[row:end])
             bins = np.asarray(bin_of[row:end])
             order = np.argsort(bins, kind="stable")
-            grouped = rows[order]
+            grouped = np.asarray(features[row:end])[order]  # reads the source chunk, grouped by bin
             counts = np.bincount(bins, minlength=len(files))
-            offset = 0
-            for b in np.flatnonzero(counts):
-                part = memoryview(grouped[offset : offset + counts[b]]).cast("B")
+            edges = np.concatenate(([0], np.cumsum(counts)))
+            parts = [(b, memoryview(grouped[edges[b] : edges[b + 1]]).cast("B")) for b in np.flatnonzero(counts)]
+            if pending is not None:
+                pending.result()  # one chunk hashed at a time, in order
+            pending = hashing.submit(_hash_parts, hashers, parts)
+            for b, part in parts:
                 handles[b].write(part)
-                hashers[b].update(part)
-                offset += int(counts[b])
-            since += rows.nbytes
+            since += grouped.nbytes
             row = end
             if since >= CHECKPOINT_BYTES or row == n:
+                pending.result()
                 for fh in handles:
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -119,7 +130,10 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
                 since = 0
             if progress:
                 progress(row, n)
+        if pending is not None:
+            pending.result()
     finally:
+        hashing.shutdown(wait=True)
         for fh in handles:
             fh.close()
     out = []
