@@ -55,7 +55,8 @@ def random_read(path: str, read_size: int = 4096, queue_depth: int = 32, seconds
     if not p.exists():
         raise UsageError(f"{path}: no such file or device")
     try:
-        fd, direct = _open(path)
+        # O_DIRECT needs 512-byte multiples; smaller rows are read buffered (page cache dropped).
+        fd, direct = _open(path) if read_size % 512 == 0 else (os.open(path, os.O_RDONLY), False)
     except OSError as exc:
         raise MomentError(f"{path}: cannot open read-only: {exc.strerror}") from None
     try:
