@@ -12,24 +12,10 @@ import numpy as np
 import pytest
 
 from moment.errors import MomentError, UsageError
-from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, write_plan
-from moment.planner.workload import load_workload
-from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
 from placement.place import PlaceOptions, parse_rows, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
-
-
-@pytest.fixture(scope="module")
-def plan_file(tmp_path_factory) -> Path:
-    machine = resolve_profile("moment-machine-b")
-    workload = load_workload(machine.workload)
-    outcome = plan(machine, workload, 4, 8, top=1)
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), path)
-    return path
 
 
 @pytest.fixture(scope="module")

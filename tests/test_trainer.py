@@ -13,10 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, write_plan
-from moment.planner.workload import load_workload
-from moment.topology.profile_io import resolve_profile
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
@@ -31,16 +27,6 @@ CLASSES = 8
 CHANCE = 1 / CLASSES
 SMALL = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture(scope="module")
-def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    machine = resolve_profile("moment-machine-b")
-    workload = load_workload(machine.workload)
-    outcome = plan(machine, workload, 4, 8, top=1)
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), path)
-    return path
 
 
 @pytest.fixture(scope="module")

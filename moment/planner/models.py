@@ -154,12 +154,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
         theta.SetLb(theta_star * (1 - 1e-7))
         for var in count.values():  # keep the counts the first pass chose
             var.SetBounds(var.solution_value(), var.solution_value())
-        objective.Clear()
-        for var, c in spread.items():
-            objective.SetCoefficient(var, c)
-        objective.SetMinimization()
-        if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            raise MomentError("proportional-share model: second pass failed")
+        _minimise_load(solver, objective, spread)
         _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
     t = 0.0 if th >= THETA_MAX * (1 - 1e-9) else 1.0 / th
@@ -207,6 +202,13 @@ def _balance(solver, objective, spread: dict, net: Network, u: dict) -> None:
         if solver.Solve() == pywraplp.Solver.OPTIMAL:
             return
     keep.SetUb(solver.infinity())
+    _minimise_load(solver, objective, spread)
+
+
+def _minimise_load(solver, objective, spread: dict) -> None:
+    """Second pass: least total normalised link load (the time is held by the caller)."""
+    from ortools.linear_solver import pywraplp
+
     objective.Clear()
     for var, c in spread.items():
         objective.SetCoefficient(var, c)
