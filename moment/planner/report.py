@@ -11,7 +11,8 @@ from rich.table import Table
 
 from moment.planner import models
 from moment.planner.layout import apply_layout, placement
-from moment.planner.network import Network, Skeleton
+from moment.planner.search import skeleton_for
+from moment.planner.network import Network
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine
 
@@ -68,16 +69,10 @@ def score(machine: Machine, name: str, layout: dict[str, str], workload: Workloa
           devices: list[Device] | None = None, engine: str = "ortools") -> Scored:
     """Both models' predictions for one layout of ``machine``."""
     placed = placement(machine, layout, devices)
-    net = Skeleton(machine, movable=set(_positions(machine))).network(placed, workload)
+    net = skeleton_for(machine).network(placed, workload)
     prop = models.proportional(net)
     paper = models.paper(net, engine=engine, upper_s=prop.iteration_s * 1.001 + 1e-9)
     return Scored(name, layout, apply_layout(machine, layout, devices), net, prop, paper)
-
-
-def _positions(machine: Machine) -> list[str]:
-    from moment.planner.layout import slot_space
-
-    return [p.id for p in slot_space(machine).positions]
 
 
 def links_table(s: Scored) -> list[dict[str, Any]]:
