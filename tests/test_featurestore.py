@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
-from trainer.featurestore import PygFeatureStore, TieredFeatureStore
+from trainer.featurestore import PygFeatureStore, SharedMemoryFull, TieredFeatureStore
 from trainer.readers import FileReader, coalesce, make_reader
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
@@ -128,15 +129,33 @@ def test_peer_gpu_bins_are_served_from_host(placed_dir: Path, truth: np.ndarray)
         TieredFeatureStore(placed_dir, gpu_bins=["nvme0"])
 
 
-def test_shared_cpu_tier_is_reused(placed_dir: Path, truth: np.ndarray) -> None:
-    with TieredFeatureStore(placed_dir, shared=True) as a:
-        assert a.cpu.is_shared()
-        with TieredFeatureStore(placed_dir, cpu_tensor=a.cpu) as b:
-            assert b.cpu.data_ptr() == a.cpu.data_ptr()
-            ids = np.random.default_rng(3).integers(0, len(truth), 2_000)
-            assert np.array_equal(b.get(torch.from_numpy(ids)).numpy(), truth[ids])
-        with pytest.raises(ValueError, match="cpu_tensor must be"):
-            TieredFeatureStore(placed_dir, cpu_tensor=a.cpu[1:])
+def test_shared_cpu_tier_is_one_copy_across_processes(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
+    """Stores naming the same cpu_shm file map one copy: a write through one mapping (here, from
+    another process) is seen by the others; features still equal the source."""
+    shm = tmp_path / "shm" / "moment-cpu"
+    shm.parent.mkdir()
+    with TieredFeatureStore(placed_dir, cpu_shm=shm) as a:
+        cpu = [b for b in a.placed.bins if b.tier == "cpu"]
+        assert shm.stat().st_size == sum(b.count for b in cpu) * a.row_bytes
+        assert [p.name for p in shm.parent.iterdir()] == ["moment-cpu"]  # no temporary left behind
+        ids = np.random.default_rng(3).integers(0, len(truth), 2_000)
+        assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
+        script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
+                  f"s = S({str(placed_dir)!r}, cpu_shm={str(shm)!r}); s.cpu[0] = 7")
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+        assert (a.cpu[0] == 7).all()  # the other process wrote into this process's cache
+        with TieredFeatureStore(placed_dir, cpu_shm=shm) as b:
+            assert (b.cpu[0] == 7).all()
+    shm.write_bytes(b"\0" * 64)
+    with pytest.raises(PlacedError, match="another placement"):
+        TieredFeatureStore(placed_dir, cpu_shm=shm)
+
+
+def test_shared_cpu_tier_needs_room(placed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
+    with pytest.raises(SharedMemoryFull, match=f"{tmp_path}: 0.00 GiB free, the CPU cache needs"):
+        TieredFeatureStore(placed_dir, cpu_shm=tmp_path / "moment-cpu")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_truncated_ssd_bin_is_refused(placed_dir: Path, tmp_path: Path) -> None:

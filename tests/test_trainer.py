@@ -44,13 +44,17 @@ def read_json(path: Path) -> dict:
 
 def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tmp_path: Path) -> None:
     """torchrun with two CPU processes, as `moment train` launches it."""
-    metrics, ckpt = tmp_path / "metrics.json", tmp_path / "ckpt"
+    metrics, ckpt, shm = tmp_path / "metrics.json", tmp_path / "ckpt", tmp_path / "shm"
+    shm.mkdir()
     cmd = launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=3, metrics_json=metrics,
-                                        checkpoint_dir=ckpt, extra=SMALL)
+                                        checkpoint_dir=ckpt, extra=[*SMALL, "--shm-dir", str(shm)])
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = read_json(metrics)
     assert doc["complete"] and doc["world_size"] == 2
+    # One CPU cache for the node: both ranks mapped the file rank 0 wrote, which is gone since.
+    assert all("one copy shared by the node's ranks" in line for line in doc["ranks"]), doc["ranks"]
+    assert list(shm.iterdir()) == []
     assert [e["epoch"] for e in doc["epochs"]] == [0, 1, 2]
     for e in doc["epochs"]:
         assert e["epoch_s"] > 0 and e["seeds_per_s"] > 0 and np.isfinite(e["loss"])

@@ -10,9 +10,13 @@ range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). T
   paper's design a rank reads a peer's bin over NVLink/PCIe peer-to-peer. This version keeps the
   peer bins in host memory instead and counts them apart, so hit rates still show how much
   traffic the GPU caches absorb.
-* ``cpu``: the CPU bins, one host tensor. ``shared=True`` puts it in shared memory so the ranks
-  of a node can use one copy: hand ``store.cpu`` to the other processes (torch.multiprocessing
-  shares it without a copy) and pass it as ``cpu_tensor`` to their stores.
+* ``cpu``: the CPU bins, one host tensor. With ``cpu_shm=PATH`` (a file in a memory file
+  system, e.g. /dev/shm) the tensor is a shared mapping of that file, so every process of a node
+  that names the same path uses one copy of the cache: the first to come writes it (under a
+  temporary name, then linked into place, so a process never maps a half-written file), the
+  others map it. Any process may unlink the file once all have mapped it; the memory lives until
+  the last mapping goes. torchrun's workers are not children of each other, so a named file is
+  what they can share.
 * ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
   the device is CUDA, so the host→device copy is asynchronous.
@@ -28,6 +32,8 @@ time (it reuses its staging buffers).
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,8 +84,8 @@ class TieredFeatureStore:
     """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
 
     def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu", gpu_bins: Sequence[str] | None = None,
-                 reader: Reader | None = None, pin_memory: bool | None = None, shared: bool = False,
-                 cpu_tensor: torch.Tensor | None = None) -> None:
+                 reader: Reader | None = None, pin_memory: bool | None = None,
+                 cpu_shm: str | Path | None = None) -> None:
         self.placed = open_placed(placed_dir)  # refuses a missing or truncated bin, naming it
         self.device = torch.device(device)
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
@@ -97,7 +103,8 @@ class TieredFeatureStore:
         self._offset = np.zeros(len(bins), dtype=np.int64)
         self.gpu = self._load(GPU, self.device)
         self.peer = self._load(PEER, torch.device("cpu"))
-        self.cpu = self._load(CPU, torch.device("cpu"), shared) if cpu_tensor is None else self._adopt(cpu_tensor)
+        self.cpu_shm = None if cpu_shm is None else Path(cpu_shm)  # where the CPU tier is mapped from, if shared
+        self.cpu = self._load(CPU, torch.device("cpu")) if self.cpu_shm is None else self._map_shared(self.cpu_shm)
         self._tensors = (self.gpu, self.peer, self.cpu)
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
@@ -120,13 +127,11 @@ class TieredFeatureStore:
     def _bins(self, tier: int) -> list[PlacedBin]:
         return [self.placed.bins[i] for i in np.flatnonzero(self._tier == tier)]
 
-    def _load(self, tier: int, device: torch.device, shared: bool = False) -> torch.Tensor:
+    def _load(self, tier: int, device: torch.device) -> torch.Tensor:
         """One tensor holding a tier's bins back to back; records each bin's first row in it."""
         which = np.flatnonzero(self._tier == tier)
         bins = [self.placed.bins[i] for i in which]
         out = torch.empty((sum(b.count for b in bins), self.dim), dtype=self.dtype, device=device)
-        if shared:
-            out.share_memory_()
         row = 0
         for i, b in zip(which, bins):
             self._offset[i] = row
@@ -138,16 +143,21 @@ class TieredFeatureStore:
             row += b.count
         return out
 
-    def _adopt(self, cpu_tensor: torch.Tensor) -> torch.Tensor:
-        """Another store's CPU tier (shared memory), after checking it fits this placement."""
-        which = np.flatnonzero(self._tier == CPU)
-        counts = np.array([self.placed.bins[i].count for i in which], dtype=np.int64)
-        self._offset[which] = np.cumsum(counts) - counts
-        rows = int(counts.sum())
-        if tuple(cpu_tensor.shape) != (rows, self.dim) or cpu_tensor.dtype != self.dtype or cpu_tensor.device.type != "cpu":
-            raise ValueError(f"cpu_tensor must be a host {self.dtype} tensor of shape ({rows}, {self.dim}), "
-                             f"got {cpu_tensor.dtype} {tuple(cpu_tensor.shape)} on {cpu_tensor.device}")
-        return cpu_tensor
+    def _map_shared(self, path: Path) -> torch.Tensor:
+        """The CPU tier as a shared mapping of ``path``, written there first if nobody has yet."""
+        bins = self._bins(CPU)
+        rows = sum(b.count for b in bins)
+        self._offset[self._tier == CPU] = np.cumsum([b.count for b in bins], dtype=np.int64) - [b.count for b in bins]
+        nbytes = rows * self.row_bytes
+        if rows == 0:
+            return torch.empty((0, self.dim), dtype=self.dtype)
+        if not path.exists():
+            _publish(path, [b.path for b in bins], nbytes)
+        size = path.stat().st_size
+        if size != nbytes:
+            raise PlacedError(f"{path}: holds {size} bytes, but the CPU cache of {self.placed.root} is {nbytes} "
+                              "bytes: a file of another placement; remove it")
+        return torch.from_file(str(path), shared=True, size=rows * self.dim, dtype=self.dtype).view(rows, self.dim)
 
     # Reading #################################################################
 
@@ -316,6 +326,33 @@ def _records(t: torch.Tensor) -> np.ndarray:
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
+
+
+class SharedMemoryFull(PlacedError):
+    """The memory file system has no room for the CPU cache (the caller may fall back to a
+    private copy)."""
+
+
+def _publish(path: Path, sources: list[Path], nbytes: int) -> None:
+    """Concatenate ``sources`` into ``path`` atomically: written under a temporary name, then
+    hard-linked into place (when another process won the race, its file is kept)."""
+    free = shutil.disk_usage(path.parent).free
+    if free < nbytes:
+        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the CPU cache needs {nbytes / 2**30:.2f} GiB")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            for src in sources:
+                with open(src, "rb") as f:
+                    shutil.copyfileobj(f, out, length=16 << 20)
+        if tmp.stat().st_size != nbytes:
+            raise PlacedError(f"{', '.join(map(str, sources))}: shorter than the manifest says: truncated while in use")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _read_whole(path: Path, dst: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ run does (bit for bit on CPU).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import re
@@ -51,7 +52,7 @@ from moment.planner.planfile import read_plan
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig, from_args
-from trainer.featurestore import TieredFeatureStore
+from trainer.featurestore import SharedMemoryFull, TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
 from trainer.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
@@ -358,6 +359,45 @@ def own_gpu_bins(placed: Placed, plan: dict[str, Any] | None, env: DistEnv) -> l
     return [entry["gpu"]] if entry and entry.get("gpu") in names else None
 
 
+def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
+    """The node-shared CPU cache file of this run: named after the placement (its manifest) and
+    the torchrun job, so runs of other placements or jobs never map it."""
+    manifest = (placed.root / "placed.json").read_bytes()
+    job = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
+    key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
+    return Path(cfg.shm_dir) / f"moment-cpu-{key}"
+
+
+def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, Any] | None,
+               device: torch.device) -> tuple[TieredFeatureStore, str]:
+    """This rank's feature store, and how it holds the CPU cache.
+
+    With several ranks the CPU cache is one copy per node: local rank 0 writes it to a file in
+    ``cfg.shm_dir`` (a memory file system) while the others wait, they map the same file, and
+    once all have mapped it local rank 0 unlinks it (the memory lives while mapped, and a crash
+    leaves nothing behind). Without room there, or with ``shm_dir`` empty, each rank loads its
+    own copy."""
+    gpu_bins = own_gpu_bins(placed, plan, env)
+    path = _shm_path(cfg, placed) if dist.is_initialized() and cfg.shm_dir else None
+    store = None
+    if path is not None and env.local_rank == 0:
+        try:
+            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, cpu_shm=path)
+        except SharedMemoryFull as exc:
+            print(f"warning: {exc}: each rank loads its own CPU cache", file=sys.stderr)
+    if path is not None:
+        dist.barrier()  # the file is whole (or was not made) before the other ranks look
+    if store is None:
+        shared = path is not None and path.exists()
+        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, cpu_shm=path if shared else None)
+    if path is not None:
+        dist.barrier()  # every local rank has mapped it
+        if env.local_rank == 0:
+            path.unlink(missing_ok=True)
+    size = f"{store.cpu.numel() * store.cpu.element_size() / 2**20:.1f} MiB"
+    return store, f"{size}, " + ("one copy shared by the node's ranks" if store.cpu_shm else "a private copy")
+
+
 def _seed_everything(seed: int) -> None:
     import random
 
@@ -375,7 +415,7 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
-        self.store = TieredFeatureStore(cfg.data, device=device, gpu_bins=own_gpu_bins(data.placed, plan, env))
+        self.store, self.cpu_cache = open_store(cfg, env, data.placed, plan, device)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
@@ -450,7 +490,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None, data: Dat
     try:
         device, where = setup(cfg, env, plan)
         run = Run(cfg, env, data, plan, device)
-        run.metrics.print_config(all_gather(where))
+        run.metrics.print_config(all_gather(f"{where}; CPU cache {run.cpu_cache}"))
         return run.fit()
     finally:
         if run is not None:
