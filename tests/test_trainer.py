@@ -59,7 +59,8 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     for e in doc["epochs"]:
         assert e["epoch_s"] > 0 and e["seeds_per_s"] > 0 and np.isfinite(e["loss"])
         assert set(e["bytes_per_tier"]) == {"gpu", "gpu-peer", "cpu", "ssd"} and sum(e["bytes_per_tier"].values()) > 0
-        assert set(e["gbps_per_ssd"]) == {b.name for b in open_placed(placed).bins if b.tier == "ssd"}
+        assert set(e["gbps_per_ssd"]) == set(e["bytes_per_ssd"]) == {b.name for b in open_placed(placed).bins if b.tier == "ssd"}
+        assert sum(e["bytes_per_ssd"].values()) == e["bytes_per_tier"]["ssd"] > 0
         assert 0 < e["hit_rate"]["gpu"] < 1
         # Both ranks take 4000 // 2 // 512 → 4 steps, 2000 seeds each: all 4000 training ids.
         assert e["iterations"] == 4 and e["seeds"] == 4000

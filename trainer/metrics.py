@@ -12,6 +12,7 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
   ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
   ``feature_read_s`` (time in the feature store per rank, mean), ``rows_per_tier`` and
   ``bytes_per_tier`` (summed over ranks; SSD bytes count distinct rows read per batch),
+  ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs),
   ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
   run drew from each tier and SSD bin), ``hit_rate`` (share of requested rows served by each
   memory tier: ``gpu`` = the rank's own GPU bin, ``gpu-peer``, ``cpu``);
@@ -84,6 +85,7 @@ def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, los
         "feature_read_s": merged["seconds"] / max(len(stats), 1),
         "rows_per_tier": {t: int(v["rows"]) for t, v in merged["tiers"].items()},
         "bytes_per_tier": {t: int(v["bytes"]) for t, v in merged["tiers"].items()},
+        "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
         "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},

@@ -34,8 +34,11 @@ import torch
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
 DIRECT_ALIGN = 512
-# Fewer runs than this per thread are not worth handing to the pool.
-MIN_RUNS_PER_TASK = 64
+# Fewer runs than this are not worth a task of their own (a task costs tens of microseconds).
+MIN_RUNS_PER_TASK = 8
+# Tasks per thread: threads that finish early take the remaining ones, so the last reads of a
+# batch do not queue behind one slow thread.
+TASKS_PER_THREAD = 4
 # Longer runs are split so that one long sequential stretch still spreads over the threads.
 MAX_RUN_BYTES = 4 << 20
 
@@ -189,11 +192,11 @@ class FileReader(_Reader):
             return None  # e.g. tmpfs: EINVAL; read buffered
 
     def _plan(self, requests: Sequence[ReadRequest]) -> list[_Task]:
-        """Split the requests' runs into about ``threads`` tasks, interleaved across requests so
-        that every file is read from the start."""
+        """Split the requests' runs into about ``TASKS_PER_THREAD × threads`` tasks, interleaved
+        across requests so that every file is read from the start."""
         runs = [self._runs(i, req) for i, req in enumerate(requests)]
         total = sum(len(r[2]) for r in runs)
-        step = max(MIN_RUNS_PER_TASK, -(-total // self.threads))
+        step = max(MIN_RUNS_PER_TASK, -(-total // (self.threads * TASKS_PER_THREAD)))
         per_request = [
             [_Task(i, f, direct, offsets[s : s + step], dests[s : s + step], sizes[s : s + step], buffer)
              for s in range(0, len(offsets), step)]
