@@ -129,32 +129,37 @@ def test_peer_gpu_bins_are_served_from_host(placed_dir: Path, truth: np.ndarray)
         TieredFeatureStore(placed_dir, gpu_bins=["nvme0"])
 
 
-def test_shared_cpu_tier_is_one_copy_across_processes(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
-    """Stores naming the same cpu_shm file map one copy: a write through one mapping (here, from
-    another process) is seen by the others; features still equal the source."""
-    shm = tmp_path / "shm" / "moment-cpu"
+def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
+    """Stores naming the same host_shm file map one copy of the GPU and CPU bins: a write
+    through one mapping (here, from another process) is seen by the others; features still
+    equal the source, with this rank's GPU bin local and the others peers."""
+    shm = tmp_path / "shm" / "moment-host"
     shm.parent.mkdir()
-    with TieredFeatureStore(placed_dir, cpu_shm=shm) as a:
-        cpu = [b for b in a.placed.bins if b.tier == "cpu"]
-        assert shm.stat().st_size == sum(b.count for b in cpu) * a.row_bytes
-        assert [p.name for p in shm.parent.iterdir()] == ["moment-cpu"]  # no temporary left behind
-        ids = np.random.default_rng(3).integers(0, len(truth), 2_000)
+    gpu0 = next(b.name for b in open_placed(placed_dir).bins if b.tier == "gpu")
+    with TieredFeatureStore(placed_dir, gpu_bins=[gpu0], host_shm=shm) as a:
+        host = [b for b in a.placed.bins if b.tier != "ssd"]
+        assert shm.stat().st_size == sum(b.count for b in host) * a.row_bytes
+        assert [p.name for p in shm.parent.iterdir()] == ["moment-host"]  # no temporary left behind
+        storage = a.cpu.untyped_storage().data_ptr()
+        assert a.peer.untyped_storage().data_ptr() == a.gpu.untyped_storage().data_ptr() == storage  # one mapping
+        ids = np.random.default_rng(3).integers(0, len(truth), 20_000)
         assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
+        assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "gpu-peer", "cpu", "ssd"))
         script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
-                  f"s = S({str(placed_dir)!r}, cpu_shm={str(shm)!r}); s.cpu[0] = 7")
+                  f"s = S({str(placed_dir)!r}, host_shm={str(shm)!r}); s.cpu[0] = 7; s.peer[0] = 5")
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
-        assert (a.cpu[0] == 7).all()  # the other process wrote into this process's cache
-        with TieredFeatureStore(placed_dir, cpu_shm=shm) as b:
+        assert (a.cpu[0] == 7).all() and (a.gpu[0] == 5).all()  # the other process wrote into this one's tiers
+        with TieredFeatureStore(placed_dir, host_shm=shm) as b:
             assert (b.cpu[0] == 7).all()
     shm.write_bytes(b"\0" * 64)
     with pytest.raises(PlacedError, match="another placement"):
-        TieredFeatureStore(placed_dir, cpu_shm=shm)
+        TieredFeatureStore(placed_dir, host_shm=shm)
 
 
-def test_shared_cpu_tier_needs_room(placed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_host_tiers_need_room(placed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
-    with pytest.raises(SharedMemoryFull, match=f"{tmp_path}: 0.00 GiB free, the CPU cache needs"):
-        TieredFeatureStore(placed_dir, cpu_shm=tmp_path / "moment-cpu")
+    with pytest.raises(SharedMemoryFull, match=f"{tmp_path}: 0.00 GiB free, the GPU and CPU cache bins need"):
+        TieredFeatureStore(placed_dir, host_shm=tmp_path / "moment-host")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -193,10 +198,10 @@ def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray) -> None:
+def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
     ids = np.random.default_rng(5).integers(0, len(truth), 20_000)
-    for gpu_bins in (None, ["gpu0"]):
-        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins) as s:
+    for gpu_bins, shm in ((None, None), (["gpu0"], None), (["gpu0"], tmp_path / "moment-host")):
+        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins, host_shm=shm) as s:
             assert s.gpu.is_cuda
             for _ in range(3):  # the staging buffers are reused
                 got = s.get(torch.from_numpy(ids).cuda())

@@ -52,7 +52,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = read_json(metrics)
     assert doc["complete"] and doc["world_size"] == 2
-    # One CPU cache for the node: both ranks mapped the file rank 0 wrote, which is gone since.
+    # One copy of the host-memory bins for the node: both ranks mapped the file rank 0 wrote, gone since.
     assert all("one copy shared by the node's ranks" in line for line in doc["ranks"]), doc["ranks"]
     assert list(shm.iterdir()) == []
     assert [e["epoch"] for e in doc["epochs"]] == [0, 1, 2]

@@ -42,7 +42,7 @@ class TrainConfig:
     max_batches_per_epoch: int | None = None  # cap for smoke runs and tests
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
-    shm_dir: str = "/dev/shm"  # memory file system for the node-shared CPU cache; "": a copy per rank
+    shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
 
     def __post_init__(self) -> None:
         self.fanouts = tuple(int(f) for f in self.fanouts)
@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=_positive, default=d.eval_every, help="epochs between validation passes")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels (reproducible, slower)")
     p.add_argument("--shm-dir", default=d.shm_dir, metavar="DIR",
-                   help="memory file system where the ranks of a node share one CPU cache (default /dev/shm; '' for a copy per rank)")
+                   help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
+                        "(default /dev/shm; '' for a copy per rank)")
     return p
 
 

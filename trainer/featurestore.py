@@ -10,13 +10,16 @@ range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). T
   paper's design a rank reads a peer's bin over NVLink/PCIe peer-to-peer. This version keeps the
   peer bins in host memory instead and counts them apart, so hit rates still show how much
   traffic the GPU caches absorb.
-* ``cpu``: the CPU bins, one host tensor. With ``cpu_shm=PATH`` (a file in a memory file
-  system, e.g. /dev/shm) the tensor is a shared mapping of that file, so every process of a node
-  that names the same path uses one copy of the cache: the first to come writes it (under a
-  temporary name, then linked into place, so a process never maps a half-written file), the
-  others map it. Any process may unlink the file once all have mapped it; the memory lives until
-  the last mapping goes. torchrun's workers are not children of each other, so a named file is
-  what they can share.
+* ``cpu``: the CPU bins, one host tensor.
+
+Host memory is shared by the processes of a node with ``host_shm=PATH`` (a file in a memory
+file system, e.g. /dev/shm): the file holds every GPU and CPU bin (they are the first new ids,
+so the file is the id range [0, first SSD id)), and the peer and CPU tiers — on a CPU device the
+``gpu`` tier too — are views of one shared mapping of it. Every process that names the same path
+uses one copy: the first to come writes it (under a temporary name, then linked into place, so
+nobody maps a half-written file), the others map it. Any process may unlink the file once all
+have mapped it; the memory lives until the last mapping goes. torchrun's workers are not
+children of each other, so a named file is what they can share.
 * ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
   the device is CUDA, so the host→device copy is asynchronous.
@@ -85,7 +88,7 @@ class TieredFeatureStore:
 
     def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu", gpu_bins: Sequence[str] | None = None,
                  reader: Reader | None = None, pin_memory: bool | None = None,
-                 cpu_shm: str | Path | None = None) -> None:
+                 host_shm: str | Path | None = None) -> None:
         self.placed = open_placed(placed_dir)  # refuses a missing or truncated bin, naming it
         self.device = torch.device(device)
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
@@ -101,10 +104,12 @@ class TieredFeatureStore:
         self._tier = self._tiers_of(bins, gpu_bins)
         self._starts = np.array([b.start for b in bins], dtype=np.int64)
         self._offset = np.zeros(len(bins), dtype=np.int64)
-        self.gpu = self._load(GPU, self.device)
-        self.peer = self._load(PEER, torch.device("cpu"))
-        self.cpu_shm = None if cpu_shm is None else Path(cpu_shm)  # where the CPU tier is mapped from, if shared
-        self.cpu = self._load(CPU, torch.device("cpu")) if self.cpu_shm is None else self._map_shared(self.cpu_shm)
+        self.host_shm = None if host_shm is None else Path(host_shm)  # where host tiers are mapped from, if shared
+        if self.host_shm is None:
+            host = torch.device("cpu")
+            self.gpu, self.peer, self.cpu = self._load(GPU, self.device), self._load(PEER, host), self._load(CPU, host)
+        else:
+            self.gpu, self.peer, self.cpu = self._map_shared(self.host_shm)
         self._tensors = (self.gpu, self.peer, self.cpu)
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
@@ -143,21 +148,32 @@ class TieredFeatureStore:
             row += b.count
         return out
 
-    def _map_shared(self, path: Path) -> torch.Tensor:
-        """The CPU tier as a shared mapping of ``path``, written there first if nobody has yet."""
-        bins = self._bins(CPU)
-        rows = sum(b.count for b in bins)
-        self._offset[self._tier == CPU] = np.cumsum([b.count for b in bins], dtype=np.int64) - [b.count for b in bins]
+    def _map_shared(self, path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gpu, gpu-peer and cpu tiers from a shared mapping of ``path`` (every GPU bin, then
+        every CPU bin), written there first if nobody has yet; the rank's own GPU bins are loaded
+        onto a CUDA device as usual."""
+        host = np.flatnonzero(self._tier != SSD)
+        bins = [self.placed.bins[i] for i in host]
+        if any(b.tier == "gpu" for b in bins[sum(b.tier == "gpu" for b in bins):]):
+            raise PlacedError(f"{self.placed.root}: GPU bins do not come before CPU bins in the manifest")
+        counts = np.array([b.count for b in bins], dtype=np.int64)
+        first = np.cumsum(counts) - counts
+        rows, gpu_rows = int(counts.sum()), int(sum(b.count for b in bins if b.tier == "gpu"))
+        self._offset[host] = np.where(self._tier[host] == CPU, first - gpu_rows, first)
         nbytes = rows * self.row_bytes
         if rows == 0:
-            return torch.empty((0, self.dim), dtype=self.dtype)
+            empty = torch.empty((0, self.dim), dtype=self.dtype)
+            return self._load(GPU, self.device), empty, empty
         if not path.exists():
             _publish(path, [b.path for b in bins], nbytes)
         size = path.stat().st_size
         if size != nbytes:
-            raise PlacedError(f"{path}: holds {size} bytes, but the CPU cache of {self.placed.root} is {nbytes} "
-                              "bytes: a file of another placement; remove it")
-        return torch.from_file(str(path), shared=True, size=rows * self.dim, dtype=self.dtype).view(rows, self.dim)
+            raise PlacedError(f"{path}: holds {size} bytes, but the GPU and CPU bins of {self.placed.root} are "
+                              f"{nbytes} bytes: a file of another placement; remove it")
+        shared = torch.from_file(str(path), shared=True, size=rows * self.dim, dtype=self.dtype).view(rows, self.dim)
+        gpu_bins, cpu = shared[:gpu_rows], shared[gpu_rows:]
+        own = gpu_bins if self.device.type == "cpu" else self._load(GPU, self.device)
+        return own, gpu_bins, cpu
 
     # Reading #################################################################
 
@@ -329,8 +345,8 @@ def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 class SharedMemoryFull(PlacedError):
-    """The memory file system has no room for the CPU cache (the caller may fall back to a
-    private copy)."""
+    """The memory file system has no room for the host tiers (the caller may fall back to
+    private copies)."""
 
 
 def _publish(path: Path, sources: list[Path], nbytes: int) -> None:
@@ -338,7 +354,8 @@ def _publish(path: Path, sources: list[Path], nbytes: int) -> None:
     hard-linked into place (when another process won the race, its file is kept)."""
     free = shutil.disk_usage(path.parent).free
     if free < nbytes:
-        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the CPU cache needs {nbytes / 2**30:.2f} GiB")
+        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
+                               f"{nbytes / 2**30:.2f} GiB")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as out:

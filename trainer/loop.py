@@ -360,7 +360,7 @@ def own_gpu_bins(placed: Placed, plan: dict[str, Any] | None, env: DistEnv) -> l
 
 
 def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
-    """The node-shared CPU cache file of this run: named after the placement (its manifest) and
+    """The node-shared host-tier file of this run: named after the placement (its manifest) and
     the torchrun job, so runs of other placements or jobs never map it."""
     manifest = (placed.root / "placed.json").read_bytes()
     job = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
@@ -370,9 +370,10 @@ def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
 
 def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, Any] | None,
                device: torch.device) -> tuple[TieredFeatureStore, str]:
-    """This rank's feature store, and how it holds the CPU cache.
+    """This rank's feature store, and how it holds the host-memory tiers.
 
-    With several ranks the CPU cache is one copy per node: local rank 0 writes it to a file in
+    With several ranks the CPU cache and the GPU bins served from host memory (peers', and all
+    of them on CPU ranks) are one copy per node: local rank 0 writes them to a file in
     ``cfg.shm_dir`` (a memory file system) while the others wait, they map the same file, and
     once all have mapped it local rank 0 unlinks it (the memory lives while mapped, and a crash
     leaves nothing behind). Without room there, or with ``shm_dir`` empty, each rank loads its
@@ -382,20 +383,23 @@ def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, A
     store = None
     if path is not None and env.local_rank == 0:
         try:
-            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, cpu_shm=path)
+            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path)
         except SharedMemoryFull as exc:
-            print(f"warning: {exc}: each rank loads its own CPU cache", file=sys.stderr)
+            print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
     if path is not None:
         dist.barrier()  # the file is whole (or was not made) before the other ranks look
     if store is None:
         shared = path is not None and path.exists()
-        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, cpu_shm=path if shared else None)
+        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path if shared else None)
     if path is not None:
         dist.barrier()  # every local rank has mapped it
         if env.local_rank == 0:
             path.unlink(missing_ok=True)
-    size = f"{store.cpu.numel() * store.cpu.element_size() / 2**20:.1f} MiB"
-    return store, f"{size}, " + ("one copy shared by the node's ranks" if store.cpu_shm else "a private copy")
+    host = sum(t.numel() * t.element_size() for t in (store.peer, store.cpu))
+    if device.type == "cpu":
+        host += store.gpu.numel() * store.gpu.element_size()
+    share = "one copy shared by the node's ranks" if store.host_shm else "a private copy"
+    return store, f"{host / 2**20:.1f} MiB, {share}"
 
 
 def _seed_everything(seed: int) -> None:
@@ -415,7 +419,7 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
-        self.store, self.cpu_cache = open_store(cfg, env, data.placed, plan, device)
+        self.store, self.host_tiers = open_store(cfg, env, data.placed, plan, device)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
@@ -490,7 +494,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None, data: Dat
     try:
         device, where = setup(cfg, env, plan)
         run = Run(cfg, env, data, plan, device)
-        run.metrics.print_config(all_gather(f"{where}; CPU cache {run.cpu_cache}"))
+        run.metrics.print_config(all_gather(f"{where}; cache bins in host memory: {run.host_tiers}"))
         return run.fit()
     finally:
         if run is not None:
