@@ -177,16 +177,22 @@ def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, 
     for dev_id, res in ssd.items():
         if dev_id not in devices or devices[dev_id].device.kind != "nvme":
             raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
-        devices[dev_id].device.read_gbps = round(res.gbps, 4)
+        devices[dev_id].device.read_gbps = _figure(res.gbps)
         devices[dev_id].device.iops = round(res.iops)
     for gpu, gbps in h2d.items():
         if gpu in devices:
-            devices[gpu].link.gbps = round(gbps, 4)
+            devices[gpu].link.gbps = _figure(gbps)
     for nv in m.nvlinks:
         got = [peer[k] for k in (tuple(nv.between), tuple(reversed(nv.between))) if k in peer]
         if got:
-            nv.gbps = round(min(got), 4)
+            nv.gbps = _figure(min(got))
     if dram:
         for socket in m.sockets:
-            socket.dram_gbps = round(dram, 3)
+            socket.dram_gbps = _figure(dram)
     return m
+
+
+def _figure(gbps: float) -> float:
+    """A measured rate as the profile stores it: 4 significant digits (a slow disk's 0.0035 GB/s
+    keeps its precision as well as a DRAM's 240.1)."""
+    return float(f"{gbps:.4g}")

@@ -155,6 +155,8 @@ def worker_pyg(args: argparse.Namespace) -> dict:
         losses.append(float(loss))
         now = time.perf_counter()
         times.append(now - t)
+        print(f"pyg step {step + 1}: {now - t:.1f} s, disk read {(disk_read_bytes() - before) / 2**30:.1f} GiB so far",
+              file=sys.stderr, flush=True)
         t = now
     return {"step_s": float(np.mean(times)), "epoch_s": float(np.sum(times)), "backend": backend,
             "disk_read_bytes": disk_read_bytes() - before, "loss": float(np.mean(losses))}
