@@ -141,8 +141,6 @@ def worker_pyg(args: argparse.Namespace) -> dict:
     times, losses = [], []
     t = time.perf_counter()
     for step, batch in enumerate(loader):
-        if step == args.batches:
-            break
         h = batch.x.float()
         for i, conv in enumerate(model.convs):
             h = conv(h, batch.adj_t)
@@ -157,6 +155,8 @@ def worker_pyg(args: argparse.Namespace) -> dict:
         times.append(now - t)
         print(f"pyg step {step + 1}: {now - t:.1f} s, disk read {(disk_read_bytes() - before) / 2**30:.1f} GiB so far",
               file=sys.stderr, flush=True)
+        if step + 1 == args.batches:
+            break  # before the loader samples and fetches a batch nobody trains on
         t = now
     return {"step_s": float(np.mean(times)), "epoch_s": float(np.sum(times)), "backend": backend,
             "disk_read_bytes": disk_read_bytes() - before, "loss": float(np.mean(losses))}
