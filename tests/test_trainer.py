@@ -270,3 +270,13 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
     doc = read_json(metrics)
     assert doc["ranks"][0].startswith("cuda:")
     assert doc["test_acc"] > 4 * CHANCE
+
+
+def test_missing_shm_dir_falls_back_to_private_copies(placed: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.json"
+    cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
+                                        extra=[*SMALL, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")])
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"--shm-dir {tmp_path / 'nope'}: no such directory" in done.stderr
+    assert all(line.endswith("a private copy") for line in read_json(metrics)["ranks"])

@@ -365,7 +365,7 @@ def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
     manifest = (placed.root / "placed.json").read_bytes()
     job = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
-    return Path(cfg.shm_dir) / f"moment-cpu-{key}"
+    return Path(cfg.shm_dir) / f"moment-host-{key}"
 
 
 def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, Any] | None,
@@ -380,6 +380,10 @@ def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, A
     own copy."""
     gpu_bins = own_gpu_bins(placed, plan, env)
     path = _shm_path(cfg, placed) if dist.is_initialized() and cfg.shm_dir else None
+    if path is not None and not path.parent.is_dir():
+        if env.rank == 0:
+            print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)
+        path = None
     store = None
     if path is not None and env.local_rank == 0:
         try:
@@ -396,7 +400,7 @@ def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, A
         if env.local_rank == 0:
             path.unlink(missing_ok=True)
     host = sum(t.numel() * t.element_size() for t in (store.peer, store.cpu))
-    if device.type == "cpu":
+    if device.type == "cpu" and not store.host_shm:  # shared: the gpu tier is a view of the peers' region
         host += store.gpu.numel() * store.gpu.element_size()
     share = "one copy shared by the node's ranks" if store.host_shm else "a private copy"
     return store, f"{host / 2**20:.1f} MiB, {share}"
