@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +80,63 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     model.load_state_dict(body["model"])
     assert param_digest(model) == a
     assert "Traceback" not in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+
+
+def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_killed(
+        plan_file: Path, placed: Path, tmp_path: Path) -> None:
+    """torchrun --max-restarts: rank 1 is killed (SIGKILL) after the first checkpoint; the restarted
+    ranks resume from it and finish with the parameters and losses of a run never killed (every
+    rank's RNG comes back: dropout draws differ per rank)."""
+    epochs, shm = 4, tmp_path / "shm"
+    shm.mkdir()
+    extra = [*SMALL, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
+
+    def command(name: str, **kw: int) -> list[str]:
+        return launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=epochs, extra=extra, **kw,
+                                             metrics_json=tmp_path / f"{name}.json", checkpoint_dir=tmp_path / name)
+
+    straight = subprocess.run(command("straight"), check=False, capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    proc = subprocess.Popen(command("killed", max_restarts=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ckpt, deadline = checkpoint.path_in(tmp_path / "killed"), time.monotonic() + 240
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.02)
+        victim = next(p for p in _children(proc.pid) if _environ(p).get("LOCAL_RANK") == "1")
+        done_at_kill = torch.load(ckpt, weights_only=True)["epoch"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert done_at_kill < epochs
+    assert proc.returncode == 0, err[-3000:]
+    assert "exitcode: -9) local_rank: 1" in err  # torchrun saw the kill, restarted the group, and it finished
+    a, b = read_json(tmp_path / "straight.json"), read_json(tmp_path / "killed.json")
+    assert [e["epoch"] for e in b["epochs"]] == list(range(epochs))
+    assert [e["loss"] for e in b["epochs"]] == [e["loss"] for e in a["epochs"]]
+    assert b["rank_param_digests"] == a["rank_param_digests"]
+    assert b["test_acc"] == a["test_acc"]
+    assert list(shm.iterdir()) == []
 
 
 def test_each_training_id_is_a_seed_at_most_once_per_epoch(placed: Path) -> None:

@@ -2,9 +2,10 @@
 
 One file, ``checkpoint.pt`` in the checkpoint directory, replaced atomically after every epoch
 (temporary file, fsync, rename: ``moment.fileio.atomic_file``): a crash leaves the previous epoch's
-checkpoint whole. It holds the model and optimizer state, the number of epochs done, the RNG
-states (torch CPU and CUDA, numpy, python) and the config, plus the metrics of the epochs done so
-the metrics file of a resumed run covers the whole run.
+checkpoint whole. It holds the model and optimizer state, the number of epochs done, every rank's
+RNG states (torch CPU and CUDA, numpy, python: ranks draw different amounts, e.g. dropout over
+batches of different sizes, so their generators part ways) and the config, plus the metrics of
+the epochs done so the metrics file of a resumed run covers the whole run.
 
 Only tensors and primitive containers are stored, so loading uses
 ``torch.load(weights_only=True)`` and a checkpoint can never run code.
@@ -25,7 +26,7 @@ from moment.errors import MomentError
 from moment.fileio import atomic_file
 from trainer.config import TrainConfig
 
-FORMAT = "moment.checkpoint/1"
+FORMAT = "moment.checkpoint/2"
 FILENAME = "checkpoint.pt"
 # Config fields that shape the parameters: a checkpoint made with other values cannot be loaded.
 SHAPING = ("model", "hidden", "heads", "fanouts")
@@ -46,7 +47,7 @@ def rng_state() -> dict[str, Any]:
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's: the one this rank draws on
     return state
 
 
@@ -57,7 +58,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def path_in(directory: str | Path) -> Path:
@@ -65,15 +66,16 @@ def path_in(directory: str | Path) -> Path:
 
 
 def save(directory: str | Path, *, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         cfg: TrainConfig, history: list[dict[str, Any]]) -> Path:
-    """Write the state after ``epoch`` epochs atomically; returns the checkpoint path."""
+         cfg: TrainConfig, history: list[dict[str, Any]], rng: list[dict[str, Any]] | None = None) -> Path:
+    """Write the state after ``epoch`` epochs atomically; returns the checkpoint path. ``rng``:
+    every rank's :func:`rng_state`, in rank order (default: this process's alone)."""
     target = path_in(directory)
     body = {
         "format": FORMAT,
         "epoch": int(epoch),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "rng": rng_state(),
+        "rng": rng if rng is not None else [rng_state()],
         "config": cfg.to_dict(),
         "history": history,
     }
@@ -101,9 +103,12 @@ def load(directory: str | Path, cfg: TrainConfig) -> dict[str, Any] | None:
     return body
 
 
-def restore(body: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load model, optimizer and RNG states; returns the number of epochs already done."""
+def restore(body: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0) -> int:
+    """Load model, optimizer and ``rank``'s RNG states; returns the number of epochs already done.
+    (A run resumed with another number of ranks cannot replay the uninterrupted one anyway: its
+    ranks get the saved states round-robin.)"""
     model.load_state_dict(body["model"])
     optimizer.load_state_dict(body["optimizer"])
-    set_rng_state(body["rng"])
+    states = body["rng"]
+    set_rng_state(states[rank % len(states)])
     return int(body["epoch"])

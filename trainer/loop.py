@@ -432,7 +432,7 @@ class Run:
         if cfg.resume and cfg.checkpoint_dir:
             body = checkpoint.load(cfg.checkpoint_dir, cfg)
             if body is not None:
-                self.start_epoch = checkpoint.restore(body, self.module, self.optimizer)
+                self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
         self.model: nn.Module = self.module
         if dist.is_initialized():
@@ -478,9 +478,11 @@ class Run:
                                   loss=loss_sum / max(iterations, 1), val_acc=val_acc,
                                   data_wait_s=wait / self.world, stats=stats)
             self.metrics.add_epoch(record)
-            if cfg.checkpoint_dir and self.rank == 0:
-                checkpoint.save(cfg.checkpoint_dir, epoch=epoch + 1, model=self.module, optimizer=self.optimizer,
-                                cfg=cfg, history=self.metrics.history)
+            if cfg.checkpoint_dir:
+                rng = all_gather(checkpoint.rng_state())
+                if self.rank == 0:
+                    checkpoint.save(cfg.checkpoint_dir, epoch=epoch + 1, model=self.module, optimizer=self.optimizer,
+                                    cfg=cfg, history=self.metrics.history, rng=rng)
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
