@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,9 @@ def dram_copy_gbps(megabytes: int = 256, repeats: int = 5, threads: int | None =
 
 
 def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
-    """Host→GPU GB/s per CUDA device (pinned memory) and GPU→GPU peer GB/s; empty without CUDA."""
+    """Host→GPU GB/s per CUDA device (pinned memory) and GPU→GPU peer GB/s; empty without CUDA.
+    Devices are numbered in PCI bus order, as the trainer numbers them."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # read when CUDA initialises
     try:
         import torch
     except ImportError:
@@ -139,12 +142,18 @@ def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, 
                 a = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
                 b = torch.empty(n, dtype=torch.uint8, device=f"cuda:{j}")
                 b.copy_(a)
-                torch.cuda.synchronize()
+                _synchronize(torch, i, j)
                 t0 = time.perf_counter()
                 b.copy_(a)
-                torch.cuda.synchronize()
+                _synchronize(torch, i, j)  # the copy runs on i's stream, j's waits: both must be done
                 peer[(i, j)] = n / (time.perf_counter() - t0) / 1e9
     return h2d, peer
+
+
+def _synchronize(torch: Any, *devices: int) -> None:
+    """Wait for every device named (``torch.cuda.synchronize()`` waits for the current one only)."""
+    for d in devices:
+        torch.cuda.synchronize(d)
 
 
 def cuda_bus_ids() -> list[str]:

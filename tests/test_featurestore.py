@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
 from trainer.featurestore import PygFeatureStore, SharedMemoryFull, TieredFeatureStore
-from trainer.readers import FileReader, coalesce, make_reader
+from trainer.readers import FileReader, KvikioReader, _kvikio_mode, coalesce, make_reader
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
 
@@ -309,6 +310,91 @@ def test_short_file_is_an_error_naming_it(raw_file: tuple[Path, np.ndarray]) -> 
     path, _ = raw_file
     with FileReader(direct=False) as reader, pytest.raises(OSError, match=path.name):
         reader.read(path, np.array([999, 1_000]), np.empty((2, 512), dtype=np.uint8))
+
+
+class _FakeCuFile:
+    """kvikio's ``CuFile`` as the reader uses it, reading into CPU tensors: a read below kvikio's
+    GDS threshold is done in the calling thread, as kvikio does it."""
+
+    def __init__(self, kvikio: _FakeKvikio, name: str, mode: str) -> None:
+        assert mode == "r"
+        self._kvikio, self._fd = kvikio, os.open(name, os.O_RDONLY)
+
+    def pread(self, buf: torch.Tensor, size: int, file_offset: int) -> _Done:
+        assert buf.is_contiguous() and buf.numel() * buf.element_size() == size
+        self._kvikio.threads.add(threading.get_ident())
+        time.sleep(0.001)  # a slow device: reads of other threads overlap this one
+        return _Done(os.preadv(self._fd, [memoryview(buf.numpy())], file_offset))
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self._kvikio.closed += 1
+
+
+class _Done:
+    def __init__(self, got: int) -> None:
+        self._got = got
+
+    def get(self) -> int:
+        return self._got
+
+
+class _FakeKvikio:
+    """The kvikio module, as much of it as :class:`KvikioReader` touches."""
+
+    class defaults:  # noqa: N801 - kvikio's name
+        @staticmethod
+        def is_compat_mode_preferred() -> bool:
+            return True
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.closed = 0
+
+    def CuFile(self, name: str, mode: str) -> _FakeCuFile:  # noqa: N802 - kvikio's name
+        return _FakeCuFile(self, name, mode)
+
+
+class _CpuKvikioReader(KvikioReader):
+    device_type = "cpu"
+
+
+def test_kvikio_reader_plans_like_the_file_reader_and_reads_in_parallel(tmp_path: Path) -> None:
+    """The kvikio path's planning and threading, on CPU tensors: every row equals the source,
+    one pread per run (runs split at max_run_bytes), several threads issuing them."""
+    rng = np.random.default_rng(11)
+    files, datas = [], []
+    for k in range(3):
+        data = rng.integers(0, 256, size=(2_000, 256), dtype=np.uint8)
+        files.append(tmp_path / f"ssd{k}.bin")
+        data.tofile(files[-1])
+        datas.append(data)
+    rows = [np.unique(rng.integers(0, 2_000, 700)), np.arange(100, 1_100), np.zeros(0, dtype=np.int64)]
+    outs = [torch.empty((r.size, 256), dtype=torch.uint8) for r in rows]
+    kvikio = _FakeKvikio()
+    with _CpuKvikioReader(threads=4, max_run_bytes=64 * 256, module=kvikio) as reader:
+        seconds = reader.read_batch([_req(f, r, o) for f, r, o in zip(files, rows, outs)])
+        assert len(seconds) == 3 and min(seconds) >= 0
+        for data, r, out in zip(datas, rows, outs):
+            assert np.array_equal(out.numpy(), data[r])
+        runs = int((np.diff(rows[0]) != 1).sum()) + 1 + 1_000 // 64 + 1
+        assert reader.preads == runs
+        assert len(kvikio.threads) > 1
+        assert reader.modes == {str(files[0]): "kvikio-compat", str(files[1]): "kvikio-compat"}
+        with pytest.raises(TypeError, match="contiguous CPU tensor"):
+            reader.read(files[0], rows[0], outs[0].t())
+        with pytest.raises(OSError, match="ssd1.bin"):  # past the end: a short read names the file
+            reader.read(files[1], np.array([1_999, 2_000]), torch.empty((2, 256), dtype=torch.uint8))
+    assert kvikio.closed == 2
+
+
+@pytest.mark.parametrize("setting, mode", [(True, "kvikio-compat"), (False, "kvikio-gds"),
+                                            ("ON", "kvikio-compat"), ("OFF", "kvikio-gds"), ("AUTO", "kvikio-auto")])
+def test_kvikio_mode_across_versions(setting: bool | str, mode: str) -> None:
+    """kvikio ≥ 24.10 answers an enum (ON, OFF, AUTO); before, a bool."""
+    value = setting if isinstance(setting, bool) else type("CompatMode", (), {"name": setting})()
+    module = type("kvikio", (), {"defaults": type("defaults", (), {"compat_mode": staticmethod(lambda: value)})})
+    assert _kvikio_mode(module) == mode
 
 
 def test_kvikio_is_not_imported_for_cpu() -> None:

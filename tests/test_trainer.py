@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -243,6 +244,30 @@ def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.Capt
         from_args(["--data", "d", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cuda, local_world, argv, message", [
+    (False, 1, ["--io", "kvikio"], "--io kvikio reads into GPU memory: it needs CUDA"),
+    (False, 1, ["--io", "nvme"], "--io: invalid choice"),
+    (True, 1, ["--io", "kvikio", "--device", "cuda"], "kvikio is not installed"),
+    (True, 2, ["--device", "cuda:1"], "every rank of the node would use that one GPU"),
+])
+def test_device_and_io_mistakes_exit_2(cuda: bool, local_world: int, argv: list[str], message: str,
+                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before any rank starts: what this machine has (CUDA, kvikio) and what torchrun
+    starts (LOCAL_WORLD_SIZE ranks sharing one --device cuda:N)."""
+    if "kvikio is not installed" in message and importlib.util.find_spec("kvikio") is not None:
+        pytest.skip("kvikio is installed here")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    with pytest.raises(SystemExit) as exc:
+        from_args(["--data", "d", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    if not cuda:
+        return
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one rank may name its GPU
+    assert from_args(["--data", "d", "--device", "cuda:1"]).device == "cuda:1"
 
 
 def test_config_defaults_and_round_trip() -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from trainer.readers import IO_CHOICES
 
 MODELS = ("sage", "gat")
 DEFAULT_HIDDEN = {"sage": 256, "gat": 64}
@@ -43,6 +47,7 @@ class TrainConfig:
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
+    io: str = "auto"  # SSD reads: auto (kvikio on CUDA when installed, else posix), posix, kvikio
 
     def __post_init__(self) -> None:
         self.fanouts = tuple(int(f) for f in self.fanouts)
@@ -134,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shm-dir", default=d.shm_dir, metavar="DIR",
                    help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
                         "(default /dev/shm; '' for a copy per rank)")
+    p.add_argument("--io", choices=IO_CHOICES, default=d.io,
+                   help="how SSD bins are read: kvikio into GPU memory (GPUDirect Storage or its compat mode), posix "
+                        "preads into pinned host memory, or auto: kvikio on CUDA when installed (default)")
     return p
 
 
@@ -147,5 +155,13 @@ def from_args(argv: Sequence[str] | None = None) -> TrainConfig:
         p.error(f"--device {args.device!r}: expected auto, cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: CUDA is not available on this machine")
+    if args.device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        p.error(f"--device {args.device}: every rank of the node would use that one GPU; "
+                "use --device cuda (each rank takes the GPU the plan gives it)")
+    if args.io == "kvikio":
+        if not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
+            p.error("--io kvikio reads into GPU memory: it needs CUDA")
+        if importlib.util.find_spec("kvikio") is None:
+            p.error("--io kvikio: kvikio is not installed (pip install 'moment[gpu]')")
     values = {k: v for k, v in vars(args).items() if v is not None}
     return TrainConfig(**values)

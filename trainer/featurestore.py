@@ -22,7 +22,8 @@ have mapped it; the memory lives until the last mapping goes. torchrun's workers
 children of each other, so a named file is what they can share.
 * ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
-  the device is CUDA, so the host→device copy is asynchronous.
+  the device is CUDA, so the host→device copy is asynchronous; in GPU memory when the reader is
+  kvikio (``io``: see :func:`trainer.readers.make_reader`).
 
 Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
 final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
@@ -59,10 +60,11 @@ Reader = FileReader | KvikioReader
 
 class _Staging:
     """A byte buffer reused across calls (grown by doubling), page-aligned; before it is
-    reused it waits for the asynchronous copies that read it in the previous call."""
+    reused it waits for the asynchronous copies that read it in the previous call (work on
+    ``cuda``'s current stream: the stream the store's copies and gathers are queued on)."""
 
-    def __init__(self, device: torch.device, pin: bool) -> None:
-        self.device, self.pin = device, pin
+    def __init__(self, device: torch.device, pin: bool, cuda: torch.device | None) -> None:
+        self.device, self.pin, self.cuda = device, pin, cuda
         self._buf = torch.empty(0, dtype=torch.uint8, device=device)
         self._event: torch.cuda.Event | None = None
 
@@ -73,14 +75,18 @@ class _Staging:
         if nbytes + PAGE > self._buf.numel():
             size = max(nbytes + PAGE, 2 * self._buf.numel())
             self._buf = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pin)
+            if self.device.type == "cuda":
+                # Fresh memory from the caching allocator may still be read by queued kernels, and
+                # kvikio writes it outside the stream's order: let those kernels finish first.
+                torch.cuda.current_stream(self.device).synchronize()
         skew = -self._buf.data_ptr() % PAGE
         return self._buf[skew : skew + nbytes]
 
     def release(self) -> None:
         """Mark the end of this call's use: the next take waits for the work queued so far."""
-        if self.device.type == "cuda" or self.pin:
+        if self.cuda is not None:
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(self.cuda))
 
 
 class TieredFeatureStore:
@@ -88,16 +94,18 @@ class TieredFeatureStore:
 
     def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu", gpu_bins: Sequence[str] | None = None,
                  reader: Reader | None = None, pin_memory: bool | None = None,
-                 host_shm: str | Path | None = None) -> None:
+                 host_shm: str | Path | None = None, io: str = "auto") -> None:
+        """``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``, closed with
+        the store)."""
         self.placed = open_placed(placed_dir)  # refuses a missing or truncated bin, naming it
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
         self.dim = self.placed.feature_dim
         self.row_bytes = self.placed.row_bytes
         pin = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.pin = bool(pin) and torch.cuda.is_available()
         self._owns_reader = reader is None
-        self.reader: Reader = reader if reader is not None else make_reader(self.device)
+        self.reader: Reader = reader if reader is not None else make_reader(self.device, io=io)
         if self.reader.on_device and self.device.type != "cuda":
             raise ValueError(f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}")
         bins = self.placed.bins
@@ -113,8 +121,9 @@ class TieredFeatureStore:
         self._tensors = (self.gpu, self.peer, self.cpu)
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
-        self._host_stage = _Staging(torch.device("cpu"), self.pin)
-        self._dev_stage = _Staging(self.device, False) if self.reader.on_device else None
+        cuda = self.device if self.device.type == "cuda" else None
+        self._host_stage = _Staging(torch.device("cpu"), self.pin, cuda)
+        self._dev_stage = _Staging(self.device, False, cuda) if self.reader.on_device else None
         self.reset_stats()
 
     # Set-up ##################################################################
@@ -331,6 +340,13 @@ class TieredFeatureStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as ``cuda:<current device>``, so tensors' devices compare equal to it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _records(t: torch.Tensor) -> np.ndarray:

@@ -28,6 +28,7 @@ run does (bit for bit on CPU).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import queue
 import re
@@ -36,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,11 @@ from trainer.featurestore import SharedMemoryFull, TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
 from trainer.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
+
+# How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
+# held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB
+# take minutes), longer than NCCL's default 10 minutes.
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 # derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
 _TRAIN_STREAM, _EVAL_STREAM = 2, 3
@@ -92,7 +99,8 @@ def _cuda_index_of(bdf: str | None) -> int | None:
         return None
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        if (p.pci_domain_id, p.pci_bus_id, p.pci_device_id) == want:
+        got = tuple(getattr(p, f"pci_{part}_id", None) for part in ("domain", "bus", "device"))  # torch < 2.7 lacks them
+        if got == want:
             return i
     return None
 
@@ -134,13 +142,14 @@ def select_device(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -
         torch.cuda.set_device(device)
         return device, str(device)
     entry = next((r for r in (plan or {}).get("ranks", []) if r.get("rank") == env.local_rank), None)
+    # Pinned before CUDA starts its threads (they inherit the affinity).
+    pinned = _pin_to_socket(entry["socket"]) if entry and entry.get("socket") is not None else None
     index = _cuda_index_of(entry.get("bdf")) if entry else None
     why = f"plan {entry.get('gpu')} at {entry.get('bdf')}" if index is not None else "LOCAL_RANK"
     if index is None:
         index = env.local_rank % max(torch.cuda.device_count(), 1)
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
-    pinned = _pin_to_socket(entry["socket"]) if entry and entry.get("socket") is not None else None
     return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")
 
 
@@ -149,9 +158,21 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[
     device, where = select_device(cfg, env, plan)
     if env.launched and not dist.is_initialized():
         backend = cfg.resolved_backend()
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, init_method="env://", **kwargs)
+        kwargs: dict[str, Any] = {"timeout": COLLECTIVE_TIMEOUT}
+        if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+            kwargs["device_id"] = device  # binds the communicator to this GPU at once (torch >= 2.3)
+        store, rank, world = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
+        store = dist.PrefixStore(f"moment/{_attempt()}", store)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, **kwargs)
     return device, where
+
+
+def _attempt() -> str:
+    """This torchrun attempt: run id and restart count. torchrun shares its rendezvous store
+    with the workers across restarts, so a restarted group that rendezvoused on plain keys could
+    read the killed group's addresses (gloo: connection refused) before its peers overwrite them."""
+    env = os.environ
+    return f"{env.get('TORCHELASTIC_RUN_ID', '')}:{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def _comm_device(device: torch.device) -> torch.device:
@@ -363,7 +384,7 @@ def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
     """The node-shared host-tier file of this run: named after the placement (its manifest) and
     the torchrun job, so runs of other placements or jobs never map it."""
     manifest = (placed.root / "placed.json").read_bytes()
-    job = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
+    job = f"{_attempt()}:{os.environ.get('MASTER_PORT', '')}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
     return Path(cfg.shm_dir) / f"moment-host-{key}"
 
@@ -387,14 +408,15 @@ def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, A
     store = None
     if path is not None and env.local_rank == 0:
         try:
-            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path)
+            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path, io=cfg.io)
         except SharedMemoryFull as exc:
             print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
     if path is not None:
         dist.barrier()  # the file is whole (or was not made) before the other ranks look
     if store is None:
         shared = path is not None and path.exists()
-        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path if shared else None)
+        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path if shared else None,
+                                   io=cfg.io)
     if path is not None:
         dist.barrier()  # every local rank has mapped it
         if env.local_rank == 0:

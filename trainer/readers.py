@@ -13,8 +13,13 @@ parallel).
   it reads buffered. ``modes`` records what each file got.
 * :class:`KvikioReader` reads straight into GPU memory with kvikio (GPUDirect Storage when the
   system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made.
+  Its reads are planned as the file reader's and issued from a thread pool too: kvikio sends a
+  read below its GDS threshold (1 MiB by default), which is what a run of feature rows usually
+  is, through a synchronous POSIX path in the calling thread (``CuFile.pread`` releases the GIL),
+  and its own pool has one thread unless ``KVIKIO_NTHREADS`` says otherwise.
 
-:func:`make_reader` picks the kvikio reader for a CUDA device when kvikio is installed.
+:func:`make_reader` picks the reader: ``io="auto"`` takes kvikio for a CUDA device when kvikio
+is installed, the file reader otherwise; ``"posix"`` and ``"kvikio"`` force one.
 """
 
 from __future__ import annotations
@@ -92,12 +97,77 @@ class _File:
 @dataclass
 class _Task:
     request: int
-    file: _File
+    file: Any  # FileReader: a _File; KvikioReader: a kvikio CuFile
+    name: str
     direct: bool
     offsets: list[int]
     dests: list[int]
     sizes: list[int]
-    buffer: memoryview = field(repr=False)
+    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: a flat uint8 CUDA tensor
+
+
+@dataclass
+class _Runs:
+    """One request's reads in bytes: file offsets, offsets in the buffer, sizes."""
+
+    request: int
+    file: Any
+    name: str
+    direct: bool
+    offsets: list[int]
+    dests: list[int]
+    sizes: list[int]
+    buffer: Any
+
+
+def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[list[int], list[int], list[int]]:
+    first, pos, counts = coalesce(rows, max(1, max_run_bytes // max(row_bytes, 1)))
+    return (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
+
+
+def _tasks(runs: list[_Runs], threads: int) -> list[_Task]:
+    """Split the requests' runs into about ``TASKS_PER_THREAD × threads`` tasks, interleaved
+    across requests so that every file is read from the start."""
+    total = sum(len(r.sizes) for r in runs)
+    step = max(MIN_RUNS_PER_TASK, -(-total // (threads * TASKS_PER_THREAD)))
+    per_request = [
+        [_Task(r.request, r.file, r.name, r.direct, r.offsets[s : s + step], r.dests[s : s + step],
+               r.sizes[s : s + step], r.buffer) for s in range(0, len(r.offsets), step)]
+        for r in runs
+    ]
+    return _interleave(per_request)
+
+
+class _Pool:
+    """A lazily started thread pool running a reader's tasks; collects the batch's timings."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be ≥ 1, got {threads}")
+        self.threads, self._name = threads, name
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, do: Any, tasks: list[_Task]) -> list[Any]:
+        if len(tasks) <= 1 or self.threads == 1:
+            return [do(t) for t in tasks]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+        return list(self._pool.map(do, tasks))
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _finish_times(start: float, n: int, results: list[tuple[int, float, int]]) -> tuple[list[float], int]:
+    """Per request, seconds from ``start`` until its last task ended; and the reads issued."""
+    done = [start] * n
+    preads = 0
+    for request, finished, count in results:
+        done[request] = max(done[request], finished)
+        preads += count
+    return [d - start for d in done], preads
 
 
 def _pread_full(fd: int, view: memoryview, offset: int, name: str) -> None:
@@ -131,15 +201,13 @@ class FileReader(_Reader):
     on_device = False
 
     def __init__(self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES) -> None:
-        if threads < 1:
-            raise ValueError(f"threads must be ≥ 1, got {threads}")
+        self._pool = _Pool(threads, "moment-read")
         self.threads = threads
         self.direct = direct
         self.max_run_bytes = max_run_bytes
         self.preads = 0
         self.modes: dict[str, str] = {}
         self._files: dict[FileRef, _File] = {}
-        self._pool: ThreadPoolExecutor | None = None
 
     def read(self, file: FileRef, rows: np.ndarray, out: np.ndarray) -> float:
         """Read ``rows`` (sorted, unique) of ``file`` into ``out``; returns the seconds taken."""
@@ -149,15 +217,15 @@ class FileReader(_Reader):
         """Serve all requests with their reads in flight together; returns, per request, the
         seconds from the start of the batch until its last row was in."""
         start = time.perf_counter()
-        tasks = self._plan(requests)
-        done = [start] * len(requests)
+        tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
+        results = self._pool.run(self._do, tasks)
         modes: dict[str, str] = {}
-        for request, finished, preads, mode, name in self._run(tasks):
-            done[request] = max(done[request], finished)
-            self.preads += preads
-            modes[name] = "buffered" if modes.get(name) == "buffered" else mode
+        for task, (_, _, _, mode) in zip(tasks, results):
+            modes[task.name] = "buffered" if modes.get(task.name) == "buffered" else mode
         self.modes.update(modes)
-        return [d - start for d in done]
+        seconds, preads = _finish_times(start, len(requests), [r[:3] for r in results])
+        self.preads += preads
+        return seconds
 
     def close(self) -> None:
         """Close the files this reader opened and stop its threads."""
@@ -167,9 +235,7 @@ class FileReader(_Reader):
             if f.direct_fd is not None and f.direct_fd != f.fd:
                 os.close(f.direct_fd)
         self._files.clear()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        self._pool.shutdown()
 
     def _open(self, file: FileRef) -> _File:
         key = file if isinstance(file, int) else str(file)
@@ -191,44 +257,21 @@ class FileReader(_Reader):
         except OSError:
             return None  # e.g. tmpfs: EINVAL; read buffered
 
-    def _plan(self, requests: Sequence[ReadRequest]) -> list[_Task]:
-        """Split the requests' runs into about ``TASKS_PER_THREAD × threads`` tasks, interleaved
-        across requests so that every file is read from the start."""
-        runs = [self._runs(i, req) for i, req in enumerate(requests)]
-        total = sum(len(r[2]) for r in runs)
-        step = max(MIN_RUNS_PER_TASK, -(-total // (self.threads * TASKS_PER_THREAD)))
-        per_request = [
-            [_Task(i, f, direct, offsets[s : s + step], dests[s : s + step], sizes[s : s + step], buffer)
-             for s in range(0, len(offsets), step)]
-            for i, f, offsets, dests, sizes, direct, buffer in runs
-        ]
-        return _interleave(per_request)
-
-    def _runs(self, i: int, req: ReadRequest) -> tuple[int, _File, list[int], list[int], list[int], bool, memoryview]:
-        """One request's reads: file offsets, buffer offsets and sizes in bytes, and the mode."""
+    def _runs(self, i: int, req: ReadRequest) -> _Runs:
+        """One request's reads, and whether they can go O_DIRECT."""
         rows = np.asarray(req.rows, dtype=np.int64)
         _check_rows(rows)
         out = req.out
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
             raise TypeError("out must be a writeable C-contiguous numpy array")
-        if rows.size and (out.nbytes == 0 or out.nbytes % rows.size):
-            raise ValueError(f"out holds {out.nbytes} bytes: not a whole number of {rows.size} rows")
+        row_bytes = _row_bytes(out.nbytes, rows.size)
         f = self._open(req.file)
-        row_bytes = out.nbytes // max(rows.size, 1)
-        first, pos, counts = coalesce(rows, max(1, self.max_run_bytes // max(row_bytes, 1)))
         direct = (f.direct_fd is not None and not f.direct_failed and row_bytes % DIRECT_ALIGN == 0
                   and out.ctypes.data % DIRECT_ALIGN == 0)
-        offsets, dests, sizes = (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
-        return i, f, offsets, dests, sizes, direct, memoryview(out.reshape(-1).view(np.uint8))
+        offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
+        return _Runs(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
 
-    def _run(self, tasks: list[_Task]) -> list[tuple[int, float, int, str, str]]:
-        if len(tasks) <= 1 or self.threads == 1:
-            return [self._do(t) for t in tasks]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="moment-read")
-        return list(self._pool.map(self._do, tasks))
-
-    def _do(self, task: _Task) -> tuple[int, float, int, str, str]:
+    def _do(self, task: _Task) -> tuple[int, float, int, str]:
         """One task's preads (the hot loop: one preadv per run, checks only on the rare paths)."""
         f, buffer, preadv = task.file, task.buffer, os.preadv
         direct = task.direct and not f.direct_failed
@@ -244,7 +287,13 @@ class FileReader(_Reader):
                 got = preadv(fd, [view], offset)
             if got != size:
                 _pread_full(fd, view[got:], offset + got, f.name)
-        return task.request, time.perf_counter(), len(task.offsets), "direct" if direct else "buffered", f.name
+        return task.request, time.perf_counter(), len(task.offsets), "direct" if direct else "buffered"
+
+
+def _row_bytes(nbytes: int, rows: int) -> int:
+    if rows and (nbytes == 0 or nbytes % rows):
+        raise ValueError(f"out holds {nbytes} bytes: not a whole number of {rows} rows")
+    return nbytes // max(rows, 1)
 
 
 def _interleave(groups: list[list[_Task]]) -> list[_Task]:
@@ -256,17 +305,23 @@ def _interleave(groups: list[list[_Task]]) -> list[_Task]:
 class KvikioReader(_Reader):
     """Reads rows straight into GPU memory with kvikio (GPUDirect Storage, or its compat mode).
 
-    ``out`` buffers are contiguous CUDA tensors. kvikio runs the reads on its own thread pool;
-    every run of consecutive rows is one ``CuFile.pread``."""
+    ``out`` buffers are contiguous CUDA tensors. Runs of rows are planned as in
+    :class:`FileReader` and each thread of a pool issues its runs' ``CuFile.pread`` and waits for
+    them (see the module's docstring for why not kvikio's own pool alone). ``module`` replaces
+    the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be."""
 
     on_device = True
+    device_type = "cuda"
 
-    def __init__(self) -> None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("KvikioReader needs CUDA")
-        import kvikio  # the optional GPU extra; imported only here
-
-        self._kvikio = kvikio
+    def __init__(self, threads: int = 16, max_run_bytes: int = MAX_RUN_BYTES, module: Any = None) -> None:
+        if module is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("KvikioReader needs CUDA")
+            import kvikio as module  # the optional GPU extra; imported only here
+        self._kvikio = module
+        self._pool = _Pool(threads, "moment-kvikio")
+        self.threads = threads
+        self.max_run_bytes = max_run_bytes
         self.preads = 0
         self.modes: dict[str, str] = {}
         self._files: dict[str, Any] = {}
@@ -276,64 +331,82 @@ class KvikioReader(_Reader):
         return self.read_batch([ReadRequest(file, rows, out)])[0]
 
     def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
-        """Issue every request's reads, then wait for them; seconds per request as FileReader."""
+        """Serve all requests with their reads in flight together; seconds per request as FileReader."""
         start = time.perf_counter()
-        pending = [self._issue(req) for req in requests]
-        done = []
-        for futures in pending:
-            for future, size, name in futures:
-                got = future.get()
-                if got != size:
-                    raise OSError(errno.EIO, f"{name}: read {got} of {size} bytes")
-            done.append(time.perf_counter() - start)
-        return done
+        tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
+        seconds, preads = _finish_times(start, len(requests), self._pool.run(self._do, tasks))
+        self.preads += preads
+        return seconds
 
     def close(self) -> None:
-        """Deregister and close the files."""
+        """Stop the threads; deregister and close the files."""
+        self._pool.shutdown()
         for f in self._files.values():
             f.close()
         self._files.clear()
 
-    def _issue(self, req: ReadRequest) -> list[tuple[Any, int, str]]:
+    def _runs(self, i: int, req: ReadRequest) -> _Runs:
         rows = np.asarray(req.rows, dtype=np.int64)
-        if rows.size == 0:
-            return []
         _check_rows(rows)
         if isinstance(req.file, int):
             raise TypeError("KvikioReader reads files by path, not by descriptor")
         out = req.out
-        if not (isinstance(out, torch.Tensor) and out.is_cuda and out.is_contiguous()):
-            raise TypeError("out must be a contiguous CUDA tensor")
+        if not (isinstance(out, torch.Tensor) and out.device.type == self.device_type and out.is_contiguous()):
+            raise TypeError(f"out must be a contiguous {self.device_type.upper()} tensor")
         flat = out.view(torch.uint8).reshape(-1)
-        if flat.numel() % rows.size:
-            raise ValueError(f"out holds {flat.numel()} bytes: not a whole number of {rows.size} rows")
-        row_bytes = flat.numel() // rows.size
         name = str(req.file)
-        handle = self._handle(name)
-        first, pos, counts = coalesce(rows)
-        futures = []
-        for offset, dest, size in zip((first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()):
-            futures.append((handle.pread(flat[dest : dest + size], size, offset), size, name))
-        self.preads += len(futures)
-        return futures
+        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(flat.numel(), rows.size), self.max_run_bytes)
+        return _Runs(i, self._handle(name) if rows.size else None, name, False, offsets, dests, sizes, flat)
+
+    def _do(self, task: _Task) -> tuple[int, float, int]:
+        """Issue a task's reads, then wait for each (a small read is done in this thread)."""
+        flat, handle = task.buffer, task.file
+        futures = [handle.pread(flat[dest : dest + size], size, offset)
+                   for offset, dest, size in zip(task.offsets, task.dests, task.sizes)]
+        for future, size, offset in zip(futures, task.sizes, task.offsets):
+            got = future.get()
+            if got != size:
+                raise OSError(errno.EIO, f"{task.name}: read {got} of {size} bytes at byte {offset}")
+        return task.request, time.perf_counter(), len(futures)
 
     def _handle(self, name: str) -> Any:
         if name not in self._files:
             self._files[name] = self._kvikio.CuFile(name, "r")
-            self.modes[name] = "kvikio-compat" if self._compat() else "kvikio-gds"
+            self.modes[name] = _kvikio_mode(self._kvikio)
         return self._files[name]
 
-    def _compat(self) -> bool:
-        defaults = self._kvikio.defaults
-        preferred = getattr(defaults, "is_compat_mode_preferred", None) or defaults.compat_mode
-        return bool(preferred())
+
+def _kvikio_mode(kvikio: Any) -> str:
+    """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
+    file (its AUTO setting, older versions), "kvikio-auto"."""
+    defaults = kvikio.defaults
+    preferred = getattr(defaults, "is_compat_mode_preferred", None)
+    if preferred is not None:
+        return "kvikio-compat" if preferred() else "kvikio-gds"
+    mode = defaults.compat_mode()
+    name = getattr(mode, "name", None)  # a CompatMode enum (ON, OFF, AUTO) or, before, a bool
+    if name is None:
+        return "kvikio-compat" if mode else "kvikio-gds"
+    return {"ON": "kvikio-compat", "OFF": "kvikio-gds"}.get(name, "kvikio-auto")
 
 
-def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True) -> FileReader | KvikioReader:
-    """kvikio for a CUDA device when CUDA and kvikio are there; plain file reads otherwise."""
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+IO_CHOICES = ("auto", "posix", "kvikio")
+
+
+def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True,
+                io: str = "auto") -> FileReader | KvikioReader:
+    """The reader for ``device``: ``io="auto"``: kvikio for a CUDA device when CUDA and kvikio are
+    there, plain file reads otherwise; ``"posix"``: plain file reads; ``"kvikio"``: kvikio or an
+    error saying why not."""
+    if io not in IO_CHOICES:
+        raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
+    cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    if io == "kvikio" and not cuda:
+        raise ValueError(f"kvikio reads into GPU memory: it needs a CUDA device, not {device}")
+    if cuda and io != "posix":
         try:
-            return KvikioReader()
+            return KvikioReader(threads=threads)
         except ImportError:
-            pass
+            if io == "kvikio":
+                raise ValueError("kvikio is not installed: pip install 'moment[gpu]'") from None
     return FileReader(threads=threads, direct=direct)
