@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +85,22 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     assert "Traceback" not in done.stderr
 
 
+@contextlib.contextmanager
+def _torchrun(cmd: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """torchrun, killed with its workers if still running at the end (a failed or timed-out
+    test leaves no orphans: the workers run in sessions of their own)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            for pid in _children(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.communicate()
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (from /proc)."""
     kids = []
@@ -101,11 +119,15 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
 
 
+@pytest.mark.parametrize("shared_store", [True, False], ids=["agent-store", "store-per-attempt"])
 def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_killed(
-        plan_file: Path, placed: Path, tmp_path: Path) -> None:
+        plan_file: Path, placed: Path, tmp_path: Path, shared_store: bool) -> None:
     """torchrun --max-restarts: rank 1 is killed (SIGKILL) after the first checkpoint; the restarted
     ranks resume from it and finish with the parameters and losses of a run never killed (every
-    rank's RNG comes back: dropout draws differ per rank)."""
+    rank's RNG comes back: dropout draws differ per rank). With torchrun's default, one store
+    kept across restarts (the trainer scopes its keys to the attempt), and with a store per
+    attempt (what ``moment train`` asks for across nodes)."""
+    env = {**os.environ, launch.SHARE_STORE_OFF: "0" if shared_store else "1"}
     epochs, shm = 4, tmp_path / "shm"
     shm.mkdir()
     extra = [*SMALL, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
@@ -114,10 +136,10 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
         return launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=epochs, extra=extra, **kw,
                                              metrics_json=tmp_path / f"{name}.json", checkpoint_dir=tmp_path / name)
 
-    straight = subprocess.run(command("straight"), check=False, capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    proc = subprocess.Popen(command("killed", max_restarts=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with _torchrun(command("straight"), env) as straight:
+        _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err[-3000:]
+    with _torchrun(command("killed", max_restarts=1), env) as proc:
         ckpt, deadline = checkpoint.path_in(tmp_path / "killed"), time.monotonic() + 240
         while not ckpt.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
@@ -126,9 +148,6 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
         done_at_kill = torch.load(ckpt, weights_only=True)["epoch"]
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert done_at_kill < epochs
     assert proc.returncode == 0, err[-3000:]
     assert "exitcode: -9) local_rank: 1" in err  # torchrun saw the kill, restarted the group, and it finished
@@ -331,7 +350,8 @@ def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
         assert n == "2"
     multi = launch.build_torchrun_command(None, "d", nproc=4, model="gat", nnodes="2", rdzv_endpoint="host:29400",
                                           max_restarts=3, checkpoint_dir="ck")
-    assert multi[3:13] == ["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    assert multi[:2] == ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]  # a fresh store per attempt, on every node
+    assert multi[5:15] == ["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                            "host:29400", "--max-restarts", "3"]
     assert multi[-3:] == ["--checkpoint-dir", "ck", "--resume"]  # a restarted group continues
     assert shlex.split(launch.format_command(cmd)) == cmd

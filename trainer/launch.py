@@ -42,6 +42,9 @@ def check_inputs(plan_path: str | Path | None, placed_dir: str | Path) -> None:
     open_placed(placed_dir)
 
 
+SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def build_torchrun_command(
     plan_path: str | Path | None,
     placed_dir: str | Path,
@@ -60,7 +63,8 @@ def build_torchrun_command(
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m trainer ...`` as an argument list (no shell).
 
-    Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. With
+    Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. Several
+    nodes with ``max_restarts``: run under ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. With
     ``max_restarts`` and a ``checkpoint_dir`` the trainer gets ``--resume``, so a restarted
     worker group continues from the last epoch instead of starting over. ``extra`` goes to the
     trainer verbatim (``--fanouts 15,10``, ``--batch-size 1024``, ...).
@@ -74,6 +78,11 @@ def build_torchrun_command(
     if nnodes is None and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
+        if max_restarts:
+            # A store of its own for each attempt: torchrun would keep its agent's store, whose
+            # keys a restarted group cannot tell from the killed group's across nodes (see
+            # trainer.loop._attempt_prefix).
+            cmd = ["env", f"{SHARE_STORE_OFF}=1", *cmd]
         cmd += ["--nnodes", str(nnodes or 1)]
         cmd += ["--rdzv-backend", rdzv_backend or "c10d"]
         if rdzv_endpoint is not None:

@@ -27,6 +27,7 @@ run does (bit for bit on CPU).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import inspect
 import os
@@ -162,17 +163,37 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[
         if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
             kwargs["device_id"] = device  # binds the communicator to this GPU at once (torch >= 2.3)
         store, rank, world = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
-        store = dist.PrefixStore(f"moment/{_attempt()}", store)
+        prefix = _attempt_prefix(env)
+        if prefix is not None:
+            store = dist.PrefixStore(prefix, store)
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, **kwargs)
     return device, where
 
 
 def _attempt() -> str:
-    """This torchrun attempt: run id and restart count. torchrun shares its rendezvous store
-    with the workers across restarts, so a restarted group that rendezvoused on plain keys could
-    read the killed group's addresses (gloo: connection refused) before its peers overwrite them."""
+    """This node's torchrun attempt: run id and restart count (the same for all ranks of a node)."""
     env = os.environ
     return f"{env.get('TORCHELASTIC_RUN_ID', '')}:{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _attempt_prefix(env: DistEnv) -> str | None:
+    """Store keys of this attempt, where torchrun keeps one store across restarts.
+
+    torchrun (c10d rendezvous) shares its agent's store with the workers and keeps it across
+    restarts, so a restarted group rendezvousing on plain keys can read the killed group's
+    addresses before its peers overwrite them (gloo: connection refused; nccl: a stale unique
+    id; pytorch#135712). On one node the restart count names the attempt; across nodes the
+    counts differ (pytorch#108158), so there ``moment train`` gives each attempt a store of its
+    own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and a bare torchrun is warned."""
+    environ = os.environ
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # each attempt has a fresh store
+    if environ.get("GROUP_WORLD_SIZE", "1") == "1":
+        return f"moment/{_attempt()}"
+    if int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and env.rank == 0:
+        print("warning: torchrun keeps one store across restarts on several nodes: a restarted group may "
+              "fail to connect; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (moment train does)", file=sys.stderr)
+    return None
 
 
 def _comm_device(device: torch.device) -> torch.device:
@@ -518,17 +539,25 @@ def train(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None, data: Dat
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be deterministic
         torch.use_deterministic_algorithms(True, warn_only=True)  # warn where a kernel has no such mode
-    run = None
+    run = group = None
     try:
         device, where = setup(cfg, env, plan)
+        group = dist.group.WORLD if dist.is_initialized() else None
         run = Run(cfg, env, data, plan, device)
         run.metrics.print_config(all_gather(f"{where}; cache bins in host memory: {run.host_tiers}"))
         return run.fit()
     finally:
         if run is not None:
             run.store.close()
+        # Teardown order, against a deadlock at exit: the process group must not die with DDP's
+        # reducer, whose release keeps the GIL while gloo's threads, finishing their last work,
+        # wait for it (pytorch#56297). So DDP goes first, while `group` still holds the group,
+        # and the group last, through its Python binding, which releases the GIL meanwhile.
+        run = None
+        gc.collect()  # DDP in a reference cycle goes now, not at some later collection
         if dist.is_initialized():
             dist.destroy_process_group()
+        del group
         torch.use_deterministic_algorithms(was_deterministic)
 
 
