@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,9 @@ class _File:
 
 @dataclass
 class _Task:
+    """Reads for one request, in bytes: file offsets, offsets in the buffer, sizes (all of the
+    request's runs, or a slice of them)."""
+
     request: int
     file: Any  # FileReader: a _File; KvikioReader: a kvikio CuFile
     name: str
@@ -106,40 +109,26 @@ class _Task:
     buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: a flat uint8 CUDA tensor
 
 
-@dataclass
-class _Runs:
-    """One request's reads in bytes: file offsets, offsets in the buffer, sizes."""
-
-    request: int
-    file: Any
-    name: str
-    direct: bool
-    offsets: list[int]
-    dests: list[int]
-    sizes: list[int]
-    buffer: Any
-
-
 def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[list[int], list[int], list[int]]:
     first, pos, counts = coalesce(rows, max(1, max_run_bytes // max(row_bytes, 1)))
     return (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
 
 
-def _tasks(runs: list[_Runs], threads: int) -> list[_Task]:
-    """Split the requests' runs into about ``TASKS_PER_THREAD × threads`` tasks, interleaved
-    across requests so that every file is read from the start."""
-    total = sum(len(r.sizes) for r in runs)
+def _tasks(requests: list[_Task], threads: int) -> list[_Task]:
+    """Split each request's runs (one task holding them all) into about ``TASKS_PER_THREAD ×
+    threads`` tasks in all, interleaved across requests so that every file is read from the start."""
+    total = sum(len(r.sizes) for r in requests)
     step = max(MIN_RUNS_PER_TASK, -(-total // (threads * TASKS_PER_THREAD)))
     per_request = [
-        [_Task(r.request, r.file, r.name, r.direct, r.offsets[s : s + step], r.dests[s : s + step],
-               r.sizes[s : s + step], r.buffer) for s in range(0, len(r.offsets), step)]
-        for r in runs
+        [replace(r, offsets=r.offsets[s : s + step], dests=r.dests[s : s + step], sizes=r.sizes[s : s + step])
+         for s in range(0, len(r.offsets), step)]
+        for r in requests
     ]
     return _interleave(per_request)
 
 
 class _Pool:
-    """A lazily started thread pool running a reader's tasks; collects the batch's timings."""
+    """A lazily started thread pool running a reader's tasks (inline for one task or thread)."""
 
     def __init__(self, threads: int, name: str) -> None:
         if threads < 1:
@@ -257,7 +246,7 @@ class FileReader(_Reader):
         except OSError:
             return None  # e.g. tmpfs: EINVAL; read buffered
 
-    def _runs(self, i: int, req: ReadRequest) -> _Runs:
+    def _runs(self, i: int, req: ReadRequest) -> _Task:
         """One request's reads, and whether they can go O_DIRECT."""
         rows = np.asarray(req.rows, dtype=np.int64)
         _check_rows(rows)
@@ -269,7 +258,7 @@ class FileReader(_Reader):
         direct = (f.direct_fd is not None and not f.direct_failed and row_bytes % DIRECT_ALIGN == 0
                   and out.ctypes.data % DIRECT_ALIGN == 0)
         offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
-        return _Runs(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
+        return _Task(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
 
     def _do(self, task: _Task) -> tuple[int, float, int, str]:
         """One task's preads (the hot loop: one preadv per run, checks only on the rare paths)."""
@@ -345,7 +334,7 @@ class KvikioReader(_Reader):
             f.close()
         self._files.clear()
 
-    def _runs(self, i: int, req: ReadRequest) -> _Runs:
+    def _runs(self, i: int, req: ReadRequest) -> _Task:
         rows = np.asarray(req.rows, dtype=np.int64)
         _check_rows(rows)
         if isinstance(req.file, int):
@@ -356,7 +345,7 @@ class KvikioReader(_Reader):
         flat = out.view(torch.uint8).reshape(-1)
         name = str(req.file)
         offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(flat.numel(), rows.size), self.max_run_bytes)
-        return _Runs(i, self._handle(name) if rows.size else None, name, False, offsets, dests, sizes, flat)
+        return _Task(i, self._handle(name) if rows.size else None, name, False, offsets, dests, sizes, flat)
 
     def _do(self, task: _Task) -> tuple[int, float, int]:
         """Issue a task's reads, then wait for each (a small read is done in this thread)."""
