@@ -4,8 +4,10 @@ The raw rate: ``moment bench``'s reader — random aligned preads of one row, `-
 flight, O_DIRECT — on the largest SSD bin file. The store: ``TieredFeatureStore.get`` of batches
 of random vertex ids of that bin (sorted, deduplicated, coalesced, threaded preadv, O_DIRECT).
 Both bypass the page cache. The two alternate in ``--rounds`` short rounds (a shared or noisy
-disk drifts over seconds), and the ratio is of the totals. Run:
+disk drifts over seconds), and the ratio is of the totals. ``--device cuda`` returns the rows
+in GPU memory (``--io kvikio`` reads them straight there). Run:
     python scripts/bench_features.py PLACED_DIR [--batch 8000] [--seconds 1] [--rounds 8]
+                                     [--device cpu|cuda] [--io auto|posix|kvikio]
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from moment.bench import random_read
 from placement.placed import open_placed
 from trainer.featurestore import TieredFeatureStore
-from trainer.readers import FileReader
+from trainer.readers import IO_CHOICES, make_reader
 
 
 def main() -> None:
@@ -29,14 +31,24 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="per round and reader")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--device", default="cpu", help="where get() returns the rows: cpu or cuda")
+    ap.add_argument("--io", choices=IO_CHOICES, default="auto", help="SSD reader (trainer's --io)")
     args = ap.parse_args()
     placed = open_placed(args.placed)
     ssd = max((b for b in placed.bins if b.tier == "ssd"), key=lambda b: b.count)
     rb = placed.row_bytes
-    store = TieredFeatureStore(args.placed, reader=FileReader(threads=args.threads, direct=True))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: CUDA is not available on this machine")
+    try:
+        reader = make_reader(args.device, threads=args.threads, direct=True, io=args.io)
+    except (ValueError, RuntimeError) as exc:
+        ap.error(str(exc))
+    store = TieredFeatureStore(args.placed, device=args.device, reader=reader)
+    cuda = store.device.type == "cuda"
     rng = np.random.default_rng(0)
     raw_bytes = raw_s = store_bytes = store_s = 0.0
-    print(f"bin {ssd.name}: {ssd.count:,} rows of {rb} B ({ssd.path}); {args.batch:,} random ids per call")
+    print(f"bin {ssd.name}: {ssd.count:,} rows of {rb} B ({ssd.path}); {args.batch:,} random ids per call; "
+          f"{type(reader).__name__} into {store.device}")
     for r in range(args.rounds):
         raw = random_read(str(ssd.path), read_size=rb, queue_depth=args.threads, seconds=args.seconds)
         raw_bytes += raw.gbps * 1e9 * args.seconds  # random_read runs for `seconds`
@@ -44,6 +56,8 @@ def main() -> None:
         rows, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < args.seconds:
             store.get(torch.from_numpy(rng.integers(ssd.start, ssd.start + ssd.count, args.batch)))
+            if cuda:
+                torch.cuda.synchronize()
             rows += store.stats()["tiers"]["ssd"]["unique_rows"]
             store.reset_stats()
         elapsed = time.perf_counter() - t0
