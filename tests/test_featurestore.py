@@ -199,11 +199,14 @@ def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
+@pytest.mark.parametrize("io", ["posix", "kvikio"])
+def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_path: Path, io: str) -> None:
+    if io == "kvikio":
+        pytest.importorskip("kvikio")
     ids = np.random.default_rng(5).integers(0, len(truth), 20_000)
     for gpu_bins, shm in ((None, None), (["gpu0"], None), (["gpu0"], tmp_path / "moment-host")):
-        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins, host_shm=shm) as s:
-            assert s.gpu.is_cuda
+        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins, host_shm=shm, io=io) as s:
+            assert s.gpu.is_cuda and s.reader.on_device == (io == "kvikio")
             for _ in range(3):  # the staging buffers are reused
                 got = s.get(torch.from_numpy(ids).cuda())
                 assert got.is_cuda
