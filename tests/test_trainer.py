@@ -367,6 +367,7 @@ def test_plan_rank_gpu_helpers(placed: Path, plan_file: Path) -> None:
     assert loop._pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
 
 
+@pytest.mark.gpu
 @cuda
 def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"
