@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trainer.readers import IO_CHOICES
+from trainer.readers import IO_CHOICES, kvikio_refusal
 
 MODELS = ("sage", "gat")
 DEFAULT_HIDDEN = {"sage": 256, "gat": 64}
@@ -159,9 +158,8 @@ def from_args(argv: Sequence[str] | None = None) -> TrainConfig:
         p.error(f"--device {args.device}: every rank of the node would use that one GPU; "
                 "use --device cuda (each rank takes the GPU the plan gives it)")
     if args.io == "kvikio":
-        if not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
-            p.error("--io kvikio reads into GPU memory: it needs CUDA")
-        if importlib.util.find_spec("kvikio") is None:
-            p.error("--io kvikio: kvikio is not installed (pip install 'moment[gpu]')")
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        if (why := kvikio_refusal(cuda)) is not None:
+            p.error(f"--io {why}")
     values = {k: v for k, v in vars(args).items() if v is not None}
     return TrainConfig(**values)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib.util
 import os
 import time
 from collections.abc import Sequence
@@ -382,6 +383,16 @@ def _kvikio_mode(kvikio: Any) -> str:
 IO_CHOICES = ("auto", "posix", "kvikio")
 
 
+def kvikio_refusal(cuda: bool) -> str | None:
+    """Why ``io="kvikio"`` cannot work here, as a phrase starting with "kvikio"; None when it
+    can. ``cuda``: the device is a GPU and CUDA is available. kvikio is looked up, not imported."""
+    if not cuda:
+        return "kvikio reads into GPU memory: it needs CUDA"
+    if importlib.util.find_spec("kvikio") is None:
+        return "kvikio is not installed (pip install 'moment[gpu]')"
+    return None
+
+
 def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True,
                 io: str = "auto") -> FileReader | KvikioReader:
     """The reader for ``device``: ``io="auto"``: kvikio for a CUDA device when CUDA and kvikio are
@@ -390,12 +401,12 @@ def make_reader(device: str | torch.device, threads: int = 16, direct: bool = Tr
     if io not in IO_CHOICES:
         raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    if io == "kvikio" and not cuda:
-        raise ValueError(f"kvikio reads into GPU memory: it needs a CUDA device, not {device}")
+    if io == "kvikio" and (why := kvikio_refusal(cuda)) is not None:
+        raise ValueError(f"{why} (device {device})")
     if cuda and io != "posix":
         try:
             return KvikioReader(threads=threads)
-        except ImportError:
+        except ImportError as exc:
             if io == "kvikio":
-                raise ValueError("kvikio is not installed: pip install 'moment[gpu]'") from None
+                raise ValueError(f"kvikio cannot be imported: {exc}") from None
     return FileReader(threads=threads, direct=direct)
