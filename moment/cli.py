@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -117,6 +116,25 @@ def _add_dataset_args(sub: argparse._SubParsersAction) -> None:
     i.set_defaults(func=cmd_dataset_import)
 
 
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0 (a usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_place_args(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "place",
@@ -136,8 +154,8 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ssd-dir", action="append", default=[], metavar="BIN=DIR",
                    help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)")
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
-    p.add_argument("--epochs", type=int, default=1, help="pre-sampling epochs (default 1)")
-    p.add_argument("--pool", type=int, default=100, help="DDAK pool size (default 100)")
+    p.add_argument("--epochs", type=_positive, default=1, help="pre-sampling epochs (default 1)")
+    p.add_argument("--pool", type=_positive, default=100, help="DDAK pool size (default 100)")
     p.add_argument("--priority", choices=("projected", "paper"), default="projected",
                    help="DDAK bin priority: projected (default, matches the plan's targets) or the paper's "
                         "(access/target)×(used/capacity)")
@@ -148,7 +166,7 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="re-check a placed dataset: checksums, counts, features against the source")
     v.add_argument("placed", help="placed dataset directory")
     v.add_argument("--source", help="source dataset (default: the one the manifest names)")
-    v.add_argument("--sample", type=int, default=10_000, help="vertices to compare with the source (default 10000)")
+    v.add_argument("--sample", type=_non_negative, default=10_000, help="vertices to compare with the source (default 10000)")
     v.set_defaults(func=cmd_verify)
 
 
@@ -657,7 +675,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from moment.topology.render import print_inspect, print_summary
 
     work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
+    _claim_workdir(work)
     out.rule(f"[bold]1. topology profile: {args.profile} (bundled)")
     machine = resolve_profile(args.profile)
     print_inspect(out, machine)
@@ -685,9 +703,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     out.rule("[bold]3. place: a generated power-law graph into the planned GPU caches, CPU caches and SSD bins")
     data = work / "dataset"
-    if not (data / "dataset.json").exists():
-        shutil.rmtree(data, ignore_errors=True)
-        synthesize(data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05)
+    synthesize(data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05, replace=True)
     placed_dir = work / "placed"
     with RichProgress(err) as bars:
         manifest = place(work / "plan.json", data, placed_dir, PlaceOptions(gpu_cache="2%", cpu_cache="2%", epochs=2),
@@ -710,9 +726,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     last = m["epochs"][-1]
     out.print(f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
               f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})")
-    out.print(f"\nwrote {work}/: {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
+    out.print(f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
               f"checkpoints/, metrics.json")
     return 0
+
+
+DEMO_MARKER = "moment-demo.json"
+
+
+def _claim_workdir(work: Path) -> None:
+    """The demo writes only into a directory that is new, empty, or an earlier demo's (its marker
+    file says so); inside it, each stage refuses what it did not write."""
+    from moment.fileio import atomic_write_text
+
+    if work.is_symlink() or (work.exists() and not work.is_dir()):
+        raise MomentError(f"{work}: not a directory: choose another --workdir")
+    if work.exists() and any(work.iterdir()) and not (work / DEMO_MARKER).is_file():
+        raise MomentError(f"{work}: exists, is not empty and is not a moment demo directory (no {DEMO_MARKER}): "
+                          f"choose another --workdir")
+    atomic_write_text(work / DEMO_MARKER, json.dumps({"format": "moment.demo/1"}) + "\n")
 
 
 def _write_picture(machine, path: str) -> None:
@@ -742,6 +774,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"[red]moment {args.verb}: error:[/] {where}{exc.strerror or exc}", highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

@@ -28,8 +28,13 @@ def _umask() -> int:
 def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` through a temporary file that replaces it only once complete."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise MomentError(f"{path}: a directory, expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise MomentError(f"{path}: cannot write ({exc.strerror})") from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; these files are for sharing
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
@@ -37,6 +42,9 @@ def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, read-only, a directory in the way: name the file meant
+        Path(tmp).unlink(missing_ok=True)
+        raise MomentError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -15,20 +15,24 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from moment import faults
+from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
 from moment.errors import MomentError, UsageError
+from moment.fileio import atomic_write_text
+from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.planner.planfile import read_plan
 from placement import relabel as rl
 from placement.dataset import Dataset, open_dataset
 from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
 from placement.hotness import Hotness, presample
-from placement.placed import FORMAT, MANIFEST
-from placement.writer import BinFile, file_digest, write_bins
+from placement.placed import open_placed
+from placement.writer import STATE, BinFile, file_digest, write_bins
 
 Progress = Callable[[str, int], Callable[[int, int], None]]  # stage, total -> update(done, total)
 
@@ -103,23 +107,118 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _preflight(needs: dict[Path, int]) -> None:
-    """Enough free space on every target directory, before any byte is written."""
-    by_fs: dict[Path, int] = {}
-    for d, need in needs.items():
-        probe = d
-        while not probe.exists():
-            probe = probe.parent
-        by_fs[probe] = by_fs.get(probe, 0) + need
-    for probe, need in by_fs.items():
-        free = shutil.disk_usage(probe).free
-        if free < need * 1.02 + (64 << 20):
-            raise MomentError(f"{probe}: {need / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free: not enough space")
-
-
-def _save_npy(path: Path, array: np.ndarray) -> dict[str, Any]:
+def _save_npy(path: Path, array: np.ndarray) -> None:
     np.save(path, array)
-    return {"path": path.name, "bytes": path.stat().st_size}
+
+
+def _validate_placed(root: Path) -> PlacedManifest:
+    return PlacedManifest.read(root / MANIFEST)
+
+
+def _placed_files(root: Path) -> list[Path]:
+    """The files of a placed dataset that ``moment place`` wrote and may remove: each listed in
+    its validated manifest, with the size the manifest records, bins under the run's own name."""
+    m = PlacedManifest.read(root / MANIFEST)
+    owned = []
+    for b in m.bins:
+        path = Path(b.path) if Path(b.path).is_absolute() else root / b.path
+        if path.name == bin_file_name(b.name, m.run_id) and _size(path) == b.bytes:
+            owned.append(path)
+    owned += [root / f.path for f in m.files.values() if _size(root / f.path) == f.bytes]
+    return [*owned, root / MANIFEST]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else -1
+    except OSError:
+        return -1
+
+
+PLACED = Kind("placed dataset", MANIFEST, "moment place", _validate_placed, _placed_files, PlacedError)
+INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
+SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
+MIN_BATCHES = 10  # fewer pre-sampled batches than this: the hotness ranking is mostly noise
+# Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
+# in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
+PLACED_FILES = {
+    "indptr": "indptr.npy", "indices": "indices.npy", "labels": "labels.npy", "train": "train_idx.npy",
+    "val": "val_idx.npy", "test": "test_idx.npy", "old_to_new": "old_to_new.npy", "new_to_old": "new_to_old.npy",
+    "hotness": "hotness_new.npy", "hotness_counts": "hotness.npy", "hotness_meta": "hotness.json",
+    "workload": "workload.yaml",
+}
+
+
+def _ssd_dirs(opts: PlaceOptions, out: Path) -> dict[str, Path]:
+    """Absolute SSD directories (a relative one would later be resolved against the placed
+    directory), none inside the output (publishing renames it)."""
+    dirs = {}
+    for name, d in opts.ssd_dirs.items():
+        path = Path(d).absolute()
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--ssd-dir {name}={d}: not a directory")
+        for inner in (out.absolute(), out.absolute().with_name(out.name + ".partial")):
+            if path == inner or path.is_relative_to(inner):
+                raise UsageError(f"--ssd-dir {name}={d}: inside the output directory {out}; give a directory outside it")
+        dirs[name] = path
+    return dirs
+
+
+def _inputs_key(data: Path) -> str | None:
+    try:
+        return json.loads((data / INPUTS).read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _intact(root: Path) -> bool:
+    """Every file of a placed dataset present at its recorded size (cheap; no checksums)."""
+    try:
+        open_placed(root)
+        return True
+    except MomentError:
+        return False
+
+
+def _finish_bins(m: PlacedManifest, data: Path) -> None:
+    """Give every bin its final name (idempotent: a killed run may have renamed some already)."""
+    for b in m.bins:
+        final = Path(b.path) if Path(b.path).is_absolute() else data / b.path
+        partial = final.with_name(final.name + ".partial")
+        if partial.exists():
+            partial.replace(final)
+        elif _size(final) != b.bytes:
+            raise PlacedError(f"{final}: missing or truncated while committing; remove {data.parent} and run again")
+
+
+def _commit(stage: Staging, dirs: dict[str, Path], log: Callable[[str], None]) -> PlacedManifest:
+    """Finish a staged placement (manifest written in ``data``): bins renamed, scratch removed,
+    published over the old placement. Every step is idempotent, so a killed commit is finished
+    by the next run."""
+    m = PlacedManifest.read(stage.data / MANIFEST) if stage.data.exists() else None
+    if m is not None:
+        _finish_bins(m, stage.data)
+        faults.point("place:bins-renamed")
+        for name in SCRATCH:
+            (stage.data / name).unlink(missing_ok=True)
+    keep = [Path(b.path) for b in m.bins if Path(b.path).is_absolute()] if m else []
+    for note in stage.publish("place", keep=keep, external_dirs=dirs.values()):
+        log(f"note: {note}")
+    return _validate_placed(stage.out)
+
+
+def _discard_build(stage: Staging) -> None:
+    """Throw away a killed run's partial build made with other inputs: the staging directory is
+    this command's (its marker and lock prove it), and outside it only ``.partial`` bins under
+    this run's id, in the directories that build recorded."""
+    try:
+        recorded = json.loads((stage.data / INPUTS).read_text()).get("bin_dirs", [])
+    except (OSError, ValueError, AttributeError):
+        recorded = []
+    for d in recorded:
+        for f in Path(d).glob(f"*-{stage.run_id}.bin.partial"):
+            f.unlink()
+    shutil.rmtree(stage.data)
 
 
 def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts: PlaceOptions,
@@ -127,139 +226,165 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     """Place a dataset per a plan; returns the manifest written (``placed.json``)."""
     t_start = time.perf_counter()
     out = Path(out)
+    if opts.epochs < 1:
+        raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
+    if opts.pool < 1:
+        raise UsageError(f"--pool {opts.pool}: must be at least 1")
+    if opts.policy not in ("ddak", "hash"):
+        raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
     plan = read_plan(plan_path)
     if opts.profile_sha256 and plan["profile"]["sha256"] != opts.profile_sha256:
         raise UsageError(f"{plan_path}: made for profile {plan['profile']['name']!r} (another profile's hash): re-plan for this one")
     ds = open_dataset(dataset_path)
-    if opts.policy not in ("ddak", "hash"):
-        raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
-    work = out.with_name(out.name + ".partial")
-    work.mkdir(parents=True, exist_ok=True)
-    specs, dirs = _bins(plan, ds, opts, out)
+    dirs = _ssd_dirs(opts, out)
+    opts = replace(opts, ssd_dirs=dirs)
+    had_output = check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused now
+    specs, _ = _bins(plan, ds, opts, out)
     wl = plan.get("workload", {})
     fanouts = tuple(wl.get("fanouts", (25, 10)))
     batch = int(wl.get("batch_size", 8000))
+    hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
+    key = _key(plan["profile"], plan["bin_targets"], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool,
+               opts.priority, opts.seed, opts.epochs, fanouts, batch, hot_given, {k: str(v) for k, v in dirs.items()},
+               str(Path(dataset_path).resolve()))
 
-    # 1. Hotness: a saved one, the one a killed run already computed, or pre-sample now.
-    hot_file = work / "hotness.npy"
-    if opts.hotness is not None:
-        hot = Hotness.load(opts.hotness)
-    elif hot_file.exists():
+    stage = Staging(out, PLACED)
+    if stage.resume():
+        if stage.old.exists() or (stage.data / MANIFEST).exists():
+            log(f"finishing the commit of an interrupted `moment place` into {out}")
+            _commit(stage, dirs, log)
+            had_output = True
+            stage = Staging(out, PLACED)
+        elif stage.data.exists() and _inputs_key(stage.data) != key:
+            log(f"{stage.dir}: left by an interrupted run with other inputs: starting over")
+            _discard_build(stage)
+        elif stage.data.exists():
+            log(f"resuming the interrupted `moment place` in {stage.dir}")
+    if had_output and not stage.data.exists():
+        try:
+            current = _validate_placed(out)
+        except MomentError:
+            current = None
+        if current is not None and current.key == key and _intact(out):
+            stage.release()
+            log(f"{out} already holds this placement (same plan, dataset and options): nothing to do")
+            return current.model_dump(mode="json")
+    data = stage.data
+
+    # 1. Hotness: the one a killed run already computed, a saved one, or pre-sample now.
+    hot_file = data / "hotness.npy"
+    if hot_file.exists():
         hot = Hotness.load(hot_file)
+    elif opts.hotness is not None:
+        hot = Hotness.load(opts.hotness, num_nodes=ds.num_nodes)
     else:
         hot = presample(ds, fanouts=fanouts, batch_size=batch, epochs=opts.epochs, seed=opts.seed,
                         progress=progress("pre-sampling hotness", 0) if progress else None)
-        hot.save(hot_file)
     if hot.counts.shape != (ds.num_nodes,):
         raise UsageError(f"hotness has {hot.counts.shape[0]} vertices, the dataset {ds.num_nodes}")
     log(f"hotness: {hot.batches} batches, {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
         f"top 1% of vertices catch {dict(hot.curve((0.01,)))[0.01]:.1%} of reads")
+    if hot.batches < MIN_BATCHES:
+        log(f"warning: the hotness comes from only {hot.batches} pre-sampled batch(es) (fewer than {MIN_BATCHES}), "
+            f"so its ranking of vertices is noisy: raise --epochs")
 
-    # 2. Placement (deterministic; saved so a resumed run writes the same layout).
-    key = _key(plan["profile"], plan["bin_targets"], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool, opts.priority,
-               hot.counts.sum(), str(dirs))
-    bin_file = work / f"bin_of-{key}.npy"
+    # 2. Placement (deterministic: a resumed run computes the one it saved).
     t0 = time.perf_counter()
     order = hotness_order(hot.counts)
     if opts.policy == "ddak":
         placed: Placement = ddak(hot.counts, specs, pool=opts.pool, order=order, priority=opts.priority)
     else:
         placed = hash_placement(hot.counts, specs, seed=opts.seed, order=order)
-    if bin_file.exists():
-        saved = np.load(bin_file)
-        if not np.array_equal(saved, placed.bin_of):
-            raise MomentError(f"{bin_file}: a resumed placement differs from the saved one; remove {work} to start over")
-    else:
-        np.save(bin_file, placed.bin_of)
     place_s = time.perf_counter() - t0
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
 
-    # 3. Preflight: every target has room for what goes there.
+    # 3. Preflight: every target has room for what goes there; nothing is created before it.
     rb = ds.row_bytes
     needs: dict[Path, int] = {}
     for b, spec in enumerate(specs):
-        d = dirs.get(spec.name, work)
+        d = dirs.get(spec.name, out)
         needs[d] = needs.get(d, 0) + int(placed.used[b]) * rb
-    needs[work] = needs.get(work, 0) + (ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8) + 3 * ds.num_nodes * 8
-    _preflight(needs)
+    needs[out] = needs.get(out, 0) + (ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8) + 4 * ds.num_nodes * 8
+    check_free_space(needs)
 
-    # 4. Bins, one sequential pass over the source features.
-    pid = key[:8]
-    files = [
-        BinFile(s.name, dirs.get(s.name, work / "cache") / f"{s.name.replace(':', '-')}-{pid}.bin.partial", int(placed.used[b]))
-        for b, s in enumerate(specs)
-    ]
+    stage.create()  # OUT.partial, locked (when resuming it is ours already)
+    data.mkdir(exist_ok=True)
+    atomic_write_text(data / INPUTS, json.dumps({"key": key, "bin_dirs": sorted({str(d) for d in dirs.values()})}))
+    if not hot_file.exists():
+        hot.save(hot_file)
+    bin_file = data / "bin_of.npy"
+    if bin_file.exists() and not np.array_equal(np.load(bin_file), placed.bin_of):
+        raise MomentError(f"{bin_file}: the resumed placement differs from the saved one (a bug): remove {stage.dir} to start over")
+    np.save(bin_file, placed.bin_of)
+    faults.point("place:planned")
+
+    # 4. Bins, one sequential pass over the source features (.partial names until the commit).
+    def bin_path(spec: BinSpec) -> Path:
+        where = dirs.get(spec.name) or (data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}"))
+        return where / bin_file_name(spec.name, stage.run_id)
+
+    files = [BinFile(s.name, bin_path(s).with_name(bin_path(s).name + ".partial"), int(placed.used[b]))
+             for b, s in enumerate(specs)]
     t0 = time.perf_counter()
-    written = write_bins(ds.features(), placed.bin_of, files, work, key,
+    written = write_bins(ds.features(), placed.bin_of, files, data, key,
                          progress=progress("writing bins", ds.num_nodes) if progress else None)
     write_s = time.perf_counter() - t0
+    faults.point("place:bins-written")
 
     # 5. Topology, labels, splits, id maps in the new ids.
-    rl.rewrite_csr(ds.indptr(), ds.indices(), r, work / "indptr.npy", work / "indices.npy",
+    rl.rewrite_csr(ds.indptr(), ds.indices(), r, data / "indptr.npy", data / "indices.npy",
                    progress=progress("rewriting topology", ds.num_nodes) if progress else None)
-    files_meta = {"indptr": {"path": "indptr.npy"}, "indices": {"path": "indices.npy"}}
-    files_meta["labels"] = _save_npy(work / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
+    _save_npy(data / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
     for split in ("train", "val", "test"):
-        files_meta[split] = _save_npy(work / f"{split}_idx.npy", np.sort(r.old_to_new[np.asarray(ds.split(split))]))
-    files_meta["old_to_new"] = _save_npy(work / "old_to_new.npy", r.old_to_new)
-    files_meta["new_to_old"] = _save_npy(work / "new_to_old.npy", r.new_to_old)
-    files_meta["hotness"] = _save_npy(work / "hotness_new.npy", hot.counts[r.new_to_old])
+        _save_npy(data / f"{split}_idx.npy", np.sort(r.old_to_new[np.asarray(ds.split(split))]))
+    _save_npy(data / "old_to_new.npy", r.old_to_new)
+    _save_npy(data / "new_to_old.npy", r.new_to_old)
+    _save_npy(data / "hotness_new.npy", hot.counts[r.new_to_old])
+    _write_workload(data, ds, hot)
+    faults.point("place:arrays-written")
 
-    # 6. Commit: final bin names, checksums, manifest last, one rename.
+    # 6. Stage the manifest (final bin names, checksums), then commit: rename bins, publish.
     shares = placed.shares()
     bins_meta = []
     for idx in r.order:
         spec, w = specs[idx], written[idx]
-        final = w.path.with_name(w.path.name.removesuffix(".partial"))
-        w.path.replace(final)
-        inside = final.is_relative_to(work)
+        final = bin_path(spec)
         bins_meta.append({
             "name": spec.name, "tier": spec.tier, "start": int(r.starts[r.order.index(idx)]), "count": int(placed.used[idx]),
-            "path": str(final.relative_to(work)) if inside else str(final), "bytes": w.bytes, "digest": w.digest,
-            "target": spec.target, "achieved": float(shares[idx]), "capacity": spec.capacity,
+            "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final), "bytes": w.bytes,
+            "digest": w.digest, "target": spec.target, "achieved": float(shares[idx]), "capacity": spec.capacity,
         })
-    for meta in files_meta.values():
-        path = work / meta["path"]
-        meta.update({"bytes": path.stat().st_size, "digest": file_digest(path)})
-    manifest = {
-        "format": FORMAT,
-        "complete": True,
-        "source": {"path": str(Path(dataset_path).resolve()), "name": ds.meta.get("name")},
-        "plan": {"path": str(Path(plan_path).resolve()), "profile": plan["profile"], "layout": plan["layout"]["name"]},
-        "policy": opts.policy,
-        "pool": opts.pool,
-        "priority": opts.priority if opts.policy == "ddak" else None,
-        "num_nodes": ds.num_nodes,
-        "num_edges": ds.num_edges,
-        "feature_dim": ds.feature_dim,
-        "feature_dtype": ds.meta["feature_dtype"],
-        "num_classes": ds.num_classes,
-        "hotness": {"batches": hot.batches, "epochs": hot.epochs, "fanouts": list(hot.fanouts), "batch_size": hot.batch_size,
-                    "mean_unique_per_batch": hot.mean_unique_per_batch, "curve": hot.curve()},
-        "bins": bins_meta,
-        "files": files_meta,
-        "timings_s": {"placement": round(place_s, 3), "write_bins": round(write_s, 3),
-                      "total": round(time.perf_counter() - t_start, 3)},
-    }
-    (work / "write-state.json").unlink(missing_ok=True)
-    for stale in work.glob("bin_of-*.npy"):
-        stale.unlink()
-    hot_file.unlink(missing_ok=True)
-    hot_file.with_suffix(".json").unlink(missing_ok=True)
-    from moment.fileio import atomic_write_text
-
-    _write_workload(work, ds, hot)
-    atomic_write_text(work / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    _commit(work, out)
-    return manifest
+    files_meta = {k: {"path": name, "bytes": (data / name).stat().st_size, "digest": file_digest(data / name)}
+                  for k, name in PLACED_FILES.items()}
+    manifest = PlacedManifest(
+        run_id=stage.run_id,
+        key=key,
+        source={"path": str(Path(dataset_path).resolve()), "name": ds.meta.get("name")},
+        plan={"path": str(Path(plan_path).resolve()), "profile": plan["profile"], "layout": plan["layout"]["name"]},
+        policy=opts.policy,
+        pool=opts.pool,
+        priority=opts.priority if opts.policy == "ddak" else None,
+        num_nodes=ds.num_nodes,
+        num_edges=ds.num_edges,
+        feature_dim=ds.feature_dim,
+        feature_dtype=ds.meta["feature_dtype"],
+        num_classes=ds.num_classes,
+        hotness={"batches": hot.batches, "epochs": hot.epochs, "fanouts": list(hot.fanouts), "batch_size": hot.batch_size,
+                 "mean_unique_per_batch": hot.mean_unique_per_batch, "curve": hot.curve()},
+        bins=bins_meta,
+        files=files_meta,
+        timings_s={"placement": round(place_s, 3), "write_bins": round(write_s, 3),
+                   "total": round(time.perf_counter() - t_start, 3)},
+    )
+    manifest.write(data / MANIFEST)
+    faults.point("place:manifest-staged")
+    return _commit(stage, dirs, log).model_dump(mode="json")
 
 
 def _write_workload(work: Path, ds: Dataset, hot: Hotness) -> None:
     """The measured workload as ``moment plan --workload`` reads it: the planner's input from
     pre-sampling (hotness curve and unique vertices per batch), closing the loop."""
     import yaml
-
-    from moment.fileio import atomic_write_text
 
     body = {
         "dataset": ds.meta.get("name", "dataset"),
@@ -275,27 +400,3 @@ def _write_workload(work: Path, ds: Dataset, hot: Hotness) -> None:
     }
     atomic_write_text(work / "workload.yaml", "# Measured by `moment place` (pre-sampling); use with `moment plan --workload`.\n"
                       + yaml.safe_dump(body, sort_keys=False))
-
-
-def _commit(work: Path, out: Path) -> None:
-    """Swap the finished directory in: the old placement stays whole until the new one is there."""
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{int(time.time())}")
-        out.rename(old)
-    work.rename(out)
-    if old is not None:
-        _remove_placement(old)
-
-
-def _remove_placement(path: Path) -> None:
-    """Delete a replaced placement, its SSD bins outside it included."""
-    try:
-        meta = json.loads((path / MANIFEST).read_text())
-        for b in meta.get("bins", []):
-            p = Path(b["path"])
-            if p.is_absolute():
-                p.unlink(missing_ok=True)
-    except (OSError, ValueError):
-        pass
-    shutil.rmtree(path, ignore_errors=True)

@@ -10,23 +10,18 @@ row-major file, so a vertex's location is a range lookup.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moment.errors import MomentError
+from moment.contracts.placed import FORMAT, MANIFEST, PlacedError, PlacedManifest
+from moment.errors import UsageError
 from placement.dataset import FeatureShape
 from placement.writer import file_digest
 
-FORMAT = "moment.placed/1"
-MANIFEST = "placed.json"
-
-
-class PlacedError(MomentError):
-    """A placed dataset that is missing, incomplete or damaged (names the file)."""
+__all__ = ["FORMAT", "MANIFEST", "Placed", "PlacedBin", "PlacedError", "open_placed", "verify"]
 
 
 @dataclass
@@ -45,8 +40,9 @@ class PlacedBin:
 @dataclass
 class Placed(FeatureShape):
     root: Path
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # the manifest as plain data (what FeatureShape reads)
     bins: list[PlacedBin]
+    manifest: PlacedManifest
 
     def file(self, key: str) -> Path:
         return self.root / self.meta["files"][key]["path"]
@@ -87,54 +83,43 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         partial = root.with_name(root.name + ".partial")
         hint = f" (an interrupted `moment place` left {partial}: re-run it to resume)" if partial.exists() else ""
         raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, ValueError) as exc:
-        raise PlacedError(f"{manifest}: unreadable ({str(exc).splitlines()[0]})") from None
-    if meta.get("format") != FORMAT or meta.get("complete") is not True:
-        raise PlacedError(f"{manifest}: not a complete {FORMAT} manifest")
-    bins = [
-        PlacedBin(b["name"], b["tier"], b["start"], b["count"], _abs(root, b["path"]), b["bytes"], b["digest"],
-                  b.get("target", 0.0), b.get("achieved", 0.0))
-        for b in meta["bins"]
-    ]
-    placed = Placed(root, meta, bins)
+    m = PlacedManifest.read(manifest)
+    bins = [PlacedBin(b.name, b.tier, b.start, b.count, _abs(root, b.path), b.bytes, b.digest, b.target, b.achieved)
+            for b in m.bins]
+    placed = Placed(root, m.model_dump(mode="json"), bins, m)
     checks = [(b.path, b.bytes, b.digest) for b in bins]
-    checks += [(_abs(root, f["path"]), f["bytes"], f["digest"]) for f in meta["files"].values()]
+    checks += [(root / f.path, f.bytes, f.digest) for f in m.files.values()]
     for file, size, digest in checks:
-        if not file.exists():
+        if not file.is_file():
             raise PlacedError(f"{file}: missing (listed in {manifest})")
         if file.stat().st_size != size:
             raise PlacedError(f"{file}: {file.stat().st_size} bytes, manifest says {size}: truncated or replaced")
         if checksums and file_digest(file) != digest:
             raise PlacedError(f"{file}: checksum mismatch: the file is damaged")
-    expect = 0
-    for b in bins:
-        if b.start != expect or b.bytes != b.count * placed.row_bytes:
-            raise PlacedError(f"{manifest}: bin {b.name} does not continue the id ranges")
-        expect += b.count
-    if expect != placed.num_nodes:
-        raise PlacedError(f"{manifest}: bins hold {expect} rows, expected {placed.num_nodes}")
     return placed
 
 
 def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Checksums of every file, counts, and a random sample of features compared with the source."""
+    """Checksums of every file, counts, and a random sample of features compared with the source
+    byte for byte (a NaN equals itself here: the bytes were copied, not the values)."""
     from placement.dataset import open_dataset
 
+    if sample < 0:
+        raise UsageError(f"--sample {sample}: must be 0 or more")
     placed = open_placed(path, checksums=True)
-    src = open_dataset(source or placed.meta["source"]["path"])
-    if src.num_nodes != placed.num_nodes or src.feature_dim != placed.feature_dim:
-        raise PlacedError(f"{src.root}: the source has {src.num_nodes}×{src.feature_dim} features, the placement {placed.num_nodes}×{placed.feature_dim}")
+    src = open_dataset(source or placed.manifest.source.path)
+    if src.num_nodes != placed.num_nodes or src.feature_dim != placed.feature_dim or src.feature_dtype != placed.feature_dtype:
+        raise PlacedError(f"{src.root}: the source has {src.num_nodes}×{src.feature_dim} {src.feature_dtype} features, "
+                          f"the placement {placed.num_nodes}×{placed.feature_dim} {placed.feature_dtype}")
     rng = np.random.default_rng(seed)
     old = np.unique(rng.integers(0, placed.num_nodes, size=min(sample, placed.num_nodes)))
     new = np.asarray(placed.array("old_to_new")[old])
-    got = placed.read_rows(new)
-    want = np.asarray(src.features()[old])
+    got = placed.read_rows(new).view(np.uint8)
+    want = np.ascontiguousarray(src.features()[old]).view(np.uint8)
     bad = np.flatnonzero((got != want).any(axis=1))
     if bad.size:
         raise PlacedError(f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)")
     back = np.asarray(placed.array("new_to_old")[new])
     if not np.array_equal(back, old):
         raise PlacedError(f"{placed.file('new_to_old')}: not the inverse of old_to_new")
-    return {"files": len(placed.bins) + len(placed.meta["files"]), "rows": placed.num_nodes, "sampled": int(old.size)}
+    return {"files": len(placed.bins) + len(placed.manifest.files), "rows": placed.num_nodes, "sampled": int(old.size)}

@@ -21,7 +21,6 @@ byte-identical for a seed whatever ``chunk_nodes`` is. Memory is one block plus 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from moment import faults, outputs
 from moment.errors import UsageError
 from placement.dataset import FEATURE_DTYPES, FILES, Dataset, DatasetError, open_dataset, write_manifest
 
@@ -59,15 +59,22 @@ def synthesize(
     test_fraction: float = 0.005,
     chunk_nodes: int = 1 << 20,
     progress: Progress | None = None,
+    replace: bool = False,
 ) -> Dataset:
-    """Write a synthetic dataset directory at ``out`` block by block and open it."""
+    """Write a synthetic dataset directory at ``out`` block by block and open it.
+
+    If ``out`` already holds the dataset these arguments generate, it is returned as it is (an
+    identical re-run is a no-op); another dataset there is refused, or replaced with ``replace``."""
     spec = _Spec(nodes, float(avg_degree), dim, dtype, seed, classes,
                  (train_fraction, val_fraction, test_fraction), _round_chunk(chunk_nodes))
     spec.validate()
     out = Path(out)
-    check_free_space(out, sum(estimate(nodes, avg_degree, dim, dtype, spec.fractions).values()))
     model = _Model(spec)
-    with staging(out) as tmp:
+    same = _generated_by(out, spec, model)
+    if same is not None:
+        return same
+    check_free_space(out, sum(estimate(nodes, avg_degree, dim, dtype, spec.fractions).values()))
+    with staging(out, replace=replace) as tmp:
         cum = _weights(spec, model, progress)
         edges = _degrees(tmp, spec, cum, progress)
         _edges(tmp, spec, model, cum, edges, progress)
@@ -101,39 +108,44 @@ def estimate(
 
 def check_free_space(out: str | Path, needed_bytes: int) -> None:
     """Refuse to start a write that cannot fit, rather than fail hours in with a full disk."""
-    where = Path(out).absolute()
-    while not where.exists():
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    if free < needed_bytes:
-        raise DatasetError(f"{out}: needs {needed_bytes / 1e9:.2f} GB but {where} has {free / 1e9:.2f} GB free "
-                           f"({(needed_bytes - free) / 1e9:.2f} GB short)")
+    outputs.check_free_space({Path(out): needed_bytes}, DatasetError)
+
+
+def _dataset_files(root: Path) -> list[Path]:
+    """A dataset's files that moment wrote: the arrays its validated manifest names, and the manifest."""
+    ds = open_dataset(root)
+    return [*(ds.path(key) for key in ds.meta["files"]), root / "dataset.json"]
+
+
+DATASET = outputs.Kind("dataset", "dataset.json", "moment dataset", open_dataset, _dataset_files, DatasetError)
 
 
 @contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """A temporary directory beside ``out`` that becomes ``out`` only once complete and synced.
-
-    A crash or Ctrl-C never leaves a half-written dataset where a reader would look; the fixed
-    temporary name means the next run clears what a killed one left behind.
+def staging(out: Path, replace: bool = False) -> Iterator[Path]:
+    """A locked staging directory (``OUT.partial/data``) that becomes ``out`` only once complete
+    and synced (moment.outputs). ``out`` must be absent or empty — or, with ``replace``, a
+    dataset, replaced whole. A killed run's staging is taken over: a half-written dataset is
+    thrown away (generation is not resumable), a half-published one finished first.
     """
-    _refuse_existing(out)
-    tmp = out.parent / f".tmp-{out.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    out = Path(out)
+    stage = outputs.Staging(out, DATASET)
+    if stage.resume():
+        if stage.old.exists():
+            stage.publish("dataset")
+            stage = outputs.Staging(out, DATASET)
+        elif stage.data.exists():
+            shutil.rmtree(stage.data)  # inside our own locked staging directory
+    outputs.check_out(out, DATASET, replace=replace)
+    stage.create()
+    stage.data.mkdir()
     try:
-        yield tmp
-        _sync_tree(tmp)
-        _refuse_existing(out)
-        try:
-            os.rename(tmp, out)
-        except OSError as exc:
-            raise DatasetError(f"{out}: cannot move the finished dataset into place ({exc.strerror})") from None
-        _fsync(out.parent)
+        yield stage.data
+        faults.point("dataset:written")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stage.data, ignore_errors=True)
+        stage.release()
         raise
+    stage.publish("dataset")
 
 
 @dataclass(frozen=True)
@@ -355,6 +367,19 @@ def _meta(out: Path, spec: _Spec, model: _Model, edges: int) -> dict[str, Any]:
     }
 
 
+def _generated_by(out: Path, spec: _Spec, model: _Model) -> Dataset | None:
+    """The dataset at ``out`` if these arguments generated it (same generator record), else None."""
+    if not (out / "dataset.json").is_file() or (out.with_name(out.name + ".partial")).exists():
+        return None
+    try:
+        ds = open_dataset(out)
+    except DatasetError:
+        return None
+    want = _meta(out, spec, model, ds.num_edges)
+    keys = ("num_nodes", "feature_dim", "feature_dtype", "num_classes", "generator")
+    return ds if all(ds.meta.get(k) == want[k] for k in keys) else None
+
+
 def _chunks(stage: str, n: int, size: int, progress: Progress | None) -> Iterator[tuple[int, int]]:
     """[a, b) blocks of ``size`` ids, each reported done (the CLI draws one bar per stage)."""
     if progress:
@@ -402,23 +427,3 @@ def _unit(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
 
 def _index_dtype(nodes: int) -> np.dtype:
     return np.dtype(np.int32 if nodes < 2**31 else np.int64)
-
-
-def _refuse_existing(out: Path) -> None:
-    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
-        raise DatasetError(f"{out}: already exists and is not empty (choose another output or remove it)")
-
-
-def _sync_tree(root: Path) -> None:
-    """fsync every file, then the directory, so the rename publishes only durable data."""
-    for path in root.iterdir():
-        _fsync(path)
-    _fsync(root)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -73,15 +73,3 @@ def test_ids_out_of_range(good: Path, tmp_path: Path) -> None:
     np.save(d / "indices.npy", idx)
     with pytest.raises(DatasetError, match="train"):
         check_ids(open_dataset(d))
-
-
-def test_place_preflight_refuses_a_full_disk(good: Path, tmp_path: Path, monkeypatch) -> None:
-    from collections import namedtuple
-
-    from moment.errors import MomentError
-    from placement import place as place_mod
-
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(place_mod.shutil, "disk_usage", lambda p: usage(10, 10, 1000))
-    with pytest.raises(MomentError, match="not enough space"):
-        place_mod._preflight({tmp_path: 10 << 20})

@@ -113,7 +113,7 @@ place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions(gpu_cache
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == -signal.SIGKILL
     partial = out.with_name("placed.partial")
-    state = json.loads((partial / "write-state.json").read_text())
+    state = json.loads((partial / "data" / "write-state.json").read_text())
     assert 0 < state["next_row"] < 30_000
     with pytest.raises(PlacedError, match="interrupted"):
         open_placed(out)

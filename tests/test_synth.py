@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moment.errors import MomentError
+
 from moment.errors import UsageError
 from placement.dataset import FILES, Dataset, DatasetError, check_ids, open_dataset
 from placement.synth import check_free_space, estimate, synthesize
@@ -102,8 +104,14 @@ def test_refuses_to_overwrite_but_fills_an_empty_directory(tmp_path: Path) -> No
     out = tmp_path / "g"
     out.mkdir()
     synthesize(out, 500, 4, 4)
-    with pytest.raises(DatasetError, match=str(out)):
-        synthesize(out, 500, 4, 4)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    synthesize(out, 500, 4, 4)  # the identical command again: nothing to do, nothing rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(MomentError, match=f"{out}: already a dataset"):
+        synthesize(out, 500, 4, 4, seed=1)  # another dataset into it: refused
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    replaced = synthesize(out, 600, 4, 4, replace=True)
+    assert replaced.num_nodes == 600 and sorted(p.name for p in tmp_path.iterdir()) == ["g"]
 
 
 def test_an_interrupted_run_leaves_nothing_a_reader_could_open(tmp_path: Path) -> None:
@@ -118,9 +126,6 @@ def test_an_interrupted_run_leaves_nothing_a_reader_could_open(tmp_path: Path) -
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with pytest.raises(DatasetError):
         open_dataset(out)
-    stale = tmp_path / ".tmp-g"  # what a killed (not interrupted) run leaves: the next run clears it
-    stale.mkdir()
-    (stale / "features.npy").write_bytes(b"half")
     synthesize(out, 500, 4, 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]
 

@@ -1,0 +1,144 @@
+"""placed.json (``moment.placed/1``): what ``moment place`` writes and the trainer, ``moment
+verify`` and the next ``moment place`` read.
+
+Written last into the staging directory (its presence with ``complete: true`` is what makes a
+directory a placed dataset). Every file has its size and SHA-256; ``files`` are relative to the
+placed directory (never ``..``), SSD bins outside it are absolute paths whose name carries the
+run id, so a later run can prove which files it may remove.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from moment.contracts import Contract, Strict
+from moment.errors import MomentError
+
+FORMAT = "moment.placed/2"
+MANIFEST = "placed.json"
+TIERS = ("gpu", "cpu", "ssd")
+RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
+BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
+# Every file `moment place` writes into a placed directory (the bins aside): what it may remove.
+REQUIRED_FILES = ("indptr", "indices", "labels", "train", "val", "test", "old_to_new", "new_to_old")
+
+
+class PlacedError(MomentError):
+    """A placed dataset that is missing, incomplete or damaged (names the file)."""
+
+
+def bin_file_name(bin_name: str, run_id: str) -> str:
+    """A bin's file name: the bin and the run that wrote it (``nvme0-1a2b3c4d.bin``)."""
+    return f"{bin_name.replace(':', '-')}-{run_id}.bin"
+
+
+def _relative(path: str) -> str:
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise ValueError(f"{path!r}: must be a path inside the placed directory (relative, no '..')")
+    return path
+
+
+class FileEntry(Strict):
+    path: str
+    bytes: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return _relative(v)
+
+
+class BinEntry(Strict):
+    name: str = Field(pattern=BIN_NAME.pattern)
+    tier: Literal["gpu", "cpu", "ssd"]
+    start: int = Field(ge=0)
+    count: int = Field(ge=0)
+    path: str  # relative to the placed directory, or absolute (an SSD directory outside it)
+    bytes: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    target: float = Field(ge=0, le=1)
+    achieved: float = Field(ge=0, le=1)
+    capacity: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        p = PurePosixPath(v)
+        if ".." in p.parts or not p.parts:
+            raise ValueError(f"{v!r}: a bin path may not contain '..'")
+        return v
+
+
+class Source(Strict):
+    path: str
+    name: str | None = None
+
+
+class PlanRef(Strict):
+    path: str
+    profile: dict[str, Any]
+    layout: str
+
+
+class HotnessSummary(Strict):
+    batches: int = Field(ge=0)
+    epochs: int = Field(ge=0)
+    fanouts: list[int]
+    batch_size: int = Field(ge=1)
+    mean_unique_per_batch: float = Field(ge=0)
+    curve: list[tuple[float, float]]
+
+
+class PlacedManifest(Contract):
+    FORMAT: ClassVar[str] = FORMAT
+    WHAT: ClassVar[str] = "a placed dataset's manifest"
+    ERROR: ClassVar[type[MomentError]] = PlacedError
+
+    format: Literal["moment.placed/2"] = FORMAT
+    complete: Literal[True] = True
+    run_id: str = Field(pattern=RUN_ID.pattern)  # in every bin's file name: what proves a bin is this run's
+    key: str = Field(pattern=r"^[0-9a-f]{16}$")  # digest of the inputs: an identical re-run has nothing to do
+    source: Source
+    plan: PlanRef
+    policy: Literal["ddak", "hash"]
+    pool: int = Field(ge=1)
+    priority: Literal["projected", "paper"] | None
+    num_nodes: int = Field(ge=1)
+    num_edges: int = Field(ge=0)
+    feature_dim: int = Field(ge=1)
+    feature_dtype: Literal["float32", "float16"]
+    num_classes: int = Field(ge=1)
+    hotness: HotnessSummary
+    bins: list[BinEntry]
+    files: dict[str, FileEntry]
+    timings_s: dict[str, float] = {}
+
+    @field_validator("files")
+    @classmethod
+    def _required(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        missing = [k for k in REQUIRED_FILES if k not in files]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (every file the trainer reads must be listed)")
+        return files
+
+    @model_validator(mode="after")
+    def _ranges(self) -> PlacedManifest:
+        """Bins hold consecutive id ranges covering every vertex, one file each."""
+        expect, names = 0, set()
+        row = self.feature_dim * (4 if self.feature_dtype == "float32" else 2)
+        for b in self.bins:
+            if b.name in names:
+                raise ValueError(f"bins: duplicate bin {b.name}")
+            names.add(b.name)
+            if b.start != expect or b.bytes != b.count * row:
+                raise ValueError(f"bins: bin {b.name} does not continue the id ranges")
+            expect += b.count
+        if expect != self.num_nodes:
+            raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
+        return self

@@ -1,0 +1,277 @@
+"""The one way moment publishes an output directory (a dataset, a placed dataset, a demo).
+
+The rules (README, "Placement"):
+
+* ``--out`` is absent, empty, or an output of the same kind — a directory whose manifest
+  validates (format marker, complete). Anything else is refused, in one line, before any work.
+* Work happens in ``OUT.partial``, the staging directory, under an exclusive ``flock`` held for
+  the whole run: a second writer fails at once, naming the first. Its marker file says which
+  command owns it and the run id that every file it writes outside (SSD bins) carries in its name.
+* Publishing is a sequence of renames inside that locked directory, each step named for the
+  fault-injection tests (:mod:`moment.faults`): the finished output waits in ``OUT.partial/data``;
+  an old output at ``OUT`` moves to ``OUT.partial/old``; ``data`` becomes ``OUT``; the old one is
+  removed file by file — only files its validated manifest lists, never anything else. A kill at
+  any step is finished by the next run.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from moment import faults
+from moment.errors import MomentError
+
+MARKER = ".moment-staging.json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What kind of output a command writes, and how to tell one of its own."""
+
+    name: str  # "placed dataset"
+    manifest: str  # the file whose presence, validated, makes a directory an output of this kind
+    command: str  # "moment place", for messages
+    validate: Callable[[Path], object]  # raises MomentError unless the directory is a complete output
+    owned_files: Callable[[Path], Iterable[Path]]  # an output's files (manifest included) it may remove
+    error: type[MomentError] = MomentError  # what a refusal raises
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every directory, before a rename publishes them."""
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def check_free_space(needs: dict[Path, int], error: type[MomentError] = MomentError) -> None:
+    """Enough free space on every file system the run writes to, before any byte is written.
+
+    ``needs`` maps target paths (existing or not) to bytes; targets on one file system are added
+    up, with 2% + 64 MiB of headroom (file system overhead, the manifest, scratch)."""
+    by_fs: dict[int, tuple[Path, Path, int]] = {}
+    for target, need in needs.items():
+        probe = Path(target).absolute()
+        while not probe.exists():
+            probe = probe.parent
+        dev = probe.stat().st_dev
+        first, where, total = by_fs.get(dev, (Path(target), probe, 0))
+        by_fs[dev] = (first, where, total + need)
+    for target, probe, need in by_fs.values():
+        free = shutil.disk_usage(probe).free
+        want = need * 1.02 + (64 << 20)
+        if free < want:
+            raise error(f"{target}: needs {want / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free "
+                        f"({(want - free) / 1e9:.2f} GB short)")
+
+
+def check_out(out: Path, kind: Kind, replace: bool = True) -> bool:
+    """Refuse an ``--out`` that is not absent, empty, or an output of ``kind``; True if it holds one."""
+    if out.is_symlink():
+        raise kind.error(f"{out}: a symbolic link: give the directory it points to")
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise kind.error(f"{out}: already exists and is not a directory: refusing to replace it with a {kind.name}")
+    if not any(out.iterdir()):
+        return False
+    if not (out / kind.manifest).is_file():
+        raise kind.error(f"{out}: already exists and is not empty, and is not a {kind.name} (no {kind.manifest}): "
+                         f"refusing to write there; choose another output directory")
+    try:
+        kind.validate(out)
+    except MomentError as exc:
+        raise kind.error(f"{out}: not a complete {kind.name}, refusing to replace it ({exc})") from None
+    if not replace:
+        raise kind.error(f"{out}: already a {kind.name}: choose another output directory or remove it")
+    return True
+
+
+class Staging:
+    """``OUT.partial``: the locked directory a run builds its output in (see the module doc)."""
+
+    def __init__(self, out: Path, kind: Kind) -> None:
+        self.out = out
+        self.kind = kind
+        self.dir = out.with_name(out.name + ".partial")
+        self.data = self.dir / "data"
+        self.old = self.dir / "old"
+        self.run_id = ""
+        self._fd: int | None = None
+
+    # --- ownership ------------------------------------------------------------------------
+
+    def _read_marker(self, where: Path) -> dict:
+        try:
+            marker = json.loads((where / MARKER).read_text())
+        except (OSError, ValueError):
+            marker = None
+        if not isinstance(marker, dict) or marker.get("kind") != self.kind.name or not isinstance(marker.get("run_id"), str):
+            raise self.kind.error(f"{self.dir}: exists and was not left by {self.kind.command}: remove it or choose "
+                              f"another output directory")
+        return marker
+
+    def _lock(self, where: Path) -> None:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            try:
+                other = json.loads((where / MARKER).read_text())
+                who = f" (pid {other.get('pid')} on {other.get('host')}, since {other.get('since')})"
+            except (OSError, ValueError):
+                who = ""
+            raise self.kind.error(f"{self.out}: another {self.kind.command} is writing it{who}; wait for it to finish") from None
+        self._fd = fd
+
+    def _write_marker(self, where: Path, run_id: str) -> None:
+        body = {"kind": self.kind.name, "command": self.kind.command, "run_id": run_id, "pid": os.getpid(),
+                "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        tmp = where / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(body) + "\n")
+        os.replace(tmp, where / MARKER)
+
+    def resume(self) -> bool:
+        """Take an existing ``OUT.partial`` (a killed run's): lock it, adopt its run id. False if none."""
+        if self.dir.is_symlink():
+            raise self.kind.error(f"{self.dir}: a symbolic link: remove it")
+        if not self.dir.exists():
+            return False
+        self._read_marker(self.dir)
+        self._lock(self.dir)
+        self.run_id = self._read_marker(self.dir)["run_id"]  # re-read under the lock
+        self._write_marker(self.dir, self.run_id)
+        return True
+
+    def create(self) -> None:
+        """Make ``OUT.partial`` locked from birth: built under a private name, renamed into place."""
+        if self._fd is not None:
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.mkdir()
+        run_id = secrets.token_hex(4)
+        self._write_marker(tmp, run_id)
+        self._lock(tmp)
+        try:
+            os.rename(tmp, self.dir)  # fails if another run made OUT.partial meanwhile
+        except OSError:
+            self.release(tmp)
+            if self.resume():  # it was a killed run's after all: fine, ours now
+                return
+            raise
+        self.run_id = run_id
+        fsync_dir(self.dir.parent)
+
+    def release(self, where: Path | None = None) -> None:
+        """Remove the (empty) staging directory and drop the lock."""
+        where = where or self.dir
+        (where / MARKER).unlink(missing_ok=True)
+        try:
+            where.rmdir()
+        except OSError:
+            pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # --- publishing -----------------------------------------------------------------------
+
+    def publish(self, step: str, keep: Iterable[Path] = (), external_dirs: Iterable[Path] = ()) -> list[str]:
+        """``data`` → ``OUT``, replacing an old output of the same kind; returns notes for the user.
+
+        ``keep``: files the new output uses (never removed with the old one); ``external_dirs``:
+        directories outside ``OUT`` the run was given (the old output's files there may go)."""
+        notes: list[str] = []
+        if self.data.exists():
+            faults.point(f"{step}:staged")
+            # an old output moves aside (re-checked: nothing else moved in meanwhile); an empty
+            # directory is simply replaced by the rename below
+            if not self.old.exists() and check_out(self.out, self.kind):
+                os.rename(self.out, self.old)
+                fsync_dir(self.dir)
+                faults.point(f"{step}:old-moved")
+            fsync_tree(self.data)
+            os.rename(self.data, self.out)
+            fsync_dir(self.out.parent)
+            faults.point(f"{step}:published")
+        if self.old.exists():
+            notes += self._remove_old(keep, external_dirs)
+            faults.point(f"{step}:old-removed")
+        self.release()
+        return notes
+
+    def _remove_old(self, keep: Iterable[Path], external_dirs: Iterable[Path]) -> list[str]:
+        """Remove a replaced output: only the files its validated manifest lists, each inside the
+        old directory or inside a directory this run was given, never one the new output uses."""
+        try:
+            self.kind.validate(self.old)
+            files = list(self.kind.owned_files(self.old))
+        except MomentError as exc:
+            return self._set_aside(f"its manifest no longer validates ({exc})")
+        kept = {_identity(p) for p in keep}
+        given = [Path(d).resolve() for d in external_dirs]
+        notes = []
+        old_root = self.old.resolve()
+        for path in files:
+            real = path.resolve() if path.exists() else path
+            inside = real.is_relative_to(old_root)
+            if not inside and not any(real.parent == d for d in given):
+                if path.exists():
+                    notes.append(f"{path}: left in place (the replaced {self.kind.name}'s file, in a directory this run was not given)")
+                continue
+            if _identity(path) in kept:
+                continue
+            path.unlink(missing_ok=True)
+        _prune_empty_dirs(self.old)
+        if self.old.exists():
+            return notes + self._set_aside("it holds files moment did not write")
+        return notes
+
+    def _set_aside(self, why: str) -> list[str]:
+        aside = self.out.with_name(f"{self.out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(self.old, aside)
+        return [f"the replaced {self.kind.name} was kept at {aside}: {why}; remove it yourself when you no longer need it"]
+
+
+def _identity(path: Path) -> tuple[int, int] | str:
+    try:
+        st = path.stat()
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return str(path.absolute())
+
+
+def _prune_empty_dirs(root: Path) -> None:
+    """Remove ``root`` and directories under it that are empty (after their files were removed)."""
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
