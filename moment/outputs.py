@@ -93,6 +93,11 @@ def check_out(out: Path, kind: Kind, replace: bool = True) -> bool:
     if out.is_symlink():
         raise kind.error(f"{out}: a symbolic link: give the directory it points to")
     if not out.exists():
+        parent = out.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise kind.error(f"{parent}: not a directory, so {out} cannot be created there")
         return False
     if not out.is_dir():
         raise kind.error(f"{out}: already exists and is not a directory: refusing to replace it with a {kind.name}")
