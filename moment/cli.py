@@ -345,9 +345,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _sweep(machine, workload, gpus, ssds, args)
     outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method)
     if args.out:
-        from moment.planner.planfile import plan_document, write_plan
+        from moment.planner.planfile import save_plan
 
-        write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), args.out)
+        save_plan(machine, workload, outcome, args.out)
     if args.picture:
         _plan_picture(outcome.best, args.picture)
     if args.json:
@@ -667,7 +667,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from moment.planner.plan import default_counts, plan
-    from moment.planner.planfile import plan_document, write_plan
+    from moment.planner.planfile import save_plan
     from moment.planner.report import print_layout, print_prediction, ranking_table
     from moment.planner.workload import load_workload
     from moment.topology import profiler
@@ -694,7 +694,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_prediction(out, outcome.best, workload)
     best_s = outcome.best.prop.iteration_s
     out.print(ranking_table("the paper's classic layouts, scored", list(outcome.classic.values()), best_s))
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), work / "plan.json")
+    save_plan(machine, workload, outcome, work / "plan.json")
     _plan_picture(outcome.best, str(work / "plan.svg"))
 
     from placement.place import PlaceOptions, place

@@ -26,7 +26,7 @@ from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_f
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
-from moment.planner.planfile import read_plan
+from moment.planner.planfile import PlanDoc, read_plan
 from placement import relabel as rl
 from placement.dataset import Dataset, open_dataset
 from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
@@ -68,39 +68,36 @@ class PlaceOptions:
     profile_sha256: str | None = None  # refuse a plan made for another profile
 
 
-def _bins(plan: dict, ds: Dataset, opts: PlaceOptions, out: Path) -> tuple[list[BinSpec], dict[str, Path]]:
+def _bins(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> list[BinSpec]:
     """DDAK bins from the plan's targets, capacities from the cache budgets and the SSDs."""
-    workload = plan.get("workload", {})
-    targets = plan["bin_targets"]
-    gpus = [t for t in targets if t["tier"] == "gpu"]
-    cpus = [t for t in targets if t["tier"] == "cpu"]
+    workload = plan.workload
+    targets = plan.bin_targets
+    gpus = [t for t in targets if t.tier == "gpu"]
+    cpus = [t for t in targets if t.tier == "cpu"]
     rb, n = ds.row_bytes, ds.num_nodes
     if opts.gpu_cache is not None:
         gpu_rows = parse_rows(opts.gpu_cache, "--gpu-cache", n, rb)
     else:
-        per_gpu_gb = workload.get("gpu_cache_gb") or 0.5 * min((t.get("capacity_gb") or 0 for t in gpus), default=0)
+        per_gpu_gb = workload.gpu_cache_gb or 0.5 * min((t.capacity_gb or 0 for t in gpus), default=0)
         gpu_rows = int(per_gpu_gb * 1e9 // rb)
     if opts.cpu_cache is not None:
         cpu_rows = parse_rows(opts.cpu_cache, "--cpu-cache", n, rb)
     else:
-        cpu_rows = int(n * workload.get("cpu_cache_fraction", 0.01))
-    dirs: dict[str, Path] = {}
+        cpu_rows = int(n * workload.cpu_cache_fraction)
     specs = []
-    unknown = set(opts.ssd_dirs) - {t["bin"] for t in targets if t["tier"] == "ssd"}
+    unknown = set(opts.ssd_dirs) - {t.bin for t in targets if t.tier == "ssd"}
     if unknown:
         raise UsageError(f"--ssd-dir names {', '.join(sorted(unknown))}, which the plan has no SSD bin for")
     for t in targets:
-        if t["tier"] == "gpu":
+        if t.tier == "gpu":
             cap = gpu_rows
-        elif t["tier"] == "cpu":  # the CPU cache goes where the plan wants CPU reads served from
-            total = sum(c["share"] for c in cpus)
-            cap = int(cpu_rows * t["share"] / total) if total > 0 else cpu_rows // max(len(cpus), 1)
+        elif t.tier == "cpu":  # the CPU cache goes where the plan wants CPU reads served from
+            total = sum(c.share for c in cpus)
+            cap = int(cpu_rows * t.share / total) if total > 0 else cpu_rows // max(len(cpus), 1)
         else:
-            d = opts.ssd_dirs.get(t["bin"], out.with_name(out.name + ".partial") / "bins" / t["bin"])
-            dirs[t["bin"]] = d
-            cap = int((t.get("capacity_gb") or 1e6) * 1e9 // rb)
-        specs.append(BinSpec(t["bin"], t["tier"], min(cap, n), float(t["share"])))
-    return specs, dirs
+            cap = int((t.capacity_gb or 1e6) * 1e9 // rb)
+        specs.append(BinSpec(t.bin, t.tier, min(cap, n), t.share))
+    return specs
 
 
 def _key(*parts: Any) -> str:
@@ -233,18 +230,16 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     if opts.policy not in ("ddak", "hash"):
         raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
     plan = read_plan(plan_path)
-    if opts.profile_sha256 and plan["profile"]["sha256"] != opts.profile_sha256:
-        raise UsageError(f"{plan_path}: made for profile {plan['profile']['name']!r} (another profile's hash): re-plan for this one")
+    if opts.profile_sha256 and plan.profile.sha256 != opts.profile_sha256:
+        raise UsageError(f"{plan_path}: made for profile {plan.profile.name!r} (another profile's hash): re-plan for this one")
     ds = open_dataset(dataset_path)
     dirs = _ssd_dirs(opts, out)
     opts = replace(opts, ssd_dirs=dirs)
     had_output = check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused now
-    specs, _ = _bins(plan, ds, opts, out)
-    wl = plan.get("workload", {})
-    fanouts = tuple(wl.get("fanouts", (25, 10)))
-    batch = int(wl.get("batch_size", 8000))
+    specs = _bins(plan, ds, opts)
+    fanouts, batch = tuple(plan.workload.fanouts), plan.workload.batch_size
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
-    key = _key(plan["profile"], plan["bin_targets"], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool,
+    key = _key(plan.profile.model_dump(), [t.model_dump() for t in plan.bin_targets], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool,
                opts.priority, opts.seed, opts.epochs, fanouts, batch, hot_given, {k: str(v) for k, v in dirs.items()},
                str(Path(dataset_path).resolve()))
 
@@ -360,7 +355,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         run_id=stage.run_id,
         key=key,
         source={"path": str(Path(dataset_path).resolve()), "name": ds.meta.get("name")},
-        plan={"path": str(Path(plan_path).resolve()), "profile": plan["profile"], "layout": plan["layout"]["name"]},
+        plan={"path": str(Path(plan_path).resolve()), "profile": plan.profile.model_dump(), "layout": plan.layout.name},
         policy=opts.policy,
         pool=opts.pool,
         priority=opts.priority if opts.policy == "ddak" else None,

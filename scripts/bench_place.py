@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, write_plan
+from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
@@ -78,7 +78,7 @@ def main() -> None:
     workload = load_workload(machine.workload)
     outcome = plan(machine, workload, 4, 8, top=1)
     plan_path = work / "plan.json"
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), plan_path)
+    save_plan(machine, workload, outcome, plan_path)
 
     copy_s = plain_copy(feat, work / "copy.bin")
     (work / "copy.bin").unlink()

@@ -182,7 +182,7 @@ def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[st
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]]:
     from moment.planner.plan import plan
-    from moment.planner.planfile import plan_document, write_plan
+    from moment.planner.planfile import save_plan
     from moment.planner.workload import load_workload
     from moment.topology.profile_io import resolve_profile
     from placement.hotness import Hotness
@@ -199,7 +199,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]
     machine = resolve_profile("moment-machine-b")
     workload = load_workload(machine.workload)
     outcome = plan(machine, workload, 4, 8, top=1)
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), plan_path)
+    save_plan(machine, workload, outcome, plan_path)
     placed: dict[str, Path] = {}
     hotness = work / "hotness.npy"
     for policy in ("ddak", "hash"):

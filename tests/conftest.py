@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, write_plan
+from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
 
@@ -19,5 +19,5 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workload = load_workload(machine.workload)
     outcome = plan(machine, workload, 4, 8, top=1)
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic), path)
+    save_plan(machine, workload, outcome, path)
     return path

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, write_plan
+from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
@@ -37,8 +37,7 @@ def placed_dir(tmp_path_factory) -> Path:
     machine = resolve_profile("moment-machine-b")
     workload = load_workload(machine.workload)
     outcome = plan(machine, workload, 4, 8, top=1)
-    write_plan(plan_document(machine, workload, outcome.best, outcome.search, outcome.ranking, outcome.classic),
-               root / "plan.json")
+    save_plan(machine, workload, outcome, root / "plan.json")
     synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=DIM, dtype="float32", seed=1, train_fraction=0.2)
     place(root / "plan.json", root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
     return root / "placed"

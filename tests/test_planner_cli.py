@@ -41,16 +41,16 @@ def test_plan_json_output(machine_b_plan) -> None:
 def test_plan_file(machine_b_plan) -> None:
     _, path, _ = machine_b_plan
     doc = read_plan(path)
-    assert doc["format"] == FORMAT
-    assert doc["profile"]["name"] == "moment-machine-b" and len(doc["profile"]["sha256"]) == 64
-    assert sum(b["share"] for b in doc["bin_targets"]) == pytest.approx(1.0, abs=1e-6)
-    tiers = {t: sum(b["share"] for b in doc["bin_targets"] if b["tier"] == t) for t in ("gpu", "cpu", "ssd")}
-    assert tiers == pytest.approx(doc["tier_shares"], abs=1e-6)
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
-    assert {r["socket"] for r in doc["ranks"]} <= {"cpu0", "cpu1"}
-    assert len(doc["layout"]["slots"]) == 12
-    top = doc["links"][0]
-    assert top["utilisation"] == pytest.approx(1.0, abs=1e-3)  # the bottleneck is full
+    assert doc.format == FORMAT
+    assert doc.profile.name == "moment-machine-b" and len(doc.profile.sha256) == 64
+    assert sum(b.share for b in doc.bin_targets) == pytest.approx(1.0, abs=1e-6)
+    tiers = {t: sum(b.share for b in doc.bin_targets if b.tier == t) for t in ("gpu", "cpu", "ssd")}
+    assert tiers == pytest.approx(doc.tier_shares.model_dump(), abs=1e-6)
+    assert [r.rank for r in doc.ranks] == [0, 1, 2, 3]
+    assert {r.socket for r in doc.ranks} <= {"cpu0", "cpu1"}
+    assert len(doc.layout.slots) == 12
+    top = doc.links[0]
+    assert top.utilisation == pytest.approx(1.0, abs=1e-3)  # the bottleneck is full
 
 
 def test_plan_picture_marks_the_bottleneck(machine_b_plan) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from moment.planner.planfile import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
@@ -73,7 +74,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     assert doc["epochs"][-1]["loss"] < doc["epochs"][0]["loss"]
     assert doc["epochs"][-1]["val_acc"] > 5 * CHANCE and doc["test_acc"] > 5 * CHANCE  # reaches ~0.93
     assert doc["measured_iteration_s"] > 0
-    assert doc["predicted_iteration_s"] == read_json(plan_file)["predicted"]["predicted_iteration_s"]
+    assert doc["predicted_iteration_s"] == read_plan(plan_file).predicted.predicted_iteration_s
     # DDP kept the replicas identical, and the checkpoint holds them.
     a, b = doc["rank_param_digests"]
     assert a == b
@@ -360,9 +361,9 @@ def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
 def test_plan_rank_gpu_helpers(placed: Path, plan_file: Path) -> None:
     assert loop._parse_bdf("0000:1b:00.0") == (0, 0x1B, 0) and loop._parse_bdf("3b:02.1") == (0, 0x3B, 2)
     assert loop._parse_bdf("gpu0") is None
-    doc = read_json(plan_file)
+    doc = read_plan(plan_file)
     p = open_placed(placed)
-    assert loop.own_gpu_bins(p, doc, loop.DistEnv(1, 2, 1, True)) == [doc["ranks"][1]["gpu"]]
+    assert loop.own_gpu_bins(p, doc, loop.DistEnv(1, 2, 1, True)) == [doc.ranks[1].gpu]
     assert loop.own_gpu_bins(p, None, loop.DistEnv(0, 1, 0, False)) is None
     assert loop._pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
 

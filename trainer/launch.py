@@ -31,8 +31,7 @@ def default_nproc(plan_path: str | Path | None) -> int:
     visible = torch.cuda.device_count()
     if plan_path is None:
         return visible
-    ranks = read_plan(plan_path).get("ranks") or []
-    return min(len(ranks), visible) or visible
+    return min(len(read_plan(plan_path).ranks), visible) or visible
 
 
 def check_inputs(plan_path: str | Path | None, placed_dir: str | Path) -> None:

@@ -51,7 +51,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from moment.errors import MomentError
-from moment.planner.planfile import read_plan
+from moment.planner.planfile import PlanDoc, read_plan
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig, from_args
@@ -134,7 +134,7 @@ def _pin_to_socket(socket: Any) -> str | None:
     return f"{len(cpus)} CPUs of node {m.group(1)}"
 
 
-def select_device(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[torch.device, str]:
+def select_device(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
     """This rank's device (and socket pinning on CUDA); a line saying what was chosen and why."""
     if not cfg.resolved_device().startswith("cuda"):
         return torch.device("cpu"), "cpu"
@@ -142,11 +142,11 @@ def select_device(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -
         device = torch.device(cfg.device)
         torch.cuda.set_device(device)
         return device, str(device)
-    entry = next((r for r in (plan or {}).get("ranks", []) if r.get("rank") == env.local_rank), None)
+    entry = plan.rank(env.local_rank) if plan else None
     # Pinned before CUDA starts its threads (they inherit the affinity).
-    pinned = _pin_to_socket(entry["socket"]) if entry and entry.get("socket") is not None else None
-    index = _cuda_index_of(entry.get("bdf")) if entry else None
-    why = f"plan {entry.get('gpu')} at {entry.get('bdf')}" if index is not None else "LOCAL_RANK"
+    pinned = _pin_to_socket(entry.socket) if entry and entry.socket is not None else None
+    index = _cuda_index_of(entry.bdf) if entry else None
+    why = f"plan {entry.gpu} at {entry.bdf}" if entry and index is not None else "LOCAL_RANK"
     if index is None:
         index = env.local_rank % max(torch.cuda.device_count(), 1)
     device = torch.device("cuda", index)
@@ -154,7 +154,7 @@ def select_device(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -
     return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")
 
 
-def setup(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None) -> tuple[torch.device, str]:
+def setup(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
     """Device per rank, then the process group (env:// from torchrun); none for a lone process."""
     device, where = select_device(cfg, env, plan)
     if env.launched and not dist.is_initialized():
@@ -393,12 +393,12 @@ def load_data(cfg: TrainConfig) -> Data:
                 np.asarray(placed.array("test")), int(placed.meta["num_classes"]))
 
 
-def own_gpu_bins(placed: Placed, plan: dict[str, Any] | None, env: DistEnv) -> list[str] | None:
+def own_gpu_bins(placed: Placed, plan: PlanDoc | None, env: DistEnv) -> list[str] | None:
     """The GPU cache bin of this rank's GPU (the plan names it after the GPU); None: every GPU
     bin is local (no plan, or a plan whose GPUs the placement has no bins for)."""
-    entry = next((r for r in (plan or {}).get("ranks", []) if r.get("rank") == env.local_rank), None)
+    entry = plan.rank(env.local_rank) if plan else None
     names = {b.name for b in placed.bins if b.tier == "gpu"}
-    return [entry["gpu"]] if entry and entry.get("gpu") in names else None
+    return [entry.gpu] if entry and entry.gpu in names else None
 
 
 def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
@@ -410,7 +410,7 @@ def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
     return Path(cfg.shm_dir) / f"moment-host-{key}"
 
 
-def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: dict[str, Any] | None,
+def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: PlanDoc | None,
                device: torch.device) -> tuple[TieredFeatureStore, str]:
     """This rank's feature store, and how it holds the host-memory tiers.
 
@@ -460,7 +460,7 @@ def _seed_everything(seed: int) -> None:
 class Run:
     """Everything one rank holds for a run; ``fit`` trains, evaluates, checkpoints, reports."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: dict[str, Any] | None,
+    def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: PlanDoc | None,
                  device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -533,7 +533,7 @@ class Run:
         return self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)
 
 
-def train(cfg: TrainConfig, env: DistEnv, plan: dict[str, Any] | None, data: Data) -> dict[str, Any]:
+def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> dict[str, Any]:
     """Run training as this process's rank; the metrics document (complete on rank 0)."""
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     if cfg.deterministic:

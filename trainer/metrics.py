@@ -40,6 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from torch import nn
 
+from moment.contracts.plan import PlanDoc
 from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
 
@@ -92,19 +93,21 @@ def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, los
     }
 
 
-def prediction(plan: dict[str, Any] | None, cfg: TrainConfig) -> dict[str, Any] | None:
+def prediction(plan: PlanDoc | None, cfg: TrainConfig) -> dict[str, Any] | None:
     """What the plan predicted and for which workload; a note when this run differs from it."""
     if plan is None:
         return None
-    wl = plan.get("workload", {})
+    wl = plan.workload
     out = {
-        "iteration_s": plan.get("predicted", {}).get("predicted_iteration_s"),
-        "profile": plan.get("profile", {}).get("name"),
-        "layout": plan.get("layout", {}).get("name"),
-        "workload": {k: wl.get(k) for k in ("dataset", "nodes", "feature_dim", "fanouts", "batch_size")},
+        "iteration_s": plan.predicted.predicted_iteration_s,
+        "profile": plan.profile.name,
+        "layout": plan.layout.name,
+        "workload": {"dataset": wl.dataset, "nodes": wl.nodes, "feature_dim": wl.feature_dim, "fanouts": list(wl.fanouts),
+                     "batch_size": wl.batch_size},
     }
-    differs = [f"{k} {wl[k]} (this run {mine})" for k, mine in (("fanouts", list(cfg.fanouts)), ("batch_size", cfg.batch_size))
-               if k in wl and wl[k] != mine]
+    differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts)),
+                                                                        ("batch_size", wl.batch_size, cfg.batch_size))
+               if theirs != mine]
     if cfg.resolved_device() == "cpu":
         differs.append("this run is on the CPU")
     out["note"] = ("predicted for the plan's workload and machine: " + ", ".join(differs)) if differs else \
@@ -127,7 +130,7 @@ def _fmt(value: float | None, spec: str) -> str:
 class Metrics:
     """Collects epoch records, prints on rank 0 (``enabled``), writes the JSON document."""
 
-    def __init__(self, cfg: TrainConfig, plan: dict[str, Any] | None, history: list[dict[str, Any]],
+    def __init__(self, cfg: TrainConfig, plan: PlanDoc | None, history: list[dict[str, Any]],
                  enabled: bool, console: Console | None = None) -> None:
         self.cfg = cfg
         self.enabled = enabled

@@ -1,6 +1,9 @@
 """plan.json: what ``moment plan`` hands to ``moment place`` and the trainer.
 
-Versioned (``format``), JSON (no pickle: users exchange it), written atomically. Fields:
+Versioned (``format``), JSON (no pickle: users exchange it), written atomically, and read only
+through its contract, :class:`moment.contracts.plan.PlanDoc` (``read_plan``): every stage gets
+typed attributes, and a plan from elsewhere with a missing, mistyped or unknown field, or a bin
+name that is not a plain file name, is one line naming the file and the field. Fields:
 
 * ``profile``: name and sha256 of the profile's canonical YAML (stage 3 refuses a plan made for
   another profile);
@@ -20,33 +23,38 @@ Versioned (``format``), JSON (no pickle: users exchange it), written atomically.
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from moment import __version__
+from moment.contracts import first_error
+from moment.contracts.plan import FORMAT, PlanDoc
 from moment.errors import MomentError
-from moment.planner.report import Scored, bin_targets, links_table
+from moment.planner.plan import PlanOutcome
+from moment.planner.report import bin_targets, links_table
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
-from moment.fileio import atomic_write_text, read_json
 from moment.topology.profile_io import dump_profile
 
-FORMAT = "moment.plan/1"
+__all__ = ["FORMAT", "PlanDoc", "plan_document", "profile_hash", "read_plan", "save_plan", "write_plan"]
 
 
 def profile_hash(machine: Machine) -> str:
     return hashlib.sha256(dump_profile(machine).encode()).hexdigest()
 
 
-def plan_document(machine: Machine, workload: Workload, best: Scored, search: dict[str, Any],
-                  ranking: list[Scored], classic: dict[str, Scored]) -> dict[str, Any]:
+def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) -> PlanDoc:
+    """The plan of ``outcome``'s best layout; validated as a reader would (a profile whose device
+    ids cannot be bin names, for instance, is refused here rather than by ``moment place``)."""
+    best = outcome.best
+    record = best.to_dict()
     ranks = [
         {"rank": i, "gpu": slot["device"], "bdf": slot["bdf"], "socket": slot["socket"], "port": slot["port"]}
-        for i, slot in enumerate(s for s in best.to_dict()["slots"] if s["kind"] == "gpu")
+        for i, slot in enumerate(s for s in record["slots"] if s["kind"] == "gpu")
     ]
-    return {
+    doc = {
         "format": FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "moment_version": __version__,
@@ -55,26 +63,33 @@ def plan_document(machine: Machine, workload: Workload, best: Scored, search: di
         "demand_gb_per_gpu": best.net.demand_gb,
         "tier_shares": best.net.shares,
         "notes": best.net.notes,
-        "layout": {"name": best.name, "slots": best.to_dict()["slots"]},
-        "predicted": best.to_dict(),
+        "layout": {"name": best.name, "slots": record["slots"]},
+        "predicted": record,
         "links": links_table(best),
         "bin_targets": bin_targets(best),
         "ranks": ranks,
-        "search": search,
-        "ranking": [s.to_dict() for s in ranking],
-        "classic": {name: s.to_dict() for name, s in classic.items()},
+        "search": outcome.search,
+        "ranking": [s.to_dict() for s in outcome.ranking],
+        "classic": {name: s.to_dict() for name, s in outcome.classic.items()},
     }
+    try:
+        return PlanDoc.model_validate(doc)
+    except ValidationError as exc:
+        raise MomentError(f"{machine.name}: cannot make a valid plan: {first_error(exc)}") from None
 
 
-def write_plan(doc: dict[str, Any], path: str | Path) -> None:
-    atomic_write_text(Path(path), json.dumps(doc, indent=2) + "\n")
+def write_plan(doc: PlanDoc, path: str | Path) -> None:
+    """Atomically: a reader sees the old plan or the whole new one."""
+    doc.write(path)
 
 
-def read_plan(path: str | Path) -> dict[str, Any]:
-    """Load a plan.json; a clear one-line error for a missing, broken or foreign file."""
-    p = Path(path)
-    doc = read_json(p, FORMAT, "plan file")
-    for key in ("profile", "layout", "bin_targets", "ranks"):
-        if key not in doc:
-            raise MomentError(f"{p}: {key}: missing")
+def save_plan(machine: Machine, workload: Workload, outcome: PlanOutcome, path: str | Path) -> PlanDoc:
+    """Build the plan of a ``moment.planner.plan.plan`` outcome and write it to ``path``."""
+    doc = plan_document(machine, workload, outcome)
+    write_plan(doc, path)
     return doc
+
+
+def read_plan(path: str | Path) -> PlanDoc:
+    """Load a plan.json; one line naming the file and field for a missing, broken or foreign file."""
+    return PlanDoc.read(path)
