@@ -10,37 +10,29 @@ open so that a graph far larger than RAM can be opened instantly:
 * ``labels.npy`` int64, N — class of each vertex (-1: unlabelled);
 * ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy`` int64 — vertex ids of each split.
 
-``open_dataset`` validates the manifest and every array's dtype and shape, and names the file
-and field that is wrong; ``check_ids`` scans ids for range errors chunk by chunk.
+``open_dataset`` runs the cheap checks on every open (the manifest through its contract, each
+array's dtype, shape and size, indptr's ends, a non-empty train split); ``check_dataset`` is the
+full scan (ids, indptr order, labels), chunk by chunk. Every error is one line naming the file.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moment.errors import MomentError
-from moment.fileio import read_json
+from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest
 
-FORMAT = "moment.dataset/1"
-FILES = {
-    "indptr": "indptr.npy",
-    "indices": "indices.npy",
-    "features": "features.npy",
-    "labels": "labels.npy",
-    "train": "train_idx.npy",
-    "val": "val_idx.npy",
-    "test": "test_idx.npy",
-}
-FEATURE_DTYPES = ("float32", "float16")
+__all__ = ["FEATURE_DTYPES", "FILES", "FORMAT", "Dataset", "DatasetError", "DatasetManifest", "FeatureShape",
+           "NpyHeader", "SPLITS", "check_dataset", "open_dataset", "read_npy_header", "write_manifest"]
 
-
-class DatasetError(MomentError):
-    """A dataset that does not validate; the message names the file and the field."""
+SPLITS = ("train", "val", "test")
+CHUNK = 1 << 22  # entries per step of a full scan: tens of MB whatever the dataset's size
 
 
 class FeatureShape:
@@ -75,11 +67,18 @@ class FeatureShape:
 
 @dataclass
 class Dataset(FeatureShape):
+    """An opened dataset directory: its validated manifest, and memory maps of its arrays on demand."""
+
     root: Path
-    meta: dict[str, Any]
+    manifest: DatasetManifest
+
+    @cached_property
+    def meta(self) -> dict[str, Any]:
+        """The manifest as plain JSON data (what ``moment place`` records and hashes); unset fields left out."""
+        return self.manifest.model_dump(mode="json", exclude_none=True)
 
     def path(self, key: str) -> Path:
-        return self.root / self.meta["files"][key]
+        return self.root / getattr(self.manifest.files, key)
 
     def array(self, key: str) -> np.ndarray:
         """A read-only memory map of one array (no data is read until used)."""
@@ -101,91 +100,168 @@ class Dataset(FeatureShape):
         return self.array(name)
 
 
-def _read_meta(root: Path) -> dict[str, Any]:
-    path = root / "dataset.json"
-    if not root.is_dir():
-        raise DatasetError(f"{root}: not a dataset directory")
-    meta = read_json(path, FORMAT, "a dataset directory needs its manifest", DatasetError)
-    for key in ("num_nodes", "num_edges", "feature_dim", "num_classes"):
-        value = meta.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key != "num_edges" else 0):
-            raise DatasetError(f"{path}: {key}: expected a positive integer, got {value!r}")
-    if meta.get("feature_dtype") not in FEATURE_DTYPES:
-        raise DatasetError(f"{path}: feature_dtype: expected one of {FEATURE_DTYPES}, got {meta.get('feature_dtype')!r}")
-    files = {**FILES, **(meta.get("files") or {})}
-    meta["files"] = files
-    return meta
+@dataclass(frozen=True)
+class NpyHeader:
+    """What an .npy file's header promises: shape, dtype, order, and where the data starts."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        """The file size the header implies."""
+        return self.offset + math.prod(self.shape) * self.dtype.itemsize
 
 
-def _header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of an .npy file without reading its data."""
+def read_npy_header(path: str | Path, what: str) -> NpyHeader:
+    """An .npy file's header, read without its data, and checked against the file's size.
+
+    Refused with one line naming the file: missing, not an .npy file (text, .npz, pickle), an array
+    of Python objects (pickled: never loaded), or shorter than its header says (truncated).
+    """
+    path = Path(path)
+    fmt = np.lib.format
     try:
         with open(path, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            if fh.read(len(fmt.MAGIC_PREFIX)) != fmt.MAGIC_PREFIX:
+                raise DatasetError(f"{path}: not a .npy file ({what})")
+            fh.seek(0)
+            version = fmt.read_magic(fh)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
             shape, fortran, dtype = read(fh)
+            header = NpyHeader(tuple(shape), dtype, fortran, fh.tell())
+            size = os.fstat(fh.fileno()).st_size
     except FileNotFoundError:
-        raise DatasetError(f"{path}: missing ({key})") from None
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"{path}: not a readable .npy file ({str(exc).splitlines()[0]})") from None
-    if fortran and len(shape) > 1:
-        raise DatasetError(f"{path}: {key} must be row-major (C order), not Fortran order")
-    return shape, dtype
+        raise DatasetError(f"{path}: missing ({what})") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable ({what}: {exc.strerror})") from None
+    except ValueError as exc:
+        raise DatasetError(f"{path}: not a readable .npy file ({what}: {str(exc).splitlines()[0]})") from None
+    if dtype.hasobject:
+        raise DatasetError(f"{path}: {what} holds Python objects (pickled data), not numbers")
+    if size < header.nbytes:
+        raise DatasetError(f"{path}: truncated: {size} bytes, expected {header.nbytes}")
+    return header
+
+
+def _read_manifest(root: Path) -> DatasetManifest:
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a dataset directory")
+    return DatasetManifest.read(root / "dataset.json")
+
+
+def _expected(ds: Dataset) -> dict[str, tuple[tuple[int, ...] | None, tuple[str, ...]]]:
+    """Shape (None: any 1-D) and allowed dtypes of each array, from the manifest."""
+    n, e, d = ds.num_nodes, ds.num_edges, ds.feature_dim
+    ids = ("int64", "int32")
+    return {
+        "indptr": ((n + 1,), ("int64",)),
+        "indices": ((e,), ("int32", "int64")),
+        "features": ((n, d), (ds.manifest.feature_dtype,)),
+        "labels": ((n,), ids),
+        **{key: (None, ids) for key in SPLITS},
+    }
+
+
+def _check_array(file: Path, key: str, shape: tuple[int, ...] | None, dtypes: tuple[str, ...]) -> NpyHeader:
+    header = read_npy_header(file, key)
+    if header.fortran and len(header.shape) > 1:
+        raise DatasetError(f"{file}: {key} must be row-major (C order), not Fortran order")
+    if header.dtype.name not in dtypes:
+        raise DatasetError(f"{file}: {key} has dtype {header.dtype.name}, expected {' or '.join(dtypes)}")
+    if shape is not None and header.shape != shape:
+        raise DatasetError(f"{file}: {key} has shape {header.shape}, expected {shape}")
+    if shape is None and len(header.shape) != 1:
+        raise DatasetError(f"{file}: {key} must be a 1-D array of vertex ids, got shape {header.shape}")
+    return header
 
 
 def open_dataset(path: str | Path) -> Dataset:
-    """Open and validate a dataset directory (manifest, every array's dtype and shape)."""
+    """Open a dataset directory with the cheap checks, run on every open (no array is scanned).
+
+    The manifest; every array's dtype, shape, and file size against its header (a truncated file is
+    named here, not in numpy's mmap error); indptr's ends; a non-empty train split.
+    ``check_dataset`` is the full scan.
+    """
     root = Path(path)
-    meta = _read_meta(root)
-    ds = Dataset(root, meta)
-    n, e, d = ds.num_nodes, ds.num_edges, ds.feature_dim
-    expect: dict[str, tuple[tuple[int, ...] | None, tuple[str, ...]]] = {
-        "indptr": ((n + 1,), ("int64",)),
-        "indices": ((e,), ("int32", "int64")),
-        "features": ((n, d), (meta["feature_dtype"],)),
-        "labels": ((n,), ("int64", "int32")),
-        "train": (None, ("int64", "int32")),
-        "val": (None, ("int64", "int32")),
-        "test": (None, ("int64", "int32")),
-    }
-    for key, (shape, dtypes) in expect.items():
-        file = ds.path(key)
-        got_shape, got_dtype = _header(file, key)
-        if got_dtype.name not in dtypes:
-            raise DatasetError(f"{file}: {key} has dtype {got_dtype.name}, expected {' or '.join(dtypes)}")
-        if shape is not None and tuple(got_shape) != shape:
-            raise DatasetError(f"{file}: {key} has shape {tuple(got_shape)}, expected {shape}")
-        if shape is None and len(got_shape) != 1:
-            raise DatasetError(f"{file}: {key} must be a 1-D array of vertex ids, got shape {tuple(got_shape)}")
+    ds = Dataset(root, _read_manifest(root))
+    headers = {key: _check_array(ds.path(key), key, *spec) for key, spec in _expected(ds).items()}
+    e = ds.num_edges
     indptr = ds.indptr()
     if indptr[0] != 0 or indptr[-1] != e:
-        raise DatasetError(f"{ds.path('indptr')}: indptr must start at 0 and end at num_edges={e}, got {indptr[0]}..{indptr[-1]}")
+        raise DatasetError(f"{ds.path('indptr')}: indptr must start at 0 and end at num_edges={e}, "
+                           f"got {indptr[0]}..{indptr[-1]}")
+    if headers["train"].shape[0] == 0:
+        raise DatasetError(f"{ds.path('train')}: train split is empty (no vertex to train on)")
     return ds
 
 
-def check_ids(ds: Dataset, chunk: int = 1 << 24) -> None:
-    """Full scan: indptr non-decreasing, every neighbour and split id in [0, N). Chunked."""
+def check_dataset(ds: Dataset, chunk: int = CHUNK) -> None:
+    """The full scan, ``chunk`` entries at a time (bounded memory): what a cheap open cannot see.
+
+    indptr non-decreasing; every neighbour and split id in [0, N) (a negative id would silently wrap
+    around to another vertex); every label in [-1, num_classes) (-1: unlabelled); every split vertex
+    labelled. Otherwise these surface as an IndexError deep in sampling or training, or never.
+    """
+    _check_indptr(ds, chunk)
     n = ds.num_nodes
-    indptr = ds.indptr()
-    for start in range(0, n + 1, chunk):
-        part = np.asarray(indptr[start : start + chunk + 1])
-        if part.size > 1 and (np.diff(part) < 0).any():
-            at = start + int(np.argmax(np.diff(part) < 0))
-            raise DatasetError(f"{ds.path('indptr')}: indptr decreases at vertex {at}")
-    for key in ("indices", "train", "val", "test"):
+    for key in ("indices", *SPLITS):
         arr = ds.array(key)
-        for start in range(0, arr.shape[0], chunk):
-            part = np.asarray(arr[start : start + chunk])
-            bad = (part < 0) | (part >= n)
-            if bad.any():
-                at = start + int(np.argmax(bad))
-                raise DatasetError(f"{ds.path(key)}: {key}[{at}] = {int(arr[at])} is not a vertex id (N = {n})")
+        at = _first_outside(arr, 0, n, chunk)
+        if at is not None:
+            where = f" (a neighbour of vertex {_row_of(ds, at)})" if key == "indices" else ""
+            raise DatasetError(f"{ds.path(key)}: {key}[{at}] = {int(arr[at])} is not a vertex id (N = {n}){where}")
+    labels, k = ds.labels(), ds.num_classes
+    at = _first_outside(labels, -1, k, chunk)
+    if at is not None:
+        raise DatasetError(f"{ds.path('labels')}: labels[{at}] = {int(labels[at])} is not a class "
+                           f"(num_classes = {k}; -1 = unlabelled)")
+    for key in SPLITS:
+        _check_labelled(ds, key, labels, chunk)
 
 
-def write_manifest(root: Path, meta: dict[str, Any]) -> None:
-    """Write dataset.json (last, atomically: its presence means the arrays are complete)."""
-    from moment.fileio import atomic_write_text
+def _check_indptr(ds: Dataset, chunk: int) -> None:
+    indptr = ds.indptr()
+    for start in range(0, indptr.shape[0] - 1, chunk):
+        steps = np.diff(np.asarray(indptr[start : start + chunk + 1]))
+        if (steps < 0).any():
+            v = start + int(np.argmax(steps < 0))
+            raise DatasetError(f"{ds.path('indptr')}: indptr[{v + 1}] = {int(indptr[v + 1])} is below "
+                               f"indptr[{v}] = {int(indptr[v])}: indptr must not decrease (vertex {v})")
 
-    body = {"format": FORMAT, **meta}
-    body.setdefault("files", dict(FILES))
-    atomic_write_text(root / "dataset.json", json.dumps(body, indent=2) + "\n")
+
+def _first_outside(arr: np.ndarray, lo: int, hi: int, chunk: int) -> int | None:
+    """Index of the first entry outside [lo, hi), or None."""
+    for start in range(0, arr.shape[0], chunk):
+        part = np.asarray(arr[start : start + chunk])
+        if part.min() < lo or part.max() >= hi:
+            return start + int(np.argmax((part < lo) | (part >= hi)))
+    return None
+
+
+def _row_of(ds: Dataset, edge: int) -> int:
+    """The vertex whose neighbour list holds entry ``edge`` of indices (indptr already checked)."""
+    return int(np.searchsorted(ds.indptr(), edge, side="right")) - 1
+
+
+def _check_labelled(ds: Dataset, key: str, labels: np.ndarray, chunk: int) -> None:
+    """Every vertex of a split has a label (a target of -1 fails the loss or the accuracy)."""
+    ids = ds.array(key)
+    for start in range(0, ids.shape[0], chunk):
+        part = np.asarray(ids[start : start + chunk])
+        bad = np.asarray(labels[part]) < 0
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise DatasetError(f"{ds.path(key)}: {key}[{start + at}] = vertex {int(part[at])} is unlabelled "
+                               f"(-1 in {ds.path('labels').name})")
+
+
+def write_manifest(root: Path, meta: dict[str, Any]) -> DatasetManifest:
+    """Write dataset.json through its contract (last, atomically: its presence means the arrays are
+    complete); a writer cannot produce a manifest that readers refuse."""
+    path = Path(root) / "dataset.json"
+    manifest = DatasetManifest.parse({"format": FORMAT, **meta}, path)
+    manifest.write(path)
+    return manifest

@@ -4,7 +4,8 @@ Edges come as an E×2 list (src, dst) or as CSR (indptr, indices, already in mom
 the neighbours of v are indices[indptr[v]:indptr[v+1]]). Either is turned into CSR by destination
 (the neighbours of v are the sources of the edges into v, what v aggregates from) in two passes over
 chunks: count per destination, then fill an on-disk indices array; only the N-sized counters live in
-RAM. Every input is checked first and an error names the file and what is wrong with it. The result
+RAM. Every input is checked first (its .npy header and size, ids, labels, splits, and that every
+feature is finite) and an error names the file and what is wrong with it, in one line. The result
 is written beside ``out`` and renamed into place once complete, like ``synthesize``.
 """
 
@@ -18,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from moment.errors import UsageError
-from placement.dataset import FEATURE_DTYPES, FILES, Dataset, DatasetError, open_dataset, write_manifest
+from placement.dataset import (FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, read_npy_header,
+                               write_manifest)
 from placement.synth import Progress, check_free_space, staging
 
 Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations)
-SPLITS = ("train", "val", "test")
 
 
 def import_arrays(
@@ -56,6 +57,7 @@ def import_arrays(
         raise UsageError(f"feature_dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     feats = _npy(features, "features")
     n, dim = _check_features(feats, features)
+    _check_finite(feats, features, chunk)
     dtype = np.dtype(feature_dtype or feats.dtype.name)
     if dtype.name not in FEATURE_DTYPES:
         raise DatasetError(f"{features}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
@@ -89,11 +91,11 @@ def import_arrays(
 
 
 def _npy(path: str | Path, what: str) -> np.ndarray:
-    """A read-only memory map of an .npy input, or an error naming it."""
+    """A read-only memory map of an .npy input, or an error naming it (the header is checked first:
+    numpy's own errors for a text file or a truncated one are advice a user cannot act on)."""
+    read_npy_header(path, what)
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file ({what})") from None
     except (OSError, ValueError) as exc:
         raise DatasetError(f"{path}: not a readable .npy array ({what}: {str(exc).splitlines()[0]})") from None
 
@@ -108,6 +110,18 @@ def _check_features(feats: np.ndarray, path: str | Path) -> tuple[int, int]:
     if feats.shape[0] < 1 or feats.shape[1] < 1:
         raise DatasetError(f"{path}: features have shape {feats.shape}: need at least one vertex and one column")
     return feats.shape
+
+
+def _check_finite(feats: np.ndarray, path: str | Path, chunk: int) -> None:
+    """Refuse NaN and inf before anything is written: no model learns from them, and NaN != NaN
+    makes a byte-exact copy look corrupt to any comparison of values."""
+    rows = max(1, chunk // feats.shape[1])
+    for a in range(0, feats.shape[0], rows):
+        part = np.asarray(feats[a : a + rows])
+        if not np.isfinite(part).all():
+            row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
+            raise DatasetError(f"{path}: features row {a + row} holds {part[row, col]} (column {col}): "
+                               "NaN and inf features are refused")
 
 
 def _check_labels(labs: np.ndarray, path: str | Path, n: int, features: str | Path, chunk: int) -> int:
@@ -251,7 +265,7 @@ def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dt
     for a in range(0, feats.shape[0], rows):
         with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
             part = np.asarray(feats[a : a + rows]).astype(dtype)
-        if not np.isfinite(part).all() and np.isfinite(feats[a : a + rows]).all():
+        if not np.isfinite(part).all():  # the source is finite (_check_finite): the conversion overflowed
             raise DatasetError(f"{path}: features in rows {a}..{a + len(part) - 1} do not fit in {dtype.name}")
         out[a : a + rows] = part
         _report(progress, "features", a + len(part), feats.shape[0])
@@ -269,8 +283,11 @@ def _read_split(path: str | Path, name: str, n: int) -> np.ndarray:
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise DatasetError(f"{path}: {name} must be a 1-D integer array of vertex ids, "
                            f"got {arr.dtype.name} of shape {arr.shape}")
-    ids = np.sort(np.asarray(arr, dtype=np.int64))
-    _check_range(ids, n, path, name, 0)
+    if name == "train" and not arr.size:
+        raise DatasetError(f"{path}: train split is empty (no vertex to train on)")
+    ids = np.asarray(arr, dtype=np.int64)
+    _check_range(ids, n, path, name, 0)  # before sorting, so the index named is the file's
+    ids = np.sort(ids)
     if ids.size and (np.diff(ids) == 0).any():
         raise DatasetError(f"{path}: {name} lists vertex {int(ids[np.argmax(np.diff(ids) == 0)])} twice")
     return ids

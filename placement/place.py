@@ -28,7 +28,7 @@ from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.planner.planfile import PlanDoc, read_plan
 from placement import relabel as rl
-from placement.dataset import Dataset, open_dataset
+from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
 from placement.hotness import Hotness, presample
 from placement.placed import open_placed
@@ -234,8 +234,10 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         raise UsageError(f"{plan_path}: made for profile {plan.profile.name!r} (another profile's hash): re-plan for this one")
     ds = open_dataset(dataset_path)
     dirs = _ssd_dirs(opts, out)
+    check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused before any work
+    check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
     opts = replace(opts, ssd_dirs=dirs)
-    had_output = check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused now
+    had_output = check_out(out, PLACED)
     specs = _bins(plan, ds, opts)
     fanouts, batch = tuple(plan.workload.fanouts), plan.workload.batch_size
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None

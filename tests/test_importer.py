@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moment.contracts.dataset import DatasetManifest
 from moment.errors import UsageError
-from placement.dataset import Dataset, DatasetError, check_ids
+from placement.dataset import Dataset, DatasetError, check_dataset
 from placement.importer import import_arrays
 
 # 0→1, 2→1, 1→0, 3→4, 4→4 (a self-loop), 0→1 again
@@ -40,7 +41,7 @@ def _rows(ds: Dataset) -> tuple[list[int], list[int]]:
 
 def test_edge_list_becomes_csr_by_destination_in_input_order(tmp_path: Path, inputs: dict[str, Path]) -> None:
     ds = import_arrays(tmp_path / "ds", **inputs, chunk=2)  # three chunks: order must survive them
-    check_ids(ds)
+    check_dataset(ds)
     # neighbours of v = sources of the edges into v
     assert _rows(ds) == ([0, 1, 4, 4, 4, 6], [1, 0, 2, 0, 3, 4])
     assert ds.indices().dtype == np.int32 and ds.meta["directed"] is True
@@ -141,7 +142,7 @@ def test_bad_csr_and_split_relations_are_refused(tmp_path: Path, inputs: dict[st
     unlabelled = _save(tmp_path, "l", np.array([0, -1, 2, 1, 0]))
     with pytest.raises(DatasetError, match=r"l\.npy: vertex 1 of the train split is unlabelled"):
         import_arrays(tmp_path / "ds", **{**inputs, "labels": unlabelled}, train=splits["train"])
-    with pytest.raises(DatasetError, match=r"nowhere\.npy: no such file \(features\)"):
+    with pytest.raises(DatasetError, match=r"nowhere\.npy: missing \(features\)"):
         import_arrays(tmp_path / "ds", **{**inputs, "features": tmp_path / "nowhere.npy"})
 
 
@@ -167,3 +168,78 @@ def test_random_edge_list_matches_an_in_memory_reference(tmp_path: Path) -> None
     order = np.argsort(edges[:, 1], kind="stable")
     assert ds.indices().tolist() == edges[order, 0].tolist()
     assert ds.indptr().tolist() == [0, *np.cumsum(np.bincount(edges[:, 1], minlength=n)).tolist()]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_non_finite_features_are_refused_naming_the_first_row(tmp_path: Path, inputs: dict[str, Path], bad: float,
+                                                              dtype: type) -> None:
+    """Today NaN is copied silently, and `moment verify` then reports a false corruption (NaN != NaN)."""
+    x = np.random.default_rng(0).standard_normal((1000, 16)).astype(dtype)
+    x[705, 3] = x[900, 0] = bad
+    files = {"features": _save(tmp_path, "x", x), "labels": _save(tmp_path, "y", np.arange(1000) % 4),
+             "edges": _save(tmp_path, "e", np.array([[0, 1]]))}
+    convert = {"feature_dtype": "float32"} if dtype == np.float64 else {}
+    with pytest.raises(DatasetError, match=rf"x\.npy: features row 705 holds {bad} \(column 3\): NaN and inf "):
+        import_arrays(tmp_path / "ds", **files, chunk=16 * 100, **convert)  # row 705 is in the 8th chunk
+    assert not (tmp_path / "ds").exists()
+
+
+def test_an_empty_train_split_is_refused(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    empty = _save(tmp_path, "tr", np.zeros(0, np.int64))
+    with pytest.raises(DatasetError, match=r"tr\.npy: train split is empty"):
+        import_arrays(tmp_path / "ds", **inputs, train=empty)
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"hello\n", r"t\.npy: not a \.npy file \(features\)$"),
+        (b"", r"t\.npy: not a \.npy file \(features\)$"),
+        (b"\x93NUMPY\x01\x00", r"t\.npy: not a readable \.npy file \(features: "),
+    ],
+)
+def test_a_file_that_is_not_npy_is_named(tmp_path: Path, inputs: dict[str, Path], content: bytes,
+                                         message: str) -> None:
+    """Not numpy's allow_pickle advice, which a user with a text file cannot act on."""
+    (tmp_path / "t.npy").write_bytes(content)
+    with pytest.raises(DatasetError, match=message) as info:
+        import_arrays(tmp_path / "ds", **{**inputs, "features": tmp_path / "t.npy"})
+    assert "pickle" not in str(info.value)
+
+
+def test_truncated_and_pickled_inputs_are_named(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    path = inputs["labels"]
+    path.write_bytes(path.read_bytes()[:-8])  # one int64 label short
+    with pytest.raises(DatasetError, match=rf"labels\.npy: truncated: \d+ bytes, expected \d+$"):
+        import_arrays(tmp_path / "ds", **inputs)
+    objects = tmp_path / "o.npy"
+    np.save(objects, np.array([0, "x", None], dtype=object), allow_pickle=True)
+    with pytest.raises(DatasetError, match=r"o\.npy: labels holds Python objects \(pickled data\), not numbers"):
+        import_arrays(tmp_path / "ds", **{**inputs, "labels": objects})
+
+
+def test_a_bad_split_id_is_named_at_its_index_in_the_file(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    with pytest.raises(DatasetError, match=r"train\.npy: train\[0\] holds 7"):  # not its index once sorted
+        import_arrays(tmp_path / "ds", **inputs, train=_save(tmp_path, "train", np.array([7, 0])))
+
+
+def test_the_manifest_records_the_import_through_the_contract(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    ds = import_arrays(tmp_path / "ds", **inputs, undirected=True, seed=4)
+    source = DatasetManifest.read(tmp_path / "ds" / "dataset.json").source
+    assert source is not None and source.kind == "import" and (source.undirected, source.seed) == (True, 4)
+    assert source.files["features"] == str(inputs["features"].absolute())
+    assert ds.manifest.directed is False and ds.manifest.generator is None
+    check_dataset(ds)  # labels < num_classes by construction: num_classes is the largest label + 1
+    assert ds.num_classes == int(np.load(inputs["labels"]).max()) + 1
+
+
+def test_cli_import_error_is_one_line(tmp_path: Path, inputs: dict[str, Path], capfd) -> None:
+    from moment.cli import main
+
+    (tmp_path / "t.npy").write_text("hello\n")
+    code = main(["dataset", "import", "--features", str(tmp_path / "t.npy"), "--labels", str(inputs["labels"]),
+                 "--edges", str(inputs["edges"]), "--out", str(tmp_path / "ds")])
+    err = capfd.readouterr().err
+    assert code == 1 and "t.npy: not a .npy file" in err and len(err.strip().splitlines()) == 1

@@ -12,7 +12,7 @@ import pytest
 from moment.errors import MomentError
 
 from moment.errors import UsageError
-from placement.dataset import FILES, Dataset, DatasetError, check_ids, open_dataset
+from placement.dataset import FILES, Dataset, DatasetError, check_dataset, open_dataset
 from placement.synth import check_free_space, estimate, synthesize
 
 N, DEGREE, DIM, CLASSES = 20_000, 10, 32, 16
@@ -28,7 +28,7 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def test_writes_a_valid_dataset_of_the_asked_size(graph: Dataset) -> None:
-    check_ids(graph)
+    check_dataset(graph)
     assert (graph.num_nodes, graph.feature_dim, graph.num_classes) == (N, DIM, CLASSES)
     assert abs(graph.num_edges / (N * DEGREE) - 1) < 0.05  # E = N + Poisson((d-1)·N) by construction
     assert np.diff(graph.indptr()).min() >= 1
