@@ -12,27 +12,20 @@ truncated, swapped or foreign file from a good one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from moment.errors import MomentError
-from moment.fileio import atomic_file, atomic_write_text, read_json
+from moment.contracts.hotness import FORMAT, HotnessError, HotnessMeta
+from moment.fileio import atomic_file
 from placement.dataset import Dataset
 from trainer.sampler import NeighborSampler, num_batches
 
-FORMAT = "moment.hotness/1"
 CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 Progress = Callable[[int, int], None]
-
-
-class HotnessError(MomentError):
-    """A hotness file pair that does not load; the message names the file and what is wrong."""
 
 
 @dataclass
@@ -56,40 +49,26 @@ class Hotness:
         """Write the counts to ``path`` (.npy) and the rest to its .json sidecar, each atomically."""
         path = Path(path)
         _atomic_save_npy(path, np.ascontiguousarray(self.counts, dtype=np.int64))
-        meta = {
-            "format": FORMAT,
-            "num_nodes": int(self.counts.shape[0]),
-            "total": self.total,
-            "batches": self.batches,
-            "mean_unique_per_batch": self.mean_unique_per_batch,
-            "epochs": self.epochs,
-            "fanouts": list(self.fanouts),
-            "batch_size": self.batch_size,
-        }
-        atomic_write_text(sidecar(path), json.dumps(meta, indent=2) + "\n")
+        HotnessMeta(num_nodes=int(self.counts.shape[0]), total=self.total, batches=self.batches,
+                    mean_unique_per_batch=float(self.mean_unique_per_batch), epochs=self.epochs,
+                    fanouts=[int(f) for f in self.fanouts], batch_size=self.batch_size).write(sidecar(path))
 
     @classmethod
     def load(cls, path: str | Path, num_nodes: int | None = None) -> Hotness:
         """Read a saved ``Hotness``; ``num_nodes`` (the dataset's N) is checked when given."""
         path = Path(path)
-        meta = _read_sidecar(sidecar(path))
+        meta = HotnessMeta.read(sidecar(path))
         counts = _read_counts(path)
-        if counts.shape != (meta["num_nodes"],):
-            raise HotnessError(f"{path}: counts have shape {counts.shape}, the sidecar says ({meta['num_nodes']},)")
-        if num_nodes is not None and meta["num_nodes"] != num_nodes:
-            raise HotnessError(f"{path}: counts are for {meta['num_nodes']} vertices, the dataset has {num_nodes}")
+        if counts.shape != (meta.num_nodes,):
+            raise HotnessError(f"{path}: counts have shape {counts.shape}, the sidecar says ({meta.num_nodes},)")
+        if num_nodes is not None and meta.num_nodes != num_nodes:
+            raise HotnessError(f"{path}: counts are for {meta.num_nodes} vertices, the dataset has {num_nodes}")
         if counts.size and int(counts.min()) < 0:
             raise HotnessError(f"{path}: negative counts (not a hotness file?)")
-        if int(counts.sum()) != meta["total"]:
-            raise HotnessError(f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta['total']} (corrupt or mismatched pair)")
-        return cls(
-            counts=counts,
-            batches=meta["batches"],
-            mean_unique_per_batch=float(meta["mean_unique_per_batch"]),
-            epochs=meta["epochs"],
-            fanouts=tuple(meta["fanouts"]),
-            batch_size=meta["batch_size"],
-        )
+        if int(counts.sum()) != meta.total:
+            raise HotnessError(f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta.total} (corrupt or mismatched pair)")
+        return cls(counts=counts, batches=meta.batches, mean_unique_per_batch=float(meta.mean_unique_per_batch),
+                   epochs=meta.epochs, fanouts=tuple(meta.fanouts), batch_size=meta.batch_size)
 
 
 def presample(
@@ -170,20 +149,6 @@ def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
     """np.save through a temporary file, so readers never see half a file."""
     with atomic_file(path, binary=True) as fh:
         np.save(fh, array, allow_pickle=False)
-
-
-def _read_sidecar(path: Path) -> dict[str, Any]:
-    meta = read_json(path, FORMAT, "the counts file's JSON sidecar", HotnessError)
-    for key in ("num_nodes", "total", "batches", "epochs", "batch_size"):
-        value = meta.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise HotnessError(f"{path}: {key}: expected a non-negative integer, got {value!r}")
-    fanouts = meta.get("fanouts")
-    if not isinstance(fanouts, list) or not all(isinstance(f, int) and f > 0 for f in fanouts):
-        raise HotnessError(f"{path}: fanouts: expected a list of positive integers, got {fanouts!r}")
-    if not isinstance(meta.get("mean_unique_per_batch"), int | float):
-        raise HotnessError(f"{path}: mean_unique_per_batch: expected a number, got {meta.get('mean_unique_per_batch')!r}")
-    return meta
 
 
 def _read_counts(path: Path) -> np.ndarray:

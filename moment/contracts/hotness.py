@@ -1,0 +1,36 @@
+"""The hotness sidecar (``moment.hotness/1``): the JSON beside a counts ``.npy``.
+
+``moment place`` keeps ``hotness.npy`` + ``hotness.json`` (original vertex ids) in every placed
+dataset, so a later ``moment place --hotness`` can reuse them instead of pre-sampling again. The
+sidecar records N and the total so that a truncated, swapped or foreign counts file is caught.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, StrictFloat, StrictInt
+
+from moment.contracts import Contract
+from moment.errors import MomentError
+
+FORMAT = "moment.hotness/1"
+
+
+class HotnessError(MomentError):
+    """A hotness file pair that does not load; the message names the file and what is wrong."""
+
+
+class HotnessMeta(Contract):
+    FORMAT: ClassVar[str] = FORMAT
+    WHAT: ClassVar[str] = "the counts file's JSON sidecar"
+    ERROR: ClassVar[type[MomentError]] = HotnessError
+
+    format: Literal["moment.hotness/1"] = FORMAT
+    num_nodes: StrictInt = Field(ge=0)
+    total: StrictInt = Field(ge=0)  # sum of the counts
+    batches: StrictInt = Field(ge=0)
+    mean_unique_per_batch: StrictFloat | StrictInt = Field(ge=0)
+    epochs: StrictInt = Field(ge=0)
+    fanouts: list[StrictInt] = Field(min_length=1)
+    batch_size: StrictInt = Field(ge=1)
