@@ -34,7 +34,7 @@ def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise MomentError(f"{path}: cannot write ({exc.strerror})") from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # the CLI prints "path: reason"
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; these files are for sharing
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
@@ -44,7 +44,7 @@ def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
         os.replace(tmp, path)
     except OSError as exc:  # disk full, read-only, a directory in the way: name the file meant
         Path(tmp).unlink(missing_ok=True)
-        raise MomentError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
