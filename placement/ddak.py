@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from moment.contracts.tiers import TIERS
 from moment.errors import MomentError
 
 try:
@@ -40,7 +41,6 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency; this is the documented fallback
     numba = None
 
-TIERS = ("gpu", "cpu", "ssd")
 _SLOT_BITS = 16  # hash slots per tier: 2^16, so capacity weights are exact to 1/65536
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

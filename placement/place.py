@@ -69,35 +69,26 @@ class PlaceOptions:
 
 
 def _bins(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> list[BinSpec]:
-    """DDAK bins from the plan's targets, capacities from the cache budgets and the SSDs."""
-    workload = plan.workload
-    targets = plan.bin_targets
-    gpus = [t for t in targets if t.tier == "gpu"]
-    cpus = [t for t in targets if t.tier == "cpu"]
+    """DDAK bins from the plan's targets: the GPU cache (one copy on every GPU) and the CPU cache
+    (one copy per socket) sized by ``--gpu-cache``/``--cpu-cache`` or else by the plan's
+    workload (``gpu_cache_gb``, ``cpu_cache_fraction``: one source of truth), the SSDs by their
+    capacity."""
+    workload, targets = plan.workload, plan.bin_targets
     rb, n = ds.row_bytes, ds.num_nodes
     if opts.gpu_cache is not None:
         gpu_rows = parse_rows(opts.gpu_cache, "--gpu-cache", n, rb)
     else:
-        per_gpu_gb = workload.gpu_cache_gb or 0.5 * min((t.capacity_gb or 0 for t in gpus), default=0)
-        gpu_rows = int(per_gpu_gb * 1e9 // rb)
+        gpu_rows = int(workload.gpu_cache_gb * 1e9 // rb)
     if opts.cpu_cache is not None:
         cpu_rows = parse_rows(opts.cpu_cache, "--cpu-cache", n, rb)
     else:
         cpu_rows = int(n * workload.cpu_cache_fraction)
-    specs = []
     unknown = set(opts.ssd_dirs) - {t.bin for t in targets if t.tier == "ssd"}
     if unknown:
         raise UsageError(f"--ssd-dir names {', '.join(sorted(unknown))}, which the plan has no SSD bin for")
-    for t in targets:
-        if t.tier == "gpu":
-            cap = gpu_rows
-        elif t.tier == "cpu":  # the CPU cache goes where the plan wants CPU reads served from
-            total = sum(c.share for c in cpus)
-            cap = int(cpu_rows * t.share / total) if total > 0 else cpu_rows // max(len(cpus), 1)
-        else:
-            cap = int((t.capacity_gb or 1e6) * 1e9 // rb)
-        specs.append(BinSpec(t.bin, t.tier, min(cap, n), t.share))
-    return specs
+    cap = {"gpu": min(gpu_rows, n), "cpu": min(cpu_rows, max(n - gpu_rows, 0))}
+    return [BinSpec(t.bin, t.tier, cap[t.tier] if t.tier in cap else min(int((t.capacity_gb or 1e6) * 1e9 // rb), n), t.share)
+            for t in targets]
 
 
 def _key(*parts: Any) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-TIER_ORDER = {"gpu": 0, "cpu": 1, "ssd": 2}
+from moment.contracts.tiers import TIERS
+
+TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
 
 
 @dataclass

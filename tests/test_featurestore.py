@@ -117,36 +117,33 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
     assert store.stats()["asked"] == 0 and store.stats()["tiers"]["ssd"]["bytes"] == 0
 
 
-def test_peer_gpu_bins_are_served_from_host(placed_dir: Path, truth: np.ndarray) -> None:
-    with TieredFeatureStore(placed_dir, gpu_bins=["gpu1"]) as s:
+def test_every_rank_holds_the_whole_gpu_cache(placed_dir: Path, truth: np.ndarray) -> None:
+    """The GPU cache is replicated: one bin, all of it in the store's GPU tier, every row a hit."""
+    with TieredFeatureStore(placed_dir) as s:
         gpu = [b for b in s.placed.bins if b.tier == "gpu"]
-        assert s.gpu.shape[0] == gpu[1].count and s.peer.shape[0] == sum(b.count for b in gpu) - gpu[1].count
-        ids = np.arange(gpu[-1].start + gpu[-1].count)[::-1].copy()
+        assert len(gpu) == 1 and s.gpu.shape[0] == gpu[0].count > 0
+        ids = np.arange(gpu[0].count)[::-1].copy()
         assert np.array_equal(s.get(torch.from_numpy(ids)).numpy(), truth[ids])
-        tiers = s.stats()["tiers"]
-        assert tiers["gpu"]["rows"] == gpu[1].count and tiers["gpu-peer"]["rows"] == len(ids) - gpu[1].count
-    with pytest.raises(ValueError, match="no GPU bin named nvme0"):
-        TieredFeatureStore(placed_dir, gpu_bins=["nvme0"])
+        assert s.stats()["tiers"]["gpu"]["rows"] == len(ids) and s.stats()["hit_rate"]["gpu"] == 1.0
 
 
 def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.ndarray, tmp_path: Path) -> None:
     """Stores naming the same host_shm file map one copy of the GPU and CPU bins: a write
     through one mapping (here, from another process) is seen by the others; features still
-    equal the source, with this rank's GPU bin local and the others peers."""
+    equal the source."""
     shm = tmp_path / "shm" / "moment-host"
     shm.parent.mkdir()
-    gpu0 = next(b.name for b in open_placed(placed_dir).bins if b.tier == "gpu")
-    with TieredFeatureStore(placed_dir, gpu_bins=[gpu0], host_shm=shm) as a:
+    with TieredFeatureStore(placed_dir, host_shm=shm) as a:
         host = [b for b in a.placed.bins if b.tier != "ssd"]
         assert shm.stat().st_size == sum(b.count for b in host) * a.row_bytes
         assert [p.name for p in shm.parent.iterdir()] == ["moment-host"]  # no temporary left behind
         storage = a.cpu.untyped_storage().data_ptr()
-        assert a.peer.untyped_storage().data_ptr() == a.gpu.untyped_storage().data_ptr() == storage  # one mapping
+        assert a.gpu.untyped_storage().data_ptr() == storage  # one mapping (on a CPU device the gpu tier too)
         ids = np.random.default_rng(3).integers(0, len(truth), 20_000)
         assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
-        assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "gpu-peer", "cpu", "ssd"))
+        assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "cpu", "ssd"))
         script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
-                  f"s = S({str(placed_dir)!r}, host_shm={str(shm)!r}); s.cpu[0] = 7; s.peer[0] = 5")
+                  f"s = S({str(placed_dir)!r}, host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
         assert (a.cpu[0] == 7).all() and (a.gpu[0] == 5).all()  # the other process wrote into this one's tiers
         with TieredFeatureStore(placed_dir, host_shm=shm) as b:

@@ -20,7 +20,7 @@ from moment.planner.plan import plan
 from moment.planner.planfile import plan_document, read_plan
 from moment.planner.workload import Workload
 from placement.synth import synthesize
-from planner_fixtures import gpu, one_switch
+from planner_fixtures import one_switch, ssd
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -55,11 +55,11 @@ def set_key(part: str, index: int, key: str, value: Any) -> Edit:
 
 # (edit, field the error names, what it says): the review's #20 and #21 and the contract's rules.
 CASES: dict[str, tuple[Edit, str, str]] = {
-    "bin path traversal (#20)": (set_key("bin_targets", -1, "bin", "../../victim"), "bin_targets.13.bin", "is not a bin name"),
+    "bin path traversal (#20)": (set_key("bin_targets", -1, "bin", "../../victim"), "bin_targets.9.bin", "is not a bin name"),
     "absolute bin path": (set_key("bin_targets", 0, "bin", "/tmp/x"), "bin_targets.0.bin", "is not a bin name"),
-    "duplicate bin (#21)": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][0])), "bin_targets.14.bin", "duplicate bin gpu0"),
-    "bins sharing a file name": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][4], bin="dram-cpu0")),
-                                 "bin_targets.14.bin", "same file name as bin dram:cpu0"),
+    "duplicate bin (#21)": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][0])), "bin_targets.10.bin", "duplicate bin gpu-cache"),
+    "bins sharing a file name": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][1], bin="cpu:cache")),
+                                 "bin_targets.10.bin", "same file name as bin cpu-cache"),
     "share abc (#21)": (set_key("bin_targets", 0, "share", "abc"), "bin_targets.0.share", "valid number"),
     "share out of range": (set_key("bin_targets", 0, "share", 1.5), "bin_targets.0.share", "less than or equal to 1"),
     "unknown tier": (set_key("bin_targets", 0, "tier", "tape"), "bin_targets.0.tier", "'gpu', 'cpu' or 'ssd'"),
@@ -96,7 +96,7 @@ def test_traversal_through_the_cli_writes_nothing(good: dict[str, Any], dataset:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    assert f"{path}: bin_targets.13.bin: '../../victim' is not a bin name" in done.stderr
+    assert f"{path}: bin_targets.9.bin: '../../victim' is not a bin name" in done.stderr
     assert tree(tmp_path) == [path]
 
 
@@ -116,26 +116,26 @@ def test_a_written_plan_round_trips_exactly(tmp_path: Path, capsys: pytest.Captu
     doc = read_plan(out)
     assert doc.to_json() == text
     assert doc.model_dump(mode="json") == json.loads(text)
-    assert [t.bin for t in doc.bin_targets][:4] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert [(t.bin, t.tier) for t in doc.bin_targets][:3] == [("gpu-cache", "gpu"), ("cpu-cache", "cpu"), ("nvme0", "ssd")]
     assert doc.rank(3) is doc.ranks[3] and doc.rank(4) is None
 
 
 def test_the_writer_refuses_what_a_reader_would() -> None:
-    """A device id that cannot name a bin file is refused when planning, not when placing."""
+    """An SSD id that cannot name a bin file is refused when planning, not when placing."""
     machine = one_switch()
     data = machine.model_dump()
-    data["sockets"][0]["ports"][0]["switch"]["ports"][0]["device"] = gpu(0) | {"id": "gpu/0"}
+    data["sockets"][0]["ports"][0]["switch"]["ports"][2]["device"] = ssd(0, 2.0) | {"id": "nvme/0"}
     machine = type(machine).model_validate(data)
     workload = Workload(nodes=1_000_000, feature_dim=64, gpu_cache_gb=0.01, cpu_cache_fraction=0.01)
     outcome = plan(machine, workload, 2, 2, top=1)
-    with pytest.raises(MomentError, match=r"^one-switch: cannot make a valid plan: bin_targets\.\d\.bin: 'gpu/0' is not"):
+    with pytest.raises(MomentError, match=r"^one-switch: cannot make a valid plan: bin_targets\.\d\.bin: 'nvme/0' is not"):
         plan_document(machine, workload, outcome)
 
 
 def test_format_is_checked_first(good: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps(good | {"format": "moment.plan/0"}))
-    with pytest.raises(MomentError, match=r"old\.json: format: expected 'moment.plan/1', got 'moment.plan/0'"):
+    with pytest.raises(MomentError, match=r"old\.json: format: expected 'moment.plan/2', got 'moment.plan/0'"):
         PlanDoc.read(path)
 
 

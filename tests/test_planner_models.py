@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from moment.errors import MomentError
 from moment.planner import models
 from moment.planner.network import build_network
 from moment.topology.model import NvLink
@@ -13,7 +14,7 @@ from planner_fixtures import SSD_ONLY, one_switch, two_sockets
 
 def test_demand_is_one_gb() -> None:
     assert SSD_ONLY.demand_gb() == pytest.approx(1.0)
-    assert SSD_ONLY.tier_shares([16, 16]) == {"gpu": 0.0, "cpu": 0.0, "ssd": 1.0}
+    assert SSD_ONLY.tier_shares() == {"gpu": 0.0, "cpu": 0.0, "ssd": 1.0}
 
 
 def test_one_switch_by_hand() -> None:
@@ -84,24 +85,26 @@ def test_monotone_in_bandwidth_and_devices() -> None:
     assert fewer == pytest.approx(1.0, rel=1e-6)  # 2 GB from one 2 GB/s SSD
 
 
-def test_nvlink_carries_peer_cache_reads() -> None:
-    """All features in the two GPU caches (partitioned): each GPU reads half from its peer. Over a
-    1 GB/s socket link: 0.5 GB each way, T = 0.5 s; add an NVLink pair (12 links × 20 GB/s) and
-    both paths share it: T = 0.5 / (240 + 1) s, 240/241 of it over NVLink."""
-    cached = SSD_ONLY.model_copy(update={"gpu_cache_gb": 2.0})  # 2 × 2 GB hold all 4 GB of features
-    assert cached.tier_shares([16, 16])["gpu"] == pytest.approx(1.0)
+def test_cache_hits_never_cross_a_link() -> None:
+    """The trainer's caches are replicated: each GPU reads its own copy of the GPU cache and its
+    own socket's copy of the CPU cache. With every feature in the GPU cache nothing moves (T = 0,
+    NVLink or not); with every feature in the CPU cache each GPU reads 1 GB over its own 24 GB/s
+    link and nothing crosses the 1 GB/s socket link."""
+    in_gpu = SSD_ONLY.model_copy(update={"gpu_cache_gb": 4.0})  # 4 GB of features in each GPU
+    assert in_gpu.tier_shares()["gpu"] == pytest.approx(1.0)
     m = two_sockets(upi=1.0)
-    assert models.proportional(build_network(m, cached)).iteration_s == pytest.approx(0.5, rel=1e-6)
     m.nvlinks = [NvLink(between=("gpu0", "gpu1"), links=12, arch="ampere")]
-    bridged = models.proportional(build_network(m, cached))
-    assert bridged.iteration_s == pytest.approx(0.5 / 241, rel=1e-6)
-    assert bridged.edge_load_gb["nv:gpu0>gpu1"] == pytest.approx(0.5 * 240 / 241, rel=1e-6)
-    assert models.paper(build_network(m, cached)).iteration_s == 0.0  # each GPU may read only its own cache
+    for model in (models.proportional, models.paper):
+        assert model(build_network(m, in_gpu)).iteration_s == 0.0
+    in_cpu = SSD_ONLY.model_copy(update={"cpu_cache_fraction": 1.0})
+    pred = models.proportional(build_network(m, in_cpu))
+    assert pred.iteration_s == pytest.approx(1.0 / 24, rel=1e-6)
+    assert not any(pred.edge_load_gb.get(e, 0.0) for e in ("upi:cpu0>cpu1", "upi:cpu1>cpu0"))
+    with pytest.raises(MomentError, match="gpu_cache_gb: 20 GB per GPU does not fit in gpu0 .16 GB."):
+        build_network(m, SSD_ONLY.model_copy(update={"gpu_cache_gb": 20.0}))
 
 
 def test_a_layout_without_ssds_needing_them_is_a_clear_error() -> None:
-    from moment.errors import MomentError
-
     m = one_switch()
     for port in m.sockets[0].ports[0].switch.ports[2:]:
         port.device = None

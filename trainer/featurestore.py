@@ -5,17 +5,16 @@ New ids are ranges — GPU bins first, then CPU bins, then SSD bins — so a row
 range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). Tiers, as
 :meth:`TieredFeatureStore.stats` names them:
 
-* ``gpu``: the GPU bins this rank holds (``gpu_bins``; default all), in one tensor on ``device``.
-* ``gpu-peer``: GPU bins held by other ranks. The plan gives each GPU its own cache bin; in the
-  paper's design a rank reads a peer's bin over NVLink/PCIe peer-to-peer. This version keeps the
-  peer bins in host memory instead and counts them apart, so hit rates still show how much
-  traffic the GPU caches absorb.
-* ``cpu``: the CPU bins, one host tensor.
+* ``gpu``: the GPU cache bin, in one tensor on ``device``. The cache is replicated: every rank
+  holds the same hottest rows in its own GPU's memory, so a hit never crosses a link (the plan's
+  ``workload.gpu_cache_policy``; the planner models it so).
+* ``cpu``: the CPU cache bin, one host tensor.
 
-Host memory is shared by the processes of a node with ``host_shm=PATH`` (a file in a memory
-file system, e.g. /dev/shm): the file holds every GPU and CPU bin (they are the first new ids,
-so the file is the id range [0, first SSD id)), and the peer and CPU tiers — on a CPU device the
-``gpu`` tier too — are views of one shared mapping of it. Every process that names the same path
+Host memory is shared by the processes of a socket with ``host_shm=PATH`` (a file in a memory
+file system, e.g. /dev/shm; the trainer names one per socket, so each socket reads its own
+copy, as the planner models): the file holds the GPU and CPU bins (they are the first new ids,
+so the file is the id range [0, first SSD id)), and the CPU tier — on a CPU device the ``gpu``
+tier too — is a view of one shared mapping of it. Every process that names the same path
 uses one copy: the first to come writes it (under a temporary name, then linked into place, so
 nobody maps a half-written file), the others map it. Any process may unlink the file once all
 have mapped it; the memory lives until the last mapping goes. torchrun's workers are not
@@ -47,11 +46,11 @@ import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
+from moment.contracts.tiers import TIERS
 from placement.placed import PlacedBin, PlacedError, open_placed
 from trainer.readers import FileReader, KvikioReader, ReadRequest, make_reader
 
-TIERS = ("gpu", "gpu-peer", "cpu", "ssd")
-GPU, PEER, CPU, SSD = range(len(TIERS))
+GPU, CPU, SSD = range(len(TIERS))
 # Staging buffers start at a page boundary so that O_DIRECT reads into them are aligned.
 PAGE = 4096
 
@@ -92,7 +91,7 @@ class _Staging:
 class TieredFeatureStore:
     """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
 
-    def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu", gpu_bins: Sequence[str] | None = None,
+    def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu",
                  reader: Reader | None = None, pin_memory: bool | None = None,
                  host_shm: str | Path | None = None, io: str = "auto") -> None:
         """``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``, closed with
@@ -109,16 +108,16 @@ class TieredFeatureStore:
         if self.reader.on_device and self.device.type != "cuda":
             raise ValueError(f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}")
         bins = self.placed.bins
-        self._tier = self._tiers_of(bins, gpu_bins)
+        self._tier = np.array([TIERS.index(b.tier) for b in bins], dtype=np.int8)
         self._starts = np.array([b.start for b in bins], dtype=np.int64)
         self._offset = np.zeros(len(bins), dtype=np.int64)
         self.host_shm = None if host_shm is None else Path(host_shm)  # where host tiers are mapped from, if shared
         if self.host_shm is None:
             host = torch.device("cpu")
-            self.gpu, self.peer, self.cpu = self._load(GPU, self.device), self._load(PEER, host), self._load(CPU, host)
+            self.gpu, self.cpu = self._load(GPU, self.device), self._load(CPU, host)
         else:
-            self.gpu, self.peer, self.cpu = self._map_shared(self.host_shm)
-        self._tensors = (self.gpu, self.peer, self.cpu)
+            self.gpu, self.cpu = self._map_shared(self.host_shm)
+        self._tensors = (self.gpu, self.cpu)
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
         cuda = self.device if self.device.type == "cuda" else None
@@ -127,16 +126,6 @@ class TieredFeatureStore:
         self.reset_stats()
 
     # Set-up ##################################################################
-
-    def _tiers_of(self, bins: list[PlacedBin], gpu_bins: Sequence[str] | None) -> np.ndarray:
-        """Tier code of each bin; GPU bins not in ``gpu_bins`` are peers."""
-        gpu_names = [b.name for b in bins if b.tier == "gpu"]
-        local = set(gpu_names if gpu_bins is None else gpu_bins)
-        unknown = sorted(local - set(gpu_names))
-        if unknown:
-            raise ValueError(f"{self.placed.root}: no GPU bin named {', '.join(unknown)} (GPU bins: {', '.join(gpu_names)})")
-        code = {"cpu": CPU, "ssd": SSD}
-        return np.array([(GPU if b.name in local else PEER) if b.tier == "gpu" else code[b.tier] for b in bins], dtype=np.int8)
 
     def _bins(self, tier: int) -> list[PlacedBin]:
         return [self.placed.bins[i] for i in np.flatnonzero(self._tier == tier)]
@@ -157,10 +146,10 @@ class TieredFeatureStore:
             row += b.count
         return out
 
-    def _map_shared(self, path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The gpu, gpu-peer and cpu tiers from a shared mapping of ``path`` (every GPU bin, then
-        every CPU bin), written there first if nobody has yet; the rank's own GPU bins are loaded
-        onto a CUDA device as usual."""
+    def _map_shared(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gpu and cpu tiers from a shared mapping of ``path`` (the GPU bins, then the CPU
+        bins), written there first if nobody has yet; on a CUDA device the GPU bins are loaded
+        into its memory as usual."""
         host = np.flatnonzero(self._tier != SSD)
         bins = [self.placed.bins[i] for i in host]
         if any(b.tier == "gpu" for b in bins[sum(b.tier == "gpu" for b in bins):]):
@@ -172,7 +161,7 @@ class TieredFeatureStore:
         nbytes = rows * self.row_bytes
         if rows == 0:
             empty = torch.empty((0, self.dim), dtype=self.dtype)
-            return self._load(GPU, self.device), empty, empty
+            return self._load(GPU, self.device), empty
         if not path.exists():
             _publish(path, [b.path for b in bins], nbytes)
         size = path.stat().st_size
@@ -180,9 +169,8 @@ class TieredFeatureStore:
             raise PlacedError(f"{path}: holds {size} bytes, but the GPU and CPU bins of {self.placed.root} are "
                               f"{nbytes} bytes: a file of another placement; remove it")
         shared = torch.from_file(str(path), shared=True, size=rows * self.dim, dtype=self.dtype).view(rows, self.dim)
-        gpu_bins, cpu = shared[:gpu_rows], shared[gpu_rows:]
-        own = gpu_bins if self.device.type == "cpu" else self._load(GPU, self.device)
-        return own, gpu_bins, cpu
+        gpu, cpu = shared[:gpu_rows], shared[gpu_rows:]
+        return (gpu if self.device.type == "cpu" else self._load(GPU, self.device)), cpu
 
     # Reading #################################################################
 
@@ -198,7 +186,7 @@ class TieredFeatureStore:
         row = new - self._starts[b] + self._offset[b]
         where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
         uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
-        host_tiers = [t for t in (GPU, PEER, CPU) if self._tensors[t].device.type == "cpu"]
+        host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu"]
         ssd_rows = 0 if self.reader.on_device else uniq.size
         stage = self._host_stage.take((ssd_rows + sum(where[t].size for t in host_tiers)) * self.row_bytes)
         stage = stage.view(-1, self.row_bytes)
@@ -325,7 +313,7 @@ class TieredFeatureStore:
             "assemble_seconds": self._assemble_seconds,
             "tiers": tiers,
             "ssd_bins": bins,
-            "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "gpu-peer", "cpu")},
+            "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {"reader": type(self.reader).__name__, "preads": self.reader.preads - self._preads0,
                    "modes": dict(self.reader.modes)},
         }

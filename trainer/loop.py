@@ -393,19 +393,24 @@ def load_data(cfg: TrainConfig) -> Data:
                 np.asarray(placed.array("test")), int(placed.meta["num_classes"]))
 
 
-def own_gpu_bins(placed: Placed, plan: PlanDoc | None, env: DistEnv) -> list[str] | None:
-    """The GPU cache bin of this rank's GPU (the plan names it after the GPU); None: every GPU
-    bin is local (no plan, or a plan whose GPUs the placement has no bins for)."""
-    entry = plan.rank(env.local_rank) if plan else None
-    names = {b.name for b in placed.bins if b.tier == "gpu"}
-    return [entry.gpu] if entry and entry.gpu in names else None
+def socket_of(plan: PlanDoc | None, local_rank: int) -> str:
+    """The socket the plan puts ``local_rank``'s GPU on ("node" without one): host-memory tiers
+    are shared per socket, so each GPU reads the copy in its own socket's memory."""
+    entry = plan.rank(local_rank) if plan else None
+    return entry.socket if entry and entry.socket else "node"
 
 
-def _shm_path(cfg: TrainConfig, placed: Placed) -> Path:
-    """The node-shared host-tier file of this run: named after the placement (its manifest) and
-    the torchrun job, so runs of other placements or jobs never map it."""
+def socket_writer(plan: PlanDoc | None, env: DistEnv) -> bool:
+    """Whether this rank is the first local rank of its socket (it writes the socket's copy)."""
+    mine = socket_of(plan, env.local_rank)
+    return all(socket_of(plan, r) != mine for r in range(env.local_rank))
+
+
+def _shm_path(cfg: TrainConfig, placed: Placed, socket: str) -> Path:
+    """The socket-shared host-tier file of this run: named after the placement (its manifest),
+    the torchrun job and the socket, so runs of other placements or jobs never map it."""
     manifest = (placed.root / "placed.json").read_bytes()
-    job = f"{_attempt()}:{os.environ.get('MASTER_PORT', '')}"
+    job = f"{_attempt()}:{os.environ.get('MASTER_PORT', '')}:{socket}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
     return Path(cfg.shm_dir) / f"moment-host-{key}"
 
@@ -414,38 +419,37 @@ def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: PlanDoc | N
                device: torch.device) -> tuple[TieredFeatureStore, str]:
     """This rank's feature store, and how it holds the host-memory tiers.
 
-    With several ranks the CPU cache and the GPU bins served from host memory (peers', and all
-    of them on CPU ranks) are one copy per node: local rank 0 writes them to a file in
-    ``cfg.shm_dir`` (a memory file system) while the others wait, they map the same file, and
-    once all have mapped it local rank 0 unlinks it (the memory lives while mapped, and a crash
-    leaves nothing behind). Without room there, or with ``shm_dir`` empty, each rank loads its
-    own copy."""
-    gpu_bins = own_gpu_bins(placed, plan, env)
-    path = _shm_path(cfg, placed) if dist.is_initialized() and cfg.shm_dir else None
+    With several ranks the CPU cache (and on CPU ranks the GPU cache) is one copy per socket, as
+    the planner models it: the socket's first local rank (pinned to the socket's cores, so its
+    pages land in the socket's memory) writes it to a file in ``cfg.shm_dir`` (a memory file
+    system) while the others wait, the socket's ranks map the same file, and once all have
+    mapped it the writer unlinks it (the memory lives while mapped, and a crash leaves nothing
+    behind). Without room there, or with ``shm_dir`` empty, each rank loads its own copy."""
+    writer = socket_writer(plan, env)
+    path = _shm_path(cfg, placed, socket_of(plan, env.local_rank)) if dist.is_initialized() and cfg.shm_dir else None
     if path is not None and not path.parent.is_dir():
         if env.rank == 0:
             print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)
         path = None
     store = None
-    if path is not None and env.local_rank == 0:
+    if path is not None and writer:
         try:
-            store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path, io=cfg.io)
+            store = TieredFeatureStore(cfg.data, device=device, host_shm=path, io=cfg.io)
         except SharedMemoryFull as exc:
             print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
     if path is not None:
         dist.barrier()  # the file is whole (or was not made) before the other ranks look
     if store is None:
         shared = path is not None and path.exists()
-        store = TieredFeatureStore(cfg.data, device=device, gpu_bins=gpu_bins, host_shm=path if shared else None,
-                                   io=cfg.io)
+        store = TieredFeatureStore(cfg.data, device=device, host_shm=path if shared else None, io=cfg.io)
     if path is not None:
         dist.barrier()  # every local rank has mapped it
-        if env.local_rank == 0:
+        if writer:
             path.unlink(missing_ok=True)
-    host = sum(t.numel() * t.element_size() for t in (store.peer, store.cpu))
-    if device.type == "cpu" and not store.host_shm:  # shared: the gpu tier is a view of the peers' region
+    host = store.cpu.numel() * store.cpu.element_size()
+    if device.type == "cpu":
         host += store.gpu.numel() * store.gpu.element_size()
-    share = "one copy shared by the node's ranks" if store.host_shm else "a private copy"
+    share = "one copy per socket" if store.host_shm else "a private copy"
     return store, f"{host / 2**20:.1f} MiB, {share}"
 
 

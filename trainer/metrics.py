@@ -15,7 +15,7 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
   ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs),
   ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
   run drew from each tier and SSD bin), ``hit_rate`` (share of requested rows served by each
-  memory tier: ``gpu`` = the rank's own GPU bin, ``gpu-peer``, ``cpu``);
+  memory tier: ``gpu``, ``cpu``);
 * ``measured_iteration_s``: mean wall time of a training iteration (sample + feature fetch,
   overlapped by the prefetcher, + forward/backward/step) over all epochs of the run:
   ``sum(epoch_s) / sum(iterations)``;
@@ -41,12 +41,12 @@ from rich.table import Table
 from torch import nn
 
 from moment.contracts.plan import PlanDoc
+from moment.contracts.tiers import TIERS
 from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
 
 FORMAT = "moment.metrics/1"
-TIERS = ("gpu", "gpu-peer", "cpu", "ssd")
-MEMORY_TIERS = ("gpu", "gpu-peer", "cpu")
+MEMORY_TIERS = TIERS[:-1]
 
 
 def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:

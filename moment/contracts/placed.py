@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from moment.contracts import Contract, Strict
+from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 
 FORMAT = "moment.placed/2"
 MANIFEST = "placed.json"
-TIERS = ("gpu", "cpu", "ssd")
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
 # Every file `moment place` writes into a placed directory (the bins aside): what it may remove.
@@ -56,7 +56,7 @@ class FileEntry(Strict):
 
 class BinEntry(Strict):
     name: str = Field(pattern=BIN_NAME.pattern)
-    tier: Literal["gpu", "cpu", "ssd"]
+    tier: Tier
     start: int = Field(ge=0)
     count: int = Field(ge=0)
     path: str  # relative to the placed directory, or absolute (an SSD directory outside it)

@@ -1,4 +1,4 @@
-"""plan.json (``moment.plan/1``): what ``moment plan`` hands to ``moment place`` and the trainer.
+"""plan.json (``moment.plan/2``): what ``moment plan`` hands to ``moment place`` and the trainer.
 
 Users exchange plans, so a plan is untrusted input: every part is typed, unknown keys are
 refused, and the parts other stages act on are checked for what would hurt them there:
@@ -26,10 +26,11 @@ from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, Valid
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from moment.contracts import Contract, Strict
+from moment.contracts.tiers import Tier
 from moment.planner.workload import Workload
 from moment.topology.model import DeviceKind
 
-FORMAT = "moment.plan/1"
+FORMAT = "moment.plan/2"
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]{0,99}$")
 
 
@@ -42,7 +43,6 @@ def _bin_name(name: str) -> str:
 
 BinName = Annotated[str, AfterValidator(_bin_name)]
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
-Tier = Literal["gpu", "cpu", "ssd"]
 
 
 class _Part(Strict):
@@ -167,7 +167,7 @@ class PlanDoc(Contract):
     WHAT = "plan file"
     model_config = ConfigDict(strict=True)
 
-    format: Literal["moment.plan/1"] = FORMAT
+    format: Literal["moment.plan/2"] = FORMAT
     created: str  # ISO 8601, UTC
     moment_version: str
     profile: PlanProfile

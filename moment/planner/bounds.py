@@ -2,10 +2,10 @@
 
 Every bound is a cut: traffic that must cross some set of links whatever shares the LP picks.
 * tier rates: the SSD tier's bytes over the SSDs' read rates, the CPU tier's over DRAM;
-* GPU links: each GPU takes everything but its own cache share over its link (+ NVLink);
-* subtrees: a switch (or socket) holding k of G GPUs must carry k·(1-X)·D down and (G-k)·X·D up
-  over its uplink (or inter-socket link), X being the share of bytes stored inside; at best
-  X = k/G, giving k(G-k)/G·D — unless the bins inside cannot hold that much.
+* GPU links: each GPU takes everything but its own cache's hits over its link;
+* subtrees: a switch (or socket) holding k of G GPUs must carry their SSD bytes stored outside
+  (and, for a switch, their CPU-cache reads) in, and the other GPUs' SSD bytes stored inside out,
+  over its uplink (or inter-socket links), whatever share X of the SSD bytes is stored inside.
 Candidates are evaluated in bound order; once the bound passes the k-th best time found, the
 rest cannot enter the ranking.
 """
@@ -32,10 +32,7 @@ class LayoutBound:
         self.D = workload.demand_gb()
         fixed = [d for d in skeleton.fixed.values() if d.kind == "gpu"]
         self.G = n_gpus + len(fixed)
-        mem = [gpu.memory_gb or 0.0] * n_gpus + [d.memory_gb or 0.0 for d in fixed]
-        self.shares = workload.tier_shares(mem)
-        nv_in = sum(nv.bandwidth_gbps() for nv in machine.nvlinks)  # an upper bound for any cut
-        self.nv = nv_in
+        self.shares = workload.tier_shares()
         dram = [s.dram_gbps or 100.0 for s in machine.sockets]
         self.dram_bound = self.shares["cpu"] * self.D * self.G / sum(dram) if dram else 0.0
         # Cuts: every switch's subtree (capacity: its uplink) and every socket (its socket links).
@@ -75,9 +72,9 @@ class LayoutBound:
         rate = sum(n * r for n, r in zip(s, self.ssd_rate))
         if h["ssd"] > 0:
             best = max(best, h["ssd"] * D * G / rate if rate > 0 else float("inf"))
-        links = sum(n * c for n, c in zip(g, self.gpu_link)) + self.nv
-        if links > 0 and h["gpu"] < G:
-            best = max(best, D * (G - h["gpu"]) / links)
+        links = sum(n * c for n, c in zip(g, self.gpu_link))
+        if links > 0:  # every byte but the GPU's own cache hits crosses its link
+            best = max(best, D * G * (1 - h["gpu"]) / links)
         inside_gpus = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
         inside_rate = {cut: 0.0 for cut in self.cuts}
         for cuts, ng, ns, r in zip(self.class_cuts, g, s, self.ssd_rate):
@@ -85,29 +82,41 @@ class LayoutBound:
                 inside_gpus[cut] += ng
                 inside_rate[cut] += ns * r
         for cut, c in self.cuts.items():
-            best = max(best, self._cut(inside_gpus[cut], inside_rate[cut], rate - inside_rate[cut],
-                                        c.capacity + self.nv, c.has_dram))
+            best = max(best, self._cut(inside_gpus[cut], inside_rate[cut], rate - inside_rate[cut], c.capacity, c.has_dram))
         return best
 
     def _cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
-        """Smallest T at which the share X of bytes stored inside can satisfy both directions:
-        k·D·(1-X) ≤ T·cap (into the cut) and (G-k)·D·X ≤ T·cap (out of it), X made of GPU
-        caches, DRAM and SSD bytes inside, the SSD part limited by the read rates on each side."""
+        """Smallest T at which some share X of the SSD bytes stored inside the cut satisfies:
+        k·D·(c + s·(1-X)) ≤ T·cap into it (c: the CPU share, unless the socket's own cache copy
+        is inside), (G-k)·D·s·X ≤ T·cap out of it, and the SSD read rates on each side
+        (G·D·s·X ≤ T·r_in, G·D·s·(1-X) ≤ T·r_out). Cache hits never cross: each GPU has its
+        own copy of the GPU cache and reads its own socket's copy of the CPU cache."""
         D, G, h = self.D, self.G, self.shares
-        if cap == float("inf") or (k == 0 and r_in == 0) or (k == G and r_out == 0):
+        if cap == float("inf") or k == 0 and r_in == 0:
             return 0.0
-        g_lo = h["gpu"] if k == G else 0.0
-        g_hi = h["gpu"] if k > 0 else 0.0
-        c_hi = h["cpu"] if dram_inside else 0.0
-        lo0, hi0, hs = g_lo, g_hi + c_hi, h["ssd"]
-        a, d = r_out / (G * D), r_in / (G * D)  # SSD share the outside / inside can serve per unit T
-        out: list[float] = []
-        if k < G:  # bytes leaving: lo(T) <= T*b
-            b = cap / ((G - k) * D)
-            out += [lo0 / b, (lo0 + hs) / (a + b)]
-        if k > 0:  # bytes entering: 1 - T*c <= hi(T)
-            c = cap / (k * D)
-            out += [(1 - hi0 - hs) / c, (1 - hi0) / (c + d)]
-            if k < G:
-                out.append(1 / (b + c))
-        return max(out, default=0.0)
+        c, s = (0.0 if dram_inside else h["cpu"]), h["ssd"]
+        lines = [(k * D * (c + s) / cap, -k * D * s / cap), (0.0, (G - k) * D * s / cap)]  # T ≥ a + b·X
+        if r_in > 0:
+            lines.append((0.0, G * D * s / r_in))
+        if r_out > 0:
+            lines.append((G * D * s / r_out, -G * D * s / r_out))
+        lo = 1.0 if r_out == 0 and r_in > 0 else 0.0  # no SSD outside: all SSD bytes are inside
+        hi = 0.0 if r_in == 0 else 1.0  # no SSD inside: none are
+        return _min_max_lines(lines, lo, hi)
+
+
+def _min_max_lines(lines: list[tuple[float, float]], lo: float = 0.0, hi: float = 1.0) -> float:
+    """min over X in [lo, hi] of max_i (a_i + b_i·X): a convex piecewise-linear function, whose
+    minimum lies at an end or where two lines cross."""
+    xs = {lo, hi}
+    for i, (a1, b1) in enumerate(lines):
+        for a2, b2 in lines[i + 1:]:
+            if b1 != b2:
+                x = (a2 - a1) / (b1 - b2)
+                if lo < x < hi:
+                    xs.add(x)
+
+    def at(x: float) -> float:
+        return max(a + (b * x if b else 0.0) for a, b in lines)
+
+    return max(min(at(x) for x in xs), 0.0)

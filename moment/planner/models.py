@@ -157,7 +157,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
         _minimise_load(solver, objective, spread)
         _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
-    t = 0.0 if th >= THETA_MAX * (1 - 1e-9) else 1.0 / th
+    t = 0.0 if th >= THETA_MAX * (1 - 1e-6) else 1.0 / th  # (the second pass may give up 1e-7 of θ)
     value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
     for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it

@@ -1,10 +1,11 @@
 """The capacity graph of one machine + layout + workload, shared by every flow model.
 
 Nodes: ``S:<socket>`` root complexes, ``W:<switch>`` switches, ``D:<device>`` a device's PCIe
-end (where its data leaves), ``G:<gpu>`` a GPU as consumer, ``B:<bin>`` storage bins (each GPU's
-cache, each socket's DRAM, each SSD). Every PCIe link is two directed edges (``up:``/``down:``
-+ port id), PCIe being full duplex; ``upi:a>b`` and ``nv:a>b`` likewise. Splitting a GPU into
-``D:`` and ``G:`` keeps data from relaying through a GPU. Capacities are GB/s.
+end (where its data leaves), ``G:<gpu>`` a GPU as consumer, ``B:<bin>`` storage bins: the GPU
+cache (a copy in every GPU: edges ``local:<gpu>``), the CPU cache (a copy in every socket's
+memory: edges ``dram:<socket>``; each GPU reads its own socket's copy), each SSD. Every PCIe link is two directed edges (``up:``/``down:``
++ port id), PCIe being full duplex; ``upi:a>b`` likewise. Splitting a GPU into ``D:`` and ``G:``
+keeps data from relaying through a GPU. Capacities are GB/s.
 
 The machine's fixed part (sockets, switches, their links, fixed devices) is walked once into a
 :class:`Skeleton`; a layout only adds the devices in slots, which keeps the search fast.
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from moment.contracts.tiers import Tier
+from moment.errors import MomentError
 from moment.planner.workload import Workload
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
@@ -22,12 +25,14 @@ from moment.topology.model import Device, Link, Machine
 INF = math.inf
 DEFAULT_DRAM_GBPS = 100.0  # per socket, when the profile has no figure
 DEFAULT_SSD_GBPS = 3.0  # per SSD at the feature read size, when the profile has no figure
+GPU_CACHE = "gpu-cache"  # the bin of the replicated GPU cache (every GPU holds it)
+CPU_CACHE = "cpu-cache"  # the bin of the CPU cache (a copy in every socket's memory)
 
 
 @dataclass(frozen=True)
 class Bin:
-    id: str  # "gpu0" (its cache), "dram:cpu0", "nvme3"
-    tier: str  # "gpu" | "cpu" | "ssd"
+    id: str  # GPU_CACHE, CPU_CACHE or an SSD's device id ("nvme3")
+    tier: Tier
     node: str  # B: node
 
 
@@ -133,27 +138,17 @@ class Skeleton:
             head = f"G:{dev.id}" if dev.kind == "gpu" else node
             self._link(pos, node, head, cap, f"link of {dev.id}", edges, labels, parent)
             (gpus if dev.kind == "gpu" else ssds).append(dev)
-        gpu_ids = {g.id for g in gpus}
-        nvl: dict[tuple[str, str], str] = {}
-        for nv in self.machine.nvlinks:
-            a, b = nv.between
-            if a in gpu_ids and b in gpu_ids:
-                for x, y in ((a, b), (b, a)):
-                    key = f"nv:{x}>{y}"
-                    edges[key] = (f"D:{x}", f"G:{y}", nv.bandwidth_gbps())
-                    labels[key] = f"NVLink {x}→{y}"
-                    nvl[(x, y)] = key
-        bins: list[Bin] = []
-        for g in gpus:
-            bins.append(Bin(g.id, "gpu", f"B:{g.id}"))
-            edges[f"hbm:{g.id}"] = (f"B:{g.id}", f"D:{g.id}", INF)
-            edges[f"local:{g.id}"] = (f"B:{g.id}", f"G:{g.id}", INF)
-            labels[f"hbm:{g.id}"], labels[f"local:{g.id}"] = f"{g.id} memory", f"{g.id} local cache"
-        for s, gbps in self.dram.items():
-            bins.append(Bin(f"dram:{s}", "cpu", f"B:dram:{s}"))
+        if self.machine.nvlinks:
+            notes.append("NVLink carries no feature reads: each GPU reads its own cache copy, host memory and SSDs")
+        bins: list[Bin] = [Bin(GPU_CACHE, "gpu", f"B:{GPU_CACHE}"), Bin(CPU_CACHE, "cpu", f"B:{CPU_CACHE}")]
+        self._check_cache(gpus, workload)
+        for g in gpus:  # the replicated cache: each GPU reads its own copy, no link crossed
+            edges[f"local:{g.id}"] = (f"B:{GPU_CACHE}", f"G:{g.id}", INF)
+            labels[f"local:{g.id}"] = f"{g.id} cache"
+        for s, gbps in self.dram.items():  # one copy per socket
             if gbps is None:
                 notes.append(f"{s} DRAM bandwidth unknown: {DEFAULT_DRAM_GBPS:g} GB/s assumed")
-            edges[f"dram:{s}"] = (f"B:dram:{s}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
+            edges[f"dram:{s}"] = (f"B:{CPU_CACHE}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
             labels[f"dram:{s}"] = f"{s} DRAM"
         for d in ssds:
             bins.append(Bin(d.id, "ssd", f"B:{d.id}"))
@@ -167,15 +162,9 @@ class Skeleton:
             for g in gpus:
                 target = ancestry[f"D:{g.id}"]
                 if b.tier == "gpu":
-                    if b.id == g.id:
-                        alts = [[f"local:{g.id}"]]
-                    else:
-                        alts = [[f"hbm:{b.id}", *self._tree_path(ancestry[f"D:{b.id}"], target)]]
-                        if (b.id, g.id) in nvl:
-                            alts.append([f"hbm:{b.id}", nvl[(b.id, g.id)]])
-                elif b.tier == "cpu":
-                    sock = b.id.split(":", 1)[1]
-                    alts = [[f"dram:{sock}", *self.socket_path[(sock, target[-1][1][2:])], *_downs(target)]]
+                    alts = [[f"local:{g.id}"]]
+                elif b.tier == "cpu":  # from the copy in the GPU's own socket
+                    alts = [[f"dram:{target[-1][1][2:]}", *_downs(target)]]
                 else:
                     alts = [[f"read:{b.id}", *self._tree_path(ancestry[f"D:{b.id}"], target)]]
                 paths[(b.id, g.id)] = alts
@@ -186,9 +175,18 @@ class Skeleton:
             gpus=[g.id for g in gpus],
             paths=paths,
             demand_gb=workload.demand_gb(),
-            shares=workload.tier_shares([g.memory_gb or 0.0 for g in gpus]),
+            shares=workload.tier_shares(),
             notes=notes,
         )
+
+    @staticmethod
+    def _check_cache(gpus: list[Device], workload: Workload) -> None:
+        """The GPU cache must fit in every GPU (each holds a full copy)."""
+        small = [g for g in gpus if g.memory_gb is not None and workload.gpu_cache_gb > g.memory_gb]
+        if small:
+            g = min(small, key=lambda d: d.memory_gb or 0.0)
+            raise MomentError(f"workload gpu_cache_gb: {workload.gpu_cache_gb:g} GB per GPU does not fit in {g.id} "
+                              f"({g.memory_gb:g} GB); every GPU holds a full copy of the GPU cache")
 
     def _tree_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
         """Up from one device to the lowest switch or socket it shares with the other, then down.

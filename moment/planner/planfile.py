@@ -66,7 +66,7 @@ def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) ->
         "layout": {"name": best.name, "slots": record["slots"]},
         "predicted": record,
         "links": links_table(best),
-        "bin_targets": bin_targets(best),
+        "bin_targets": bin_targets(best, workload),
         "ranks": ranks,
         "search": outcome.search,
         "ranking": [s.to_dict() for s in outcome.ranking],

@@ -91,18 +91,19 @@ def links_table(s: Scored) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["utilisation"])
 
 
-def bin_targets(s: Scored) -> list[dict[str, Any]]:
-    """Share of all feature bytes each GPU cache, CPU cache and SSD should serve (stage 3)."""
+def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
+    """Share of all feature reads each bin should serve (stage 3's targets) and its size: the
+    caches' from the workload (one copy per GPU / per socket), an SSD's its capacity."""
     where = {p.device.id: (p.id, sock.id, p.device) for p, sock in s.machine.iter_ports() if p.device is not None}
-    dram = {sock.id: sock.dram_gb for sock in s.machine.sockets}
     out = []
     for b in s.net.bins:
-        if b.tier == "cpu":
-            socket = b.id.split(":", 1)[1]
-            port, capacity = None, dram.get(socket)
+        if b.tier == "gpu":
+            port, socket, capacity = None, None, workload.gpu_cache_rows() * workload.row_bytes / 1e9
+        elif b.tier == "cpu":
+            port, socket, capacity = None, None, workload.cpu_cache_rows() * workload.row_bytes / 1e9
         else:
             port, socket, dev = where[b.id]
-            capacity = dev.memory_gb if b.tier == "gpu" else dev.capacity_gb
+            capacity = dev.capacity_gb
         out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port,
                     "socket": socket, "capacity_gb": capacity})
     return out

@@ -4,11 +4,21 @@ iteration, and which share of them each tier (GPU cache, CPU cache, SSD) serves.
 Tier shares come from a hotness curve — the share of accesses caught by the hottest x of the
 vertices. A measured curve (pre-sampling, ``moment place``) is best; without one a Zipf-like
 default is used and said so in every report.
+
+The caches are modelled the way the trainer runs them (one source of truth for both):
+* GPU cache, *replicated*: every GPU holds the same hottest ``gpu_cache_gb`` of rows in its own
+  memory, so its hits never cross a link. (Partitioning the hottest rows over the GPUs pays only
+  where GPUs read each other's memory directly — NVLink/P2P; the trainer does not, and over plain
+  PCIe a replicated cache moves fewer bytes, as Quiver found.) Default 0 GB: the paper's runs cache
+  no features in GPU memory and its authors' planner puts no GPU cache in the flow.
+* CPU cache, *replicated per socket*: the next-hottest ``cpu_cache_fraction`` of vertices (the
+  paper's 1 %), one copy in each socket's memory, read by the GPUs of that socket.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -52,6 +62,29 @@ class Hotness(BaseModel):
                 return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
         return 1.0
 
+    def points(self) -> list[tuple[float, float]]:
+        """The curve as (x, share) points from (0, 0) to (1, 1); the Zipf-like default sampled
+        on a log grid fine enough for :meth:`expected_unique`."""
+        if self.curve:
+            return [(0.0, 0.0), *self.curve, (1.0, 1.0)]
+        xs = [0.0] + [10 ** (-12 + 12 * i / 480) for i in range(481)]
+        return [(x, self.share(x)) for x in xs]
+
+    def expected_unique(self, draws: int, nodes: int) -> float:
+        """Expected distinct vertices among ``draws`` independent draws, a vertex in the curve
+        segment [x0, x1] being drawn with probability (y1 - y0) / ((x1 - x0)·nodes): the sum
+        over vertices of 1 - (1 - p)^draws, segment by segment. Hot vertices come up in most
+        batches and count once, which is why fewer rows are read than sampled."""
+        total = 0.0
+        pts = self.points()
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            n = (x1 - x0) * nodes
+            if n <= 0 or y1 <= y0:
+                continue
+            p = min((y1 - y0) / n, 1.0)
+            total += n * -math.expm1(draws * math.log1p(-p)) if p < 1 else n
+        return min(total, float(draws), float(nodes))
+
 
 class Workload(BaseModel):
     """What one training iteration asks of the storage tiers."""
@@ -66,9 +99,9 @@ class Workload(BaseModel):
     batch_size: int = Field(default=8000, gt=0)
     unique_per_batch: float | None = Field(default=None, gt=0, description="measured unique sampled vertices per batch")
     train_fraction: float = Field(default=0.01, gt=0, le=1)
-    cpu_cache_fraction: float = Field(default=0.01, ge=0, le=1, description="share of vertices cached in CPU memory")
-    gpu_cache_gb: float | None = Field(default=None, ge=0, description="per-GPU feature cache; default half the GPU memory")
-    gpu_cache_mode: Literal["partitioned", "replicated"] = "partitioned"
+    cpu_cache_fraction: float = Field(default=0.01, ge=0, le=1, description="share of vertices cached in each socket's memory")
+    gpu_cache_gb: float = Field(default=0.0, ge=0, description="feature cache in each GPU's memory, GB (replicated)")
+    gpu_cache_policy: Literal["replicated"] = "replicated"
     hotness: Hotness = Field(default_factory=Hotness)
     model: str = "graphsage"
     hidden: int = 256
@@ -77,38 +110,50 @@ class Workload(BaseModel):
     def row_bytes(self) -> int:
         return self.feature_dim * DTYPE_BYTES[self.feature_dtype]
 
-    def vertices_per_batch(self) -> float:
-        """Feature rows one GPU reads per iteration: measured unique count, else every sampled
-        vertex of every hop (an upper bound: repeats are not deduplicated)."""
-        if self.unique_per_batch:
-            return self.unique_per_batch
+    def sampled_per_batch(self) -> int:
+        """Vertices one batch samples, repeats included: seeds plus every hop's draws."""
         total, layer = self.batch_size, self.batch_size
         for f in self.fanouts:
             layer *= f
             total += layer
-        return float(total)
+        return total
+
+    def vertices_per_batch(self) -> float:
+        """Feature rows one GPU reads per iteration: the measured unique count, else the expected
+        number of distinct vertices among the batch's draws when a vertex is drawn as often as
+        the hotness curve says (:meth:`Hotness.expected_unique`)."""
+        if self.unique_per_batch:
+            return self.unique_per_batch
+        return self.hotness.expected_unique(self.sampled_per_batch(), self.nodes)
 
     def demand_gb(self) -> float:
         """Feature GB one GPU needs per iteration."""
         return self.vertices_per_batch() * self.row_bytes / 1e9
 
-    def tier_shares(self, gpu_memory_gb: list[float]) -> dict[str, float]:
-        """Share of accesses served by the GPU caches, the CPU cache and the SSDs."""
-        n_bytes = self.nodes * self.row_bytes
-        per_gpu = [self.gpu_cache_gb if self.gpu_cache_gb is not None else 0.5 * m for m in gpu_memory_gb]
-        cached = sum(per_gpu) if self.gpu_cache_mode == "partitioned" else max(per_gpu, default=0.0)
-        f_gpu = min(cached * 1e9 / n_bytes, 1.0)
-        f_cpu = min(self.cpu_cache_fraction, 1.0 - f_gpu)
+    def gpu_cache_rows(self) -> int:
+        """Rows each GPU caches (the hottest ones; the same rows on every GPU)."""
+        return min(int(self.gpu_cache_gb * 1e9 // self.row_bytes), self.nodes)
+
+    def cpu_cache_rows(self) -> int:
+        """Rows each socket's CPU cache holds (the next hottest after the GPU cache's)."""
+        return min(int(self.nodes * self.cpu_cache_fraction), self.nodes - self.gpu_cache_rows())
+
+    def tier_shares(self) -> dict[str, float]:
+        """Share of row reads served by the GPU cache, the CPU cache and the SSDs."""
+        f_gpu = self.gpu_cache_rows() / self.nodes
+        f_cpu = self.cpu_cache_rows() / self.nodes
         h_gpu = self.hotness.share(f_gpu)
         h_cpu = self.hotness.share(f_gpu + f_cpu) - h_gpu
         return {"gpu": h_gpu, "cpu": h_cpu, "ssd": max(0.0, 1.0 - h_gpu - h_cpu)}
 
     def describe(self) -> str:
+        rows = ("measured unique rows" if self.unique_per_batch
+                else f"unique rows estimated from the hotness curve, of {self.sampled_per_batch():,} sampled")
         return (
             f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
-            f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration"
-            + ("" if self.unique_per_batch else " (sampled rows, not deduplicated)")
-            + f"; hotness: {self.hotness.source}"
+            f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration ({rows}); "
+            f"caches: {self.gpu_cache_gb:g} GB per GPU (replicated), {self.cpu_cache_fraction:.2%} of vertices per socket; "
+            f"hotness: {self.hotness.source}"
         )
 
 
