@@ -140,9 +140,10 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
         "place",
         help="place a dataset's features into GPU caches, CPU caches and SSD bins per a plan",
         description=(
-            "Pre-sample hotness with the trainer's sampler, place vertices with DDAK (or the hash baseline) "
-            "against the plan's per-bin traffic targets, and write the placed dataset: relabelled topology, "
-            "cache bins, one bin per SSD. Crash-safe: a killed run resumes when run again."
+            "Pre-sample hotness with the trainer's sampler, re-solve the plan's flow model for this dataset, its "
+            "measured hotness and the cache sizes used, place vertices with DDAK (or the hash baseline) against "
+            "those per-bin traffic targets, and write the placed dataset: relabelled topology, cache bins, one bin "
+            "per SSD. Crash-safe: a killed run resumes when run again."
         ),
     )
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
@@ -159,7 +160,8 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--priority", choices=("projected", "paper"), default="projected",
                    help="DDAK bin priority: projected (default, matches the plan's targets) or the paper's "
                         "(access/target)×(used/capacity)")
-    p.add_argument("--profile", help="refuse a plan made for another profile than this one")
+    p.add_argument("--profile", help="the plan's profile (bundled name or YAML file) where it is not bundled; "
+                                      "a plan made for another profile is refused")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_place)
@@ -423,7 +425,7 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
 
 def cmd_score(args: argparse.Namespace) -> int:
     from moment.planner.plan import resolve_layout
-    from moment.planner.report import busiest_links_table, links_table, print_layout, print_prediction, score
+    from moment.planner.report import bin_targets, busiest_links_table, links_table, print_layout, print_prediction, score
 
     machine, workload = _machine_and_workload(args)
     name, layout = resolve_layout(machine, args.layout)
@@ -432,7 +434,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         _plan_picture(scored, args.picture)
     if args.json:
         print(json.dumps({"profile": machine.name, "tier_shares": scored.net.shares, **scored.to_dict(),
-                          "links": links_table(scored)}, indent=2))
+                          "bin_targets": bin_targets(scored, workload), "links": links_table(scored)}, indent=2))
         return 0
     out.print(f"workload: {workload.describe()}")
     print_layout(out, scored)
@@ -579,15 +581,14 @@ def cmd_place(args: argparse.Namespace) -> int:
         if not sep or not name or not d:
             raise UsageError(f"--ssd-dir {spec!r}: expected BIN=DIR, e.g. nvme0=/mnt/nvme0")
         dirs[name] = Path(d)
-    profile_sha = None
+    profile = None
     if args.profile:
-        from moment.planner.planfile import profile_hash
         from moment.topology.profile_io import resolve_profile
 
-        profile_sha = profile_hash(resolve_profile(args.profile))
+        profile = resolve_profile(args.profile)
     opts = PlaceOptions(policy=args.policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, ssd_dirs=dirs,
                         hotness=Path(args.hotness) if args.hotness else None, epochs=args.epochs, pool=args.pool, priority=args.priority,
-                        seed=args.seed, profile_sha256=profile_sha)
+                        seed=args.seed, profile=profile)
     with RichProgress(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars,
                          log=lambda msg: err.print(msg, highlight=False))
@@ -596,16 +597,17 @@ def cmd_place(args: argparse.Namespace) -> int:
         return 0
     print_placement(manifest)
     out.print(f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`; "
-              f"re-plan with the measured hotness: `moment plan --workload {args.out}/workload.yaml ...`)")
+              f"re-plan with the measured workload: `moment plan --workload {args.out}/workload.yaml ...`)")
     return 0
 
 
 def print_placement(manifest: dict) -> None:
-    """Per bin: rows, fill, and access share against the plan's target. Shares are also given
-    within the tier: how much a tier serves is set by hotness and cache sizes; how it splits over
-    the tier's bins is what DDAK controls."""
+    """Per bin: rows, fill, and access share against its target; per tier: predicted against
+    achieved. Shares are also given within the tier: how much a tier serves is set by hotness and
+    cache sizes; how it splits over the tier's bins is what DDAK controls."""
     from rich.table import Table
 
+    pred = manifest["prediction"]
     tier_target: dict[str, float] = {}
     tier_got: dict[str, float] = {}
     for b in manifest["bins"]:
@@ -620,7 +622,11 @@ def print_placement(manifest: dict) -> None:
                       f"{b['target']:.2%}", f"{b['achieved']:.2%}",
                       f"{b['target'] / t:.1%}" if t else "-", f"{b['achieved'] / g:.1%}" if g else "-")
     out.print(table)
-    out.print("tiers: " + ", ".join(f"{k} serves {tier_got[k]:.1%} of reads (plan assumed {tier_target[k]:.1%})" for k in tier_got))
+    whose = ("predicted for this dataset" if pred["source"] == "dataset"
+             else "the plan's prediction, for its own workload")
+    out.print(f"reads served per tier, achieved vs predicted ({whose}; {pred['iteration_s']:.4g} s per iteration on "
+              f"{pred['profile']}, layout {pred['layout']}): "
+              + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

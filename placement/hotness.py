@@ -124,7 +124,7 @@ def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> 
     reads_through = np.cumsum(freq * values)
     curve = []
     for x in points:
-        k = min(n, int(np.ceil(x * n)))
+        k = min(n, int(np.ceil(x * n * (1 - 1e-12))))  # x = rows / N gives back rows, not rows + 1 by rounding
         g = int(np.searchsorted(vertices_through, k))  # first group that reaches k vertices
         before = (int(vertices_through[g - 1]), int(reads_through[g - 1])) if g > 0 else (0, 0)
         reads = before[1] + (k - before[0]) * int(values[g]) if k > 0 else 0

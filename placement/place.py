@@ -1,7 +1,9 @@
 """``moment place``: a dataset + a plan → a placed dataset (GPU caches, CPU caches, SSD bins).
 
-Steps, each reported: pre-sample hotness with the trainer's sampler (or load a saved one), place
-vertices with DDAK (or the hash baseline) against the plan's per-bin traffic targets, relabel,
+Steps, each reported: pre-sample hotness with the trainer's sampler (or load a saved one), re-solve
+the plan's model for this dataset, its measured hotness and the cache sizes used
+(``placement.predict``), place vertices with DDAK (or the hash baseline) against those per-bin
+traffic targets, relabel,
 check free space on every target, write the bins in one sequential pass, rewrite topology,
 labels and splits in the new ids, and commit: manifest last, then one rename. Work happens in
 ``OUT.partial``; a killed run resumes from its last checkpoint when run again.
@@ -26,12 +28,14 @@ from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_f
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
-from moment.planner.planfile import PlanDoc, read_plan
+from moment.planner.planfile import PlanDoc, plan_profile, read_plan
+from moment.topology.model import Machine
 from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
 from placement.hotness import Hotness, presample
 from placement.placed import open_placed
+from placement.predict import measured_workload, plan_prediction, predict, write_workload
 from placement.writer import STATE, BinFile, file_digest, write_bins
 
 Progress = Callable[[str, int], Callable[[int, int], None]]  # stage, total -> update(done, total)
@@ -65,15 +69,14 @@ class PlaceOptions:
     pool: int = 100
     priority: str = "projected"  # DDAK priority: projected (matches targets) or paper
     seed: int = 0
-    profile_sha256: str | None = None  # refuse a plan made for another profile
+    profile: Machine | None = None  # the plan's profile where not bundled; another profile's plan is refused
 
 
-def _bins(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> list[BinSpec]:
-    """DDAK bins from the plan's targets: the GPU cache (one copy on every GPU) and the CPU cache
-    (one copy per socket) sized by ``--gpu-cache``/``--cpu-cache`` or else by the plan's
-    workload (``gpu_cache_gb``, ``cpu_cache_fraction``: one source of truth), the SSDs by their
-    capacity."""
-    workload, targets = plan.workload, plan.bin_targets
+def _cache_rows(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> tuple[int, int]:
+    """Rows of the GPU cache (each GPU) and the CPU cache (each socket), from ``--gpu-cache`` /
+    ``--cpu-cache`` or else the plan's workload (``gpu_cache_gb``, ``cpu_cache_fraction``: one
+    source of truth), capped by the vertices there are."""
+    workload = plan.workload
     rb, n = ds.row_bytes, ds.num_nodes
     if opts.gpu_cache is not None:
         gpu_rows = parse_rows(opts.gpu_cache, "--gpu-cache", n, rb)
@@ -83,12 +86,17 @@ def _bins(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> list[BinSpec]:
         cpu_rows = parse_rows(opts.cpu_cache, "--cpu-cache", n, rb)
     else:
         cpu_rows = int(n * workload.cpu_cache_fraction)
-    unknown = set(opts.ssd_dirs) - {t.bin for t in targets if t.tier == "ssd"}
-    if unknown:
-        raise UsageError(f"--ssd-dir names {', '.join(sorted(unknown))}, which the plan has no SSD bin for")
-    cap = {"gpu": min(gpu_rows, n), "cpu": min(cpu_rows, max(n - gpu_rows, 0))}
-    return [BinSpec(t.bin, t.tier, cap[t.tier] if t.tier in cap else min(int((t.capacity_gb or 1e6) * 1e9 // rb), n), t.share)
-            for t in targets]
+    gpu_rows = min(gpu_rows, n)
+    return gpu_rows, min(cpu_rows, n - gpu_rows)
+
+
+def _bins(plan: PlanDoc, ds: Dataset, caches: tuple[int, int], shares: dict[str, float]) -> list[BinSpec]:
+    """DDAK bins: the caches of ``caches`` rows, the SSDs as large as their capacity, each with
+    its share of reads from ``shares`` (the prediction's)."""
+    cap = {"gpu": caches[0], "cpu": caches[1]}
+    rb, n = ds.row_bytes, ds.num_nodes
+    return [BinSpec(t.bin, t.tier, cap[t.tier] if t.tier in cap else min(int((t.capacity_gb or 1e6) * 1e9 // rb), n),
+                    shares[t.bin]) for t in plan.bin_targets]
 
 
 def _key(*parts: Any) -> str:
@@ -221,20 +229,25 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     if opts.policy not in ("ddak", "hash"):
         raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
     plan = read_plan(plan_path)
-    if opts.profile_sha256 and plan.profile.sha256 != opts.profile_sha256:
-        raise UsageError(f"{plan_path}: made for profile {plan.profile.name!r} (another profile's hash): re-plan for this one")
+    try:
+        machine, no_machine = plan_profile(plan, opts.profile)
+    except UsageError as exc:
+        raise UsageError(f"{plan_path}: {exc}") from None
+    unknown = set(opts.ssd_dirs) - {t.bin for t in plan.bin_targets if t.tier == "ssd"}
+    if unknown:
+        raise UsageError(f"--ssd-dir names {', '.join(sorted(unknown))}, which the plan has no SSD bin for")
     ds = open_dataset(dataset_path)
     dirs = _ssd_dirs(opts, out)
     check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused before any work
     check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
     opts = replace(opts, ssd_dirs=dirs)
     had_output = check_out(out, PLACED)
-    specs = _bins(plan, ds, opts)
+    caches = _cache_rows(plan, ds, opts)
     fanouts, batch = tuple(plan.workload.fanouts), plan.workload.batch_size
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
-    key = _key(plan.profile.model_dump(), [t.model_dump() for t in plan.bin_targets], ds.meta, [s.__dict__ for s in specs], opts.policy, opts.pool,
-               opts.priority, opts.seed, opts.epochs, fanouts, batch, hot_given, {k: str(v) for k, v in dirs.items()},
-               str(Path(dataset_path).resolve()))
+    key = _key(plan.profile.model_dump(), plan.workload.model_dump(mode="json"), [t.model_dump() for t in plan.bin_targets],
+               ds.meta, caches, machine is not None, opts.policy, opts.pool, opts.priority, opts.seed, opts.epochs, fanouts,
+               batch, hot_given, {k: str(v) for k, v in dirs.items()}, str(Path(dataset_path).resolve()))
 
     stage = Staging(out, PLACED)
     if stage.resume():
@@ -276,7 +289,17 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         log(f"warning: the hotness comes from only {hot.batches} pre-sampled batch(es) (fewer than {MIN_BATCHES}), "
             f"so its ranking of vertices is noisy: raise --epochs")
 
-    # 2. Placement (deterministic: a resumed run computes the one it saved).
+    # 2. The plan's model re-solved for this dataset and these caches: DDAK's targets.
+    workload = measured_workload(plan.workload, ds, hot, *caches)
+    if machine is not None:
+        prediction = predict(plan, machine, workload)
+    else:
+        prediction = plan_prediction(plan)
+        log(f"warning: {no_machine}, so the targets and the prediction recorded are the plan's, made for its own "
+            f"workload ({plan.workload.nodes:,} vertices), not re-solved for this dataset")
+    specs = _bins(plan, ds, caches, prediction.bin_shares)
+
+    # 3. Placement (deterministic: a resumed run computes the one it saved).
     t0 = time.perf_counter()
     order = hotness_order(hot.counts)
     if opts.policy == "ddak":
@@ -286,7 +309,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     place_s = time.perf_counter() - t0
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
 
-    # 3. Preflight: every target has room for what goes there; nothing is created before it.
+    # 4. Preflight: every target has room for what goes there; nothing is created before it.
     rb = ds.row_bytes
     needs: dict[Path, int] = {}
     for b, spec in enumerate(specs):
@@ -306,7 +329,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     np.save(bin_file, placed.bin_of)
     faults.point("place:planned")
 
-    # 4. Bins, one sequential pass over the source features (.partial names until the commit).
+    # 5. Bins, one sequential pass over the source features (.partial names until the commit).
     def bin_path(spec: BinSpec) -> Path:
         where = dirs.get(spec.name) or (data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}"))
         return where / bin_file_name(spec.name, stage.run_id)
@@ -319,7 +342,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     write_s = time.perf_counter() - t0
     faults.point("place:bins-written")
 
-    # 5. Topology, labels, splits, id maps in the new ids.
+    # 6. Topology, labels, splits, id maps in the new ids.
     rl.rewrite_csr(ds.indptr(), ds.indices(), r, data / "indptr.npy", data / "indices.npy",
                    progress=progress("rewriting topology", ds.num_nodes) if progress else None)
     _save_npy(data / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
@@ -328,10 +351,10 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     _save_npy(data / "old_to_new.npy", r.old_to_new)
     _save_npy(data / "new_to_old.npy", r.new_to_old)
     _save_npy(data / "hotness_new.npy", hot.counts[r.new_to_old])
-    _write_workload(data, ds, hot)
+    write_workload(data / "workload.yaml", workload)
     faults.point("place:arrays-written")
 
-    # 6. Stage the manifest (final bin names, checksums), then commit: rename bins, publish.
+    # 7. Stage the manifest (final bin names, checksums), then commit: rename bins, publish.
     shares = placed.shares()
     bins_meta = []
     for idx in r.order:
@@ -359,6 +382,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         num_classes=ds.num_classes,
         hotness={"batches": hot.batches, "epochs": hot.epochs, "fanouts": list(hot.fanouts), "batch_size": hot.batch_size,
                  "mean_unique_per_batch": hot.mean_unique_per_batch, "curve": hot.curve()},
+        prediction=prediction,
         bins=bins_meta,
         files=files_meta,
         timings_s={"placement": round(place_s, 3), "write_bins": round(write_s, 3),
@@ -368,23 +392,3 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     faults.point("place:manifest-staged")
     return _commit(stage, dirs, log).model_dump(mode="json")
 
-
-def _write_workload(work: Path, ds: Dataset, hot: Hotness) -> None:
-    """The measured workload as ``moment plan --workload`` reads it: the planner's input from
-    pre-sampling (hotness curve and unique vertices per batch), closing the loop."""
-    import yaml
-
-    body = {
-        "dataset": ds.meta.get("name", "dataset"),
-        "nodes": ds.num_nodes,
-        "edges": ds.num_edges,
-        "feature_dim": ds.feature_dim,
-        "feature_dtype": ds.meta["feature_dtype"],
-        "fanouts": list(hot.fanouts),
-        "batch_size": hot.batch_size,
-        "unique_per_batch": round(hot.mean_unique_per_batch, 1),
-        "hotness": {"curve": [[x, round(y, 6)] for x, y in hot.curve() if 0 < x < 1],
-                    "source": f"measured: {hot.epochs} pre-sampled epoch(s), {hot.batches} batches"},
-    }
-    atomic_write_text(work / "workload.yaml", "# Measured by `moment place` (pre-sampling); use with `moment plan --workload`.\n"
-                      + yaml.safe_dump(body, sort_keys=False))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from moment.errors import MomentError, UsageError
+from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
 from placement.place import PlaceOptions, parse_rows, place
 from placement.placed import PlacedError, open_placed, verify
@@ -142,7 +143,7 @@ def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="expected a size"):
         place(plan_file, dataset, tmp_path / "x", PlaceOptions(gpu_cache="lots"))
     with pytest.raises(UsageError, match="another profile"):
-        place(plan_file, dataset, tmp_path / "x", PlaceOptions(profile_sha256="0" * 64, **OPTS))
+        place(plan_file, dataset, tmp_path / "x", PlaceOptions(profile=resolve_profile("moment-machine-a"), **OPTS))
     with pytest.raises(MomentError, match="dataset.json"):
         place(plan_file, tmp_path, tmp_path / "x", PlaceOptions(**OPTS))
     bad_plan = tmp_path / "plan.json"

@@ -1,10 +1,16 @@
-"""placed.json (``moment.placed/1``): what ``moment place`` writes and the trainer, ``moment
+"""placed.json (``moment.placed/3``): what ``moment place`` writes and the trainer, ``moment
 verify`` and the next ``moment place`` read.
 
 Written last into the staging directory (its presence with ``complete: true`` is what makes a
 directory a placed dataset). Every file has its size and SHA-256; ``files`` are relative to the
 placed directory (never ``..``), SSD bins outside it are absolute paths whose name carries the
 run id, so a later run can prove which files it may remove.
+
+``prediction`` is the planner's proportional model re-solved for the dataset placed (its size,
+the measured hotness and unique rows per batch, the cache sizes used) on the plan's layout: the
+shares DDAK balanced to (every bin's ``target`` is its ``bin_shares`` entry) and the tier shares
+to compare the achieved ones with. Where the plan's profile could not be found it is the plan's
+own prediction (``source: plan``).
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from moment.contracts import Contract, Strict
+from moment.contracts.plan import Share, TierShares
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 
-FORMAT = "moment.placed/2"
+FORMAT = "moment.placed/3"
 MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
@@ -95,12 +102,35 @@ class HotnessSummary(Strict):
     curve: list[tuple[float, float]]
 
 
+class PredictedWorkload(Strict):
+    """The workload a prediction is for, in brief (``workload.yaml`` holds all of it)."""
+
+    fanouts: list[int]
+    batch_size: int = Field(ge=1)
+    unique_per_batch: float = Field(ge=0)
+    gpu_cache_rows: int = Field(ge=0)  # per GPU (replicated)
+    cpu_cache_rows: int = Field(ge=0)  # per socket (one copy each)
+    hotness: str  # where the hotness curve came from
+
+
+class Prediction(Strict):
+    """What the planner predicts for this placement, and where DDAK's targets came from."""
+
+    source: Literal["dataset", "plan"]  # re-solved for the dataset placed, or the plan's (profile not found)
+    profile: str
+    layout: str
+    iteration_s: float = Field(ge=0)
+    tier_shares: TierShares
+    bin_shares: dict[str, Share]
+    workload: PredictedWorkload
+
+
 class PlacedManifest(Contract):
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a placed dataset's manifest"
     ERROR: ClassVar[type[MomentError]] = PlacedError
 
-    format: Literal["moment.placed/2"] = FORMAT
+    format: Literal["moment.placed/3"] = FORMAT
     complete: Literal[True] = True
     run_id: str = Field(pattern=RUN_ID.pattern)  # in every bin's file name: what proves a bin is this run's
     key: str = Field(pattern=r"^[0-9a-f]{16}$")  # digest of the inputs: an identical re-run has nothing to do
@@ -115,6 +145,7 @@ class PlacedManifest(Contract):
     feature_dtype: Literal["float32", "float16"]
     num_classes: int = Field(ge=1)
     hotness: HotnessSummary
+    prediction: Prediction
     bins: list[BinEntry]
     files: dict[str, FileEntry]
     timings_s: dict[str, float] = {}
@@ -141,4 +172,6 @@ class PlacedManifest(Contract):
             expect += b.count
         if expect != self.num_nodes:
             raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
+        if self.prediction.bin_shares != {b.name: b.target for b in self.bins}:
+            raise ValueError("prediction.bin_shares: must name every bin once, with the bin's target share")
         return self

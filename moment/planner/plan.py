@@ -64,8 +64,8 @@ def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: in
 
 
 def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, str]]:
-    """A layout by name (``installed`` or one stored in the profile) or from a YAML/JSON file
-    mapping port id → device id."""
+    """A layout by name (``installed`` or one stored in the profile), from a YAML/JSON file
+    mapping port id → device id, or a plan.json's chosen layout (its ``layout.slots``)."""
     if name_or_file == "installed":
         return "installed", installed_layout(machine)
     if name_or_file in machine.layouts:
@@ -80,6 +80,8 @@ def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, 
         raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
         data = data["layout"]
+        if isinstance(data.get("slots"), list):  # a plan.json: its layout's slots
+            data = {s.get("port"): s.get("device") for s in data["slots"] if isinstance(s, dict)}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise UsageError(f"{path}: a layout file maps slot/port ids to device ids")
     return path.stem, data

@@ -31,18 +31,37 @@ from pydantic import ValidationError
 from moment import __version__
 from moment.contracts import first_error
 from moment.contracts.plan import FORMAT, PlanDoc
-from moment.errors import MomentError
+from moment.errors import MomentError, UsageError
 from moment.planner.plan import PlanOutcome
 from moment.planner.report import bin_targets, links_table
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
-from moment.topology.profile_io import dump_profile
+from moment.topology.profile_io import bundled_profiles, dump_profile, load_profile
 
-__all__ = ["FORMAT", "PlanDoc", "plan_document", "profile_hash", "read_plan", "save_plan", "write_plan"]
+__all__ = ["FORMAT", "PlanDoc", "plan_document", "plan_profile", "profile_hash", "read_plan", "save_plan", "write_plan"]
 
 
 def profile_hash(machine: Machine) -> str:
     return hashlib.sha256(dump_profile(machine).encode()).hexdigest()
+
+
+def plan_profile(doc: PlanDoc, given: Machine | None = None) -> tuple[Machine | None, str]:
+    """The profile ``doc`` was made for, to re-solve its model with: ``given`` (``--profile``;
+    another profile's is refused) or else the bundled one of that name if it is still the same
+    (hash). ``(None, why)`` where there is none: the caller falls back to the plan's figures."""
+    name = doc.profile.name
+    if given is not None:
+        if profile_hash(given) != doc.profile.sha256:
+            raise UsageError(f"the plan was made for profile {name!r} (another profile's hash than {given.name!r}): "
+                             f"re-plan for this one")
+        return given, ""
+    path = bundled_profiles().get(name)
+    if path is None:
+        return None, f"the plan's profile {name!r} is not bundled (give it with --profile)"
+    machine = load_profile(path)
+    if profile_hash(machine) != doc.profile.sha256:
+        return None, f"the bundled profile {name!r} has changed since the plan was made (give the plan's with --profile)"
+    return machine, ""
 
 
 def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) -> PlanDoc:
