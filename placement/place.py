@@ -1,12 +1,12 @@
 """``moment place``: a dataset + a plan → a placed dataset (GPU caches, CPU caches, SSD bins).
 
-Steps, each reported: pre-sample hotness with the trainer's sampler (or load a saved one), re-solve
-the plan's model for this dataset, its measured hotness and the cache sizes used
+Steps, each reported: pre-sample hotness with the trainer's sampler (or load a saved one),
+re-solve the plan's model for this dataset, its measured hotness and the cache sizes used
 (``placement.predict``), place vertices with DDAK (or the hash baseline) against those per-bin
-traffic targets, relabel,
-check free space on every target, write the bins in one sequential pass, rewrite topology,
-labels and splits in the new ids, and commit: manifest last, then one rename. Work happens in
-``OUT.partial``; a killed run resumes from its last checkpoint when run again.
+traffic targets, relabel, check free space on every target, write the bins in one sequential
+pass, rewrite topology, labels and splits in the new ids, and commit: manifest last, then one
+rename. Work happens in ``OUT.partial``; a killed run resumes from its last checkpoint when run
+again.
 """
 
 from __future__ import annotations
