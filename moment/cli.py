@@ -693,7 +693,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_summary(out, live)
     save_profile(live, work / "this-machine.yaml")
     out.rule(f"[bold]2. plan: where the GPUs and SSDs of {args.profile} should go")
-    workload = load_workload(machine.workload)
+    # The profile's (paper-sized) workload, sampled as the demo trains: place pre-samples with the
+    # plan's fan-outs and batch size, and the trainer takes the placement's.
+    workload = load_workload(machine.workload, fanouts=DEMO_FANOUTS, batch_size=DEMO_BATCH)
     out.print(f"workload: {workload.describe()}")
     outcome = plan(machine, workload, *default_counts(machine))
     print_layout(out, outcome.best)
@@ -723,7 +725,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     metrics = work / "metrics.json"
     cmd = launch.build_torchrun_command(work / "plan.json", placed_dir, nproc=args.nproc, model="sage", epochs=args.epochs,
                                         metrics_json=metrics, checkpoint_dir=work / "checkpoints",
-                                        extra=["--fanouts", "10,5", "--batch-size", "1024", "--hidden", "128"])
+                                        extra=["--hidden", "128"])
     out.print(f"running: {launch.format_command(cmd)}", highlight=False)
     code = launch.run(cmd)
     if code != 0:
@@ -738,6 +740,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 DEMO_MARKER = "moment-demo.json"
+DEMO_FANOUTS, DEMO_BATCH = [10, 5], 1024  # small enough for a 2-core machine to train in seconds
 
 
 def _claim_workdir(work: Path) -> None:

@@ -73,8 +73,8 @@ class Hotness:
 
 def presample(
     dataset: Dataset,
-    fanouts: Sequence[int] = (25, 10),
-    batch_size: int = 8000,
+    fanouts: Sequence[int],
+    batch_size: int,
     epochs: int = 1,
     seed: int = 0,
     progress: Progress | None = None,

@@ -163,14 +163,14 @@ def test_int32_int64_torch_and_memmap_csr_agree(graph: tuple[np.ndarray, np.ndar
 def test_rejects_duplicate_seeds_and_bad_fanouts(graph: tuple[np.ndarray, np.ndarray]) -> None:
     indptr, indices = graph
     with pytest.raises(ValueError, match="unique"):
-        NeighborSampler(indptr, indices).sample(torch.tensor([3, 3]))
+        NeighborSampler(indptr, indices, (2,)).sample(torch.tensor([3, 3]))
     with pytest.raises(ValueError, match="fanouts"):
         NeighborSampler(indptr, indices, (10, 0))
 
 
 def test_batches_cover_each_id_once_across_ranks() -> None:
     ids = np.random.default_rng(6).choice(10_000, 1001, replace=False)
-    sampler = NeighborSampler(np.zeros(10_001, dtype=np.int64), np.zeros(0, dtype=np.int64), seed=6)
+    sampler = NeighborSampler(np.zeros(10_001, dtype=np.int64), np.zeros(0, dtype=np.int64), (1,), seed=6)
     shares = [torch.cat(list(sampler.batches(ids, 64, epoch=0, rank=r, world_size=2))) for r in range(2)]
     assert sorted(torch.cat(shares).tolist()) == sorted(ids.tolist())
     assert not set(shares[0].tolist()) & set(shares[1].tolist())
@@ -186,7 +186,7 @@ def test_batches_cover_each_id_once_across_ranks() -> None:
 
 
 def test_drop_last_uneven_gives_every_rank_the_same_steps() -> None:
-    sampler = NeighborSampler(np.zeros(101, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    sampler = NeighborSampler(np.zeros(101, dtype=np.int64), np.zeros(0, dtype=np.int64), (1,))
     ids = np.arange(100)  # 100 ids over 3 ranks, batches of 11: shares 34/33/33 -> 4/3/3 batches
     uneven = [len(list(sampler.batches(ids, 11, rank=r, world_size=3))) for r in range(3)]
     assert uneven == [4, 3, 3] == [num_batches(100, 11, 3, rank=r) for r in range(3)]

@@ -75,7 +75,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     assert doc["epochs"][-1]["loss"] < doc["epochs"][0]["loss"]
     assert doc["epochs"][-1]["val_acc"] > 5 * CHANCE and doc["test_acc"] > 5 * CHANCE  # reaches ~0.93
     assert doc["measured_iteration_s"] > 0
-    assert doc["predicted_iteration_s"] == read_plan(plan_file).predicted.predicted_iteration_s
+    assert doc["predicted_iteration_s"] == open_placed(placed).manifest.prediction.iteration_s  # the placement's, not the plan's
     # DDP kept the replicas identical, and the checkpoint holds them.
     a, b = doc["rank_param_digests"]
     assert a == b
@@ -211,13 +211,15 @@ def test_checkpoint_of_another_model_or_damaged_is_refused(placed: Path, tmp_pat
     assert err.count("\n") == 1 and "unreadable checkpoint" in err
 
 
-def test_metrics_without_plan_have_no_prediction(placed: Path, tmp_path: Path) -> None:
+def test_metrics_without_plan_carry_the_placements_prediction(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"
     args = ["--data", str(placed), *SMALL, "--epochs", "2", "--eval-every", "2", "--max-batches-per-epoch", "2",
             "--metrics-json", str(metrics)]
     assert run_main(args) == 0
     doc = read_json(metrics)
-    assert doc["predicted_iteration_s"] is None and doc["prediction"] is None
+    pred = doc["prediction"]
+    assert doc["predicted_iteration_s"] == pred["iteration_s"] == open_placed(placed).manifest.prediction.iteration_s
+    assert "fanouts [25, 10] (this run [10, 5])" in pred["note"] and "read shares will differ" in pred["note"]
     assert doc["epochs"][0]["val_acc"] is None and doc["epochs"][1]["val_acc"] is not None
     assert doc["measured_iteration_s"] == pytest.approx(sum(e["epoch_s"] for e in doc["epochs"]) / 4)
 
@@ -293,7 +295,13 @@ def test_device_and_io_mistakes_exit_2(cuda: bool, local_world: int, argv: list[
 
 def test_config_defaults_and_round_trip() -> None:
     sage = from_args(["--data", "d"])
-    assert (sage.hidden, sage.fanouts, sage.batch_size, sage.layers, sage.lr) == (256, (25, 10), 8000, 2, 3e-3)
+    assert (sage.hidden, sage.fanouts, sage.batch_size, sage.lr) == (256, None, None, 3e-3)  # sampling: the placement's
+    with pytest.raises(ValueError, match="not resolved"):
+        _ = sage.layers
+    placed = sage.with_sampling((25, 10), 8000)
+    assert (placed.fanouts, placed.batch_size, placed.layers) == ((25, 10), 8000, 2)
+    mine = from_args(["--data", "d", "--fanouts", "5", "--batch-size", "64"]).with_sampling((25, 10), 8000)
+    assert (mine.fanouts, mine.batch_size) == ((5,), 64)  # flags win
     gat = from_args(["--data", "d", "--model", "gat", "--fanouts", "15,10,5"])
     assert (gat.hidden, gat.heads, gat.layers) == (64, 8, 3)
     assert TrainConfig.from_dict(json.loads(json.dumps(gat.to_dict()))) == gat

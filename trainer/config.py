@@ -30,8 +30,10 @@ class TrainConfig:
     model: str = "sage"
     hidden: int | None = None  # None: 256 for sage, 64 (per head) for gat
     heads: int = 8  # gat only
-    fanouts: tuple[int, ...] = (25, 10)  # first hop first; the model has one layer per hop
-    batch_size: int = 8000
+    # Sampling: None takes what the placement pre-sampled with (placed.json ``hotness``), so
+    # the run reads the tiers as the placement was balanced for (see ``with_sampling``).
+    fanouts: tuple[int, ...] | None = None  # first hop first; the model has one layer per hop
+    batch_size: int | None = None  # seeds per rank per step
     epochs: int = 3  # total epochs, counting those a resumed checkpoint already did
     lr: float = 3e-3
     dropout: float = 0.5
@@ -49,13 +51,20 @@ class TrainConfig:
     io: str = "auto"  # SSD reads: auto (kvikio on CUDA when installed, else posix), posix, kvikio
 
     def __post_init__(self) -> None:
-        self.fanouts = tuple(int(f) for f in self.fanouts)
+        if self.fanouts is not None:
+            self.fanouts = tuple(int(f) for f in self.fanouts)
         if self.hidden is None:
             self.hidden = DEFAULT_HIDDEN.get(self.model, 256)
 
     @property
     def layers(self) -> int:
+        if self.fanouts is None:
+            raise ValueError("fanouts not resolved yet (with_sampling)")
         return len(self.fanouts)
+
+    def with_sampling(self, fanouts: Sequence[int], batch_size: int) -> TrainConfig:
+        """This config with unset fan-outs and batch size taken from the placement's pre-sampling."""
+        return dataclasses.replace(self, fanouts=tuple(self.fanouts or fanouts), batch_size=self.batch_size or batch_size)
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -70,7 +79,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Primitives only (lists for tuples): safe for JSON and for weights_only checkpoints."""
         out = dataclasses.asdict(self)
-        out["fanouts"] = list(self.fanouts)
+        out["fanouts"] = None if self.fanouts is None else list(self.fanouts)
         return out
 
     @classmethod
@@ -120,8 +129,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, default=d.model)
     p.add_argument("--hidden", type=_positive, help="hidden width (default 256 for sage, 64 per head for gat)")
     p.add_argument("--heads", type=_positive, default=d.heads, help="attention heads (gat)")
-    p.add_argument("--fanouts", type=_fanouts, default=d.fanouts, help="neighbours per hop, first hop first (default 25,10)")
-    p.add_argument("--batch-size", type=_positive, default=d.batch_size, help="seeds per rank per step")
+    p.add_argument("--fanouts", type=_fanouts, help="neighbours per hop, first hop first (default: those the placement "
+                   "pre-sampled with, placed.json hotness.fanouts)")
+    p.add_argument("--batch-size", type=_positive, help="seeds per rank per step (default: the placement's pre-sampling batch size)")
     p.add_argument("--epochs", type=_positive, default=d.epochs, help="total epochs (a resumed run counts the done ones)")
     p.add_argument("--lr", type=_positive_float, default=d.lr)
     p.add_argument("--dropout", type=_fraction, default=d.dropout)

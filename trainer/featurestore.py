@@ -185,6 +185,7 @@ class TieredFeatureStore:
         b = np.searchsorted(self._starts, new, side="right") - 1
         row = new - self._starts[b] + self._offset[b]
         where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
+        self._bin_rows += np.bincount(b, minlength=self._bin_rows.size)
         uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
         host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu"]
         ssd_rows = 0 if self.reader.on_device else uniq.size
@@ -290,6 +291,7 @@ class TieredFeatureStore:
         """Start counting afresh (e.g. per epoch)."""
         self._tier_stats = np.zeros((len(TIERS), 3))
         self._bin_stats = np.zeros((len(self._ssd), 4))
+        self._bin_rows = np.zeros(len(self.placed.bins), dtype=np.int64)  # rows asked of each bin, every tier
         self._ssd_unique = 0
         self._asked = 0
         self._calls = 0
@@ -313,6 +315,7 @@ class TieredFeatureStore:
             "assemble_seconds": self._assemble_seconds,
             "tiers": tiers,
             "ssd_bins": bins,
+            "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {"reader": type(self.reader).__name__, "preads": self.reader.preads - self._preads0,
                    "modes": dict(self.reader.modes)},

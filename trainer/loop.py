@@ -485,7 +485,7 @@ class Run:
         if dist.is_initialized():
             ids = [device.index] if device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=ids)
-        self.metrics = Metrics(cfg, plan, history, enabled=self.rank == 0)
+        self.metrics = Metrics(cfg, data.placed.manifest.prediction, history, enabled=self.rank == 0)
 
     def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
         prepare = make_prepare(epoch_sampler(self.base, sampler_seed), self.store, self.data.labels, self.device)
@@ -577,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = read_plan(cfg.plan) if cfg.plan else None
         data = load_data(cfg)
+        hot = data.placed.manifest.hotness
+        cfg = cfg.with_sampling(hot.fanouts, hot.batch_size)
     except MomentError as exc:
         if env.rank == 0:
             print(f"error: {exc}", file=sys.stderr)

@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from torch import nn
 
-from moment.contracts.plan import PlanDoc
+from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
 from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
@@ -53,6 +53,7 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """Feature-store stats of all ranks summed: rows, bytes and seconds per tier and SSD bin."""
     tiers = {t: {"rows": 0, "bytes": 0, "seconds": 0.0} for t in TIERS}
     bins: dict[str, dict[str, float]] = {}
+    bin_rows: dict[str, int] = {}
     asked, seconds = 0, 0.0
     for s in per_rank:
         asked += s["asked"]
@@ -60,11 +61,13 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         for t, v in s["tiers"].items():
             for k in ("rows", "bytes", "seconds"):
                 tiers.setdefault(t, {"rows": 0, "bytes": 0, "seconds": 0.0})[k] += v[k]
+        for name, rows in s.get("bin_rows", {}).items():
+            bin_rows[name] = bin_rows.get(name, 0) + rows
         for name, v in s["ssd_bins"].items():
             b = bins.setdefault(name, {"rows": 0, "bytes": 0, "seconds": 0.0})
             for k in b:
                 b[k] += v[k]
-    return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins}
+    return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins, "bin_rows": bin_rows}
 
 
 def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, loss: float, val_acc: float | None,
@@ -90,29 +93,51 @@ def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, los
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
         "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},
+        "read_share_per_tier": {t: merged["tiers"][t]["rows"] / asked for t in TIERS},
+        "read_share_per_bin": {name: rows / asked for name, rows in merged["bin_rows"].items()},
     }
 
 
-def prediction(plan: PlanDoc | None, cfg: TrainConfig) -> dict[str, Any] | None:
-    """What the plan predicted and for which workload; a note when this run differs from it."""
-    if plan is None:
-        return None
-    wl = plan.workload
+def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
+    """What the placement predicts for this run (placed.json ``prediction``: re-solved by
+    ``moment place`` for this dataset and its caches on the plan's machine and layout), and a
+    note where this run differs from the workload it was made for."""
+    wl = placed.workload
     out = {
-        "iteration_s": plan.predicted.predicted_iteration_s,
-        "profile": plan.profile.name,
-        "layout": plan.layout.name,
-        "workload": {"dataset": wl.dataset, "nodes": wl.nodes, "feature_dim": wl.feature_dim, "fanouts": list(wl.fanouts),
-                     "batch_size": wl.batch_size},
+        "source": placed.source,
+        "iteration_s": placed.iteration_s,
+        "profile": placed.profile,
+        "layout": placed.layout,
+        "tier_shares": placed.tier_shares.model_dump(),
+        "bin_shares": dict(placed.bin_shares),
+        "workload": wl.model_dump(),
     }
-    differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts)),
+    differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts or ())),
                                                                         ("batch_size", wl.batch_size, cfg.batch_size))
                if theirs != mine]
+    if differs:
+        differs.append("so the read shares will differ from the prediction")
     if cfg.resolved_device() == "cpu":
-        differs.append("this run is on the CPU")
-    out["note"] = ("predicted for the plan's workload and machine: " + ", ".join(differs)) if differs else \
-        "predicted for the plan's workload and machine"
+        differs.append("the time is predicted for the profile's machine, this run is on the CPU")
+    where = f"predicted by moment place for this dataset on {placed.profile} ({placed.layout})" if placed.source == "dataset" \
+        else f"the plan's prediction ({placed.profile}, {placed.layout}), not re-solved for this dataset"
+    out["note"] = where + ("; " + ", ".join(differs) if differs else "")
     return out
+
+
+def read_share_rows(pred: dict[str, Any], epochs: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """(tier or bin, predicted share, measured share over all epochs) for every tier and bin:
+    the closed loop, printed by ``moment train`` and checked in CI."""
+    asked = sum(sum(e["rows_per_tier"].values()) for e in epochs)
+    if not asked:
+        return []
+    rows = []
+    for t in TIERS:
+        rows.append((t, pred["tier_shares"][t], sum(e["rows_per_tier"].get(t, 0) for e in epochs) / asked))
+    for name, share in pred["bin_shares"].items():
+        measured = sum(e["read_share_per_bin"].get(name, 0.0) * sum(e["rows_per_tier"].values()) for e in epochs) / asked
+        rows.append((name, share, measured))
+    return rows
 
 
 def param_digest(module: nn.Module) -> str:
@@ -130,12 +155,12 @@ def _fmt(value: float | None, spec: str) -> str:
 class Metrics:
     """Collects epoch records, prints on rank 0 (``enabled``), writes the JSON document."""
 
-    def __init__(self, cfg: TrainConfig, plan: PlanDoc | None, history: list[dict[str, Any]],
+    def __init__(self, cfg: TrainConfig, predicted: Prediction, history: list[dict[str, Any]],
                  enabled: bool, console: Console | None = None) -> None:
         self.cfg = cfg
         self.enabled = enabled
         self.history = history
-        self.predicted = prediction(plan, cfg)
+        self.predicted = prediction(predicted, cfg)
         self.console = console or Console()
         self.world_size = 1
         self.ranks: list[str] = []
@@ -184,7 +209,7 @@ class Metrics:
             "ranks": self.ranks,
             "epochs": self.history,
             "measured_iteration_s": sum(r["epoch_s"] for r in self.history) / iterations if iterations else None,
-            "predicted_iteration_s": self.predicted["iteration_s"] if self.predicted else None,
+            "predicted_iteration_s": self.predicted["iteration_s"],
             "prediction": self.predicted,
             "test_acc": test_acc,
             "rank_param_digests": digests,
@@ -204,26 +229,31 @@ class Metrics:
         return doc
 
     def _summary(self, doc: dict[str, Any]) -> None:
-        table = Table(title="training (GB/s per tier, summed over ranks; peer = other GPUs' bins)", title_justify="left",
+        table = Table(title="training (GB/s per tier, summed over ranks)", title_justify="left",
                       box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("epoch", "s", "seeds/s", "loss", "val acc", "gpu", "peer", "cpu", "ssd", "gpu hit"):
+        for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc["epochs"]:
             table.add_row(str(r["epoch"] + 1), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
                           _fmt(r["val_acc"], ".3f"), *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
                           f"{r['hit_rate'].get('gpu', 0.0):.1%}")
         self.console.print(table)
+        shares = Table(title="share of feature reads: predicted by moment place vs measured", title_justify="left",
+                       box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("tier / bin", "predicted", "measured", "difference"):
+            shares.add_column(col, justify="left" if col == "tier / bin" else "right", no_wrap=True)
+        for name, predicted_share, measured_share in read_share_rows(doc["prediction"], doc["epochs"]):
+            shares.add_row(name, f"{predicted_share:.1%}", f"{measured_share:.1%}", f"{measured_share - predicted_share:+.1%}")
+        self.console.print(shares)
         measured, predicted = doc["measured_iteration_s"], doc["predicted_iteration_s"]
         pred = doc["prediction"]
         summary = Table(title="iteration time", title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
         summary.add_column(justify="left", no_wrap=True)
         summary.add_column(justify="left")
         summary.add_row("measured", f"{measured:.4f} s (mean wall time per training iteration)" if measured else "—")
-        summary.add_row("predicted", f"{predicted:.4f} s ({pred['layout']} on {pred['profile']})" if pred and predicted
-                        else "— (no --plan)" if not pred else "— (the plan has no prediction)")
+        summary.add_row("predicted", f"{predicted:.3g} s of feature reads ({pred['layout']} on {pred['profile']})")
         if measured and predicted:
             summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
-        if pred:
-            summary.add_row("note", pred["note"])
+        summary.add_row("note", pred["note"])
         summary.add_row("test accuracy", _fmt(doc["test_acc"], ".4f"))
         self.console.print(summary)

@@ -85,7 +85,7 @@ class NeighborSampler:
         self,
         indptr: Array,
         indices: Array,
-        fanouts: Sequence[int] = (25, 10),
+        fanouts: Sequence[int],
         device: str | torch.device = "cpu",
         seed: int = 0,
         csr_on_device: bool | None = None,
@@ -152,7 +152,7 @@ class NeighborSampler:
     def batches(
         self,
         ids: np.ndarray | torch.Tensor,
-        batch_size: int = 8000,
+        batch_size: int,
         shuffle: bool = True,
         epoch: int = 0,
         rank: int = 0,

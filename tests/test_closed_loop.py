@@ -1,0 +1,50 @@
+"""The closed loop: a run trained with the placement's own settings reads each tier and each
+SSD bin in the shares ``moment place`` predicted (placed.json ``prediction``), within 0.03."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moment.planner.plan import plan
+from moment.planner.planfile import save_plan
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.place import PlaceOptions, place
+from placement.synth import synthesize
+from trainer.loop import main as train_main
+from trainer.metrics import read_share_rows
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("loop")
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload, fanouts=[10, 5], batch_size=256)
+    save_plan(machine, workload, plan(machine, workload, 4, 8, top=1), root / "plan.json")
+    synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=16, dtype="float32", seed=3, train_fraction=0.2)
+    place(root / "plan.json", root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="5%", epochs=2))
+    metrics = root / "metrics.json"
+    # No --fanouts/--batch-size: the trainer takes the placement's (its pre-sampling's) settings.
+    assert train_main(["--data", str(root / "placed"), "--plan", str(root / "plan.json"), "--epochs", "2",
+                       "--hidden", "16", "--eval-every", "2", "--metrics-json", str(metrics)]) == 0
+    return json.loads(metrics.read_text())
+
+
+def test_training_takes_the_placements_sampling_settings(run: dict) -> None:
+    assert run["config"]["fanouts"] == [10, 5] and run["config"]["batch_size"] == 256
+    assert "(this run" not in run["prediction"]["note"]  # nothing differs but the device
+
+
+def test_measured_read_shares_match_the_prediction(run: dict) -> None:
+    rows = read_share_rows(run["prediction"], run["epochs"])
+    names = [name for name, _, _ in rows]
+    assert names[:3] == ["gpu", "cpu", "ssd"] and "gpu-cache" in names and sum(n.startswith("nvme") for n in names) == 8
+    assert run["prediction"]["tier_shares"]["gpu"] > 0.05 and run["prediction"]["tier_shares"]["ssd"] > 0.3
+    for name, predicted, measured in rows:
+        assert measured == pytest.approx(predicted, abs=0.03), (name, predicted, measured)
+    for e in run["epochs"]:
+        assert sum(e["read_share_per_tier"].values()) == pytest.approx(1.0)
+        assert sum(e["read_share_per_bin"].values()) == pytest.approx(1.0)
