@@ -3,10 +3,10 @@
 Rank 0 prints a progress bar per epoch and a summary table, and (with ``--metrics-json``)
 rewrites one JSON document atomically after every epoch (``"complete": false`` until the end):
 
-* ``format``: ``"moment.metrics/1"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
+* ``format``: ``"moment.metrics/2"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
   ``ranks``: each rank's device line (GPU, why that GPU, CPU pinning);
 * ``epochs``: one record per epoch, the training part only (validation is outside the timings):
-  ``epoch`` (0-based), ``epoch_s`` (training wall time, slowest rank), ``iterations`` (per
+  ``epoch`` (1-based, as the console counts), ``epoch_s`` (training wall time, slowest rank), ``iterations`` (per
   rank), ``iteration_s`` (``epoch_s / iterations``), ``seeds`` (all ranks), ``seeds_per_s``,
   ``loss`` (mean over steps and ranks), ``val_acc`` (None when not evaluated that epoch),
   ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
@@ -22,6 +22,8 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
 * ``predicted_iteration_s``: the plan's ``predicted.predicted_iteration_s`` (None without a
   plan). The prediction is for the plan's workload (its dataset, fan-outs, batch size) on the
   plan's machine: ``prediction`` says which, and ``note`` says when this run differs from it;
+  ``comparable`` is false when the plan's data (vertices, feature width or type) is not the
+  data trained on: then measured / predicted means nothing;
 * ``test_acc`` (None until the end); ``rank_param_digests``: a SHA-256 of each rank's parameters
   at the end (all equal when DDP kept the replicas in step).
 """
@@ -40,12 +42,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from torch import nn
 
+from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc
 from moment.contracts.tiers import TIERS
 from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
 
-FORMAT = "moment.metrics/1"
+FORMAT = "moment.metrics/2"
 MEMORY_TIERS = TIERS[:-1]
 
 
@@ -93,8 +96,9 @@ def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, los
     }
 
 
-def prediction(plan: PlanDoc | None, cfg: TrainConfig) -> dict[str, Any] | None:
-    """What the plan predicted and for which workload; a note when this run differs from it."""
+def prediction(plan: PlanDoc | None, cfg: TrainConfig, data: DataIdentity | None = None) -> dict[str, Any] | None:
+    """What the plan predicted and for which workload; a note when this run (its config, its
+    ``data``) differs from it."""
     if plan is None:
         return None
     wl = plan.workload
@@ -108,10 +112,18 @@ def prediction(plan: PlanDoc | None, cfg: TrainConfig) -> dict[str, Any] | None:
     differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts)),
                                                                         ("batch_size", wl.batch_size, cfg.batch_size))
                if theirs != mine]
+    other_data = data is not None and (wl.nodes, wl.feature_dim, wl.feature_dtype) != (
+        data.num_nodes, data.feature_dim, data.feature_dtype)
+    if other_data:
+        differs.insert(0, f"features {wl.nodes:,} × {wl.feature_dim} {wl.feature_dtype} "
+                          f"(this run {data.num_nodes:,} × {data.feature_dim} {data.feature_dtype})")
     if cfg.resolved_device() == "cpu":
         differs.append("this run is on the CPU")
+    out["comparable"] = not other_data
     out["note"] = ("predicted for the plan's workload and machine: " + ", ".join(differs)) if differs else \
         "predicted for the plan's workload and machine"
+    if other_data:
+        out["note"] = "not comparable: " + out["note"]
     return out
 
 
@@ -131,11 +143,11 @@ class Metrics:
     """Collects epoch records, prints on rank 0 (``enabled``), writes the JSON document."""
 
     def __init__(self, cfg: TrainConfig, plan: PlanDoc | None, history: list[dict[str, Any]],
-                 enabled: bool, console: Console | None = None) -> None:
+                 enabled: bool, console: Console | None = None, data: DataIdentity | None = None) -> None:
         self.cfg = cfg
         self.enabled = enabled
         self.history = history
-        self.predicted = prediction(plan, cfg)
+        self.predicted = prediction(plan, cfg, data)
         self.console = console or Console()
         self.world_size = 1
         self.ranks: list[str] = []
@@ -169,7 +181,7 @@ class Metrics:
         if not self.enabled:
             return
         self.console.print(
-            f"epoch {record['epoch'] + 1}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
+            f"epoch {record['epoch']}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
             f"{record['epoch_s']:.2f} s, {record['seeds_per_s']:,.0f} seeds/s, "
             f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features", highlight=False)
         self._write(test_acc=None, digests=None)
@@ -209,7 +221,7 @@ class Metrics:
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", "gpu", "peer", "cpu", "ssd", "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc["epochs"]:
-            table.add_row(str(r["epoch"] + 1), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
+            table.add_row(str(r["epoch"]), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
                           _fmt(r["val_acc"], ".3f"), *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
                           f"{r['hit_rate'].get('gpu', 0.0):.1%}")
         self.console.print(table)
@@ -222,7 +234,9 @@ class Metrics:
         summary.add_row("predicted", f"{predicted:.4f} s ({pred['layout']} on {pred['profile']})" if pred and predicted
                         else "— (no --plan)" if not pred else "— (the plan has no prediction)")
         if measured and predicted:
-            summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
+            comparable = pred is None or pred.get("comparable", True)
+            summary.add_row("measured / predicted", f"{measured / predicted:.2f}×" + ("" if comparable else
+                            " (not comparable: the plan is for other data, see the note)"))
         if pred:
             summary.add_row("note", pred["note"])
         summary.add_row("test accuracy", _fmt(doc["test_acc"], ".4f"))
