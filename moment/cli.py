@@ -129,7 +129,10 @@ def _non_negative(text: str) -> int:
 
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
-    value = _non_negative(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
