@@ -129,7 +129,10 @@ def _non_negative(text: str) -> int:
 
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
-    value = _non_negative(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -185,11 +188,15 @@ def _add_train_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
     p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
     p.add_argument("--model", choices=("sage", "gat"), default="sage")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
+    p.add_argument("--epochs", type=_positive, default=None, help="total epochs, counting those a resumed checkpoint did (default 3)")
+    p.add_argument("--nproc", type=_positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
     p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every epoch here")
-    p.add_argument("--max-restarts", type=int, help="torchrun restarts of a failed worker group (resumes from the checkpoint)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint (same data and model)")
+    again.add_argument("--overwrite", action="store_true", help="start over, replacing --checkpoint-dir's checkpoint")
+    p.add_argument("--max-restarts", type=_non_negative,
+                   help="torchrun restarts of a failed worker group (resumes from the checkpoint)")
     p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
     p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
@@ -202,8 +209,8 @@ def _add_demo_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="moment-machine-b", help="bundled profile to use (default: moment-machine-b)")
     p.add_argument("--workdir", default="moment-demo", help="where the demo writes its files (default: ./moment-demo)")
     p.add_argument("--nodes", type=int, default=100_000, help="vertices of the generated graph (default 100000)")
-    p.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
-    p.add_argument("--nproc", type=int, default=None, help="training ranks (default: 2 CPU ranks without CUDA)")
+    p.add_argument("--epochs", type=_positive, default=2, help="training epochs (default 2)")
+    p.add_argument("--nproc", type=_positive, default=None, help="training ranks (default: 2 CPU ranks without CUDA)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -641,14 +648,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer import launch
 
+    from trainer import preflight
+
     extra = [a for a in args.trainer_args if a != "--"]
-    launch.check_inputs(args.plan, args.data)  # a bad plan or placed dataset: one line, before torchrun
-    cmd = launch.build_torchrun_command(args.plan, args.data, nproc=args.nproc, model=args.model, epochs=args.epochs,
+    if (args.resume or args.overwrite) and not args.checkpoint_dir:
+        raise UsageError(f"--{'resume' if args.resume else 'overwrite'} needs --checkpoint-dir")
+    # Everything the ranks would refuse, refused here once: trainer arguments, plan, placed data,
+    # train split, output paths, an existing checkpoint (#27, #19, #16, #17, #10).
+    nproc = launch.default_nproc(args.plan) if args.nproc is None else args.nproc
+    argv = launch.trainer_argv(args.plan, args.data, args.model, args.epochs, args.metrics_json, args.checkpoint_dir,
+                               extra, resume=args.resume, overwrite=args.overwrite)
+    checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes),
+                                  resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
+    for warning in checked.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    cmd = launch.build_torchrun_command(args.plan, args.data, nproc=nproc, model=args.model, epochs=args.epochs,
                                         metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
-                                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts)
+                                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
+                                        resume=args.resume, overwrite=args.overwrite)
     if args.dry_run:
         print(launch.format_command(cmd))
         return 0
+    if args.overwrite or "--overwrite" in extra:
+        preflight.start_over(checked.cfg.checkpoint_dir)
     err.print(f"running: {launch.format_command(cmd)}", highlight=False)
     return launch.run(cmd)
 
@@ -722,10 +744,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out.rule("[bold]4. train: GraphSAGE, one DDP rank per GPU of the plan (CPU ranks with gloo here)")
     from trainer import launch
 
-    metrics = work / "metrics.json"
-    cmd = launch.build_torchrun_command(work / "plan.json", placed_dir, nproc=args.nproc, model="sage", epochs=args.epochs,
-                                        metrics_json=metrics, checkpoint_dir=work / "checkpoints",
-                                        extra=["--hidden", "128"])
+    from trainer import preflight
+
+    metrics, checkpoints = work / "metrics.json", work / "checkpoints"
+    nproc = launch.default_nproc(work / "plan.json") if args.nproc is None else args.nproc
+    extra = ["--hidden", "128"]  # sampling: the placement's (DEMO_FANOUTS, DEMO_BATCH)
+    # A demo run starts over: its own earlier checkpoint is replaced, as the earlier run's files are.
+    argv = launch.trainer_argv(work / "plan.json", placed_dir, "sage", args.epochs, metrics, checkpoints, extra, overwrite=True)
+    for note in preflight.preflight(argv, nproc, overwrite=True).warnings:
+        out.print(f"[yellow]note:[/] {note}", highlight=False)
+    preflight.start_over(checkpoints)
+    cmd = launch.build_torchrun_command(work / "plan.json", placed_dir, nproc=nproc, model="sage", epochs=args.epochs,
+                                        metrics_json=metrics, checkpoint_dir=checkpoints, extra=extra, overwrite=True)
     out.print(f"running: {launch.format_command(cmd)}", highlight=False)
     code = launch.run(cmd)
     if code != 0:

@@ -45,6 +45,10 @@ def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "placed"
 
 
+def identity(placed: Path) -> checkpoint.DataIdentity:
+    return checkpoint.DataIdentity.of(placed, open_placed(placed).manifest)
+
+
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -63,7 +67,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     # plan, so both mapped the file rank 0 wrote, gone since.
     assert all("one copy per socket" in line for line in doc["ranks"]), doc["ranks"]
     assert list(shm.iterdir()) == []
-    assert [e["epoch"] for e in doc["epochs"]] == [0, 1, 2]
+    assert [e["epoch"] for e in doc["epochs"]] == [1, 2, 3]  # numbered as the console numbers them
     for e in doc["epochs"]:
         assert e["epoch_s"] > 0 and e["seeds_per_s"] > 0 and np.isfinite(e["loss"])
         assert set(e["bytes_per_tier"]) == {"gpu", "cpu", "ssd"} and sum(e["bytes_per_tier"].values()) > 0
@@ -79,7 +83,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     # DDP kept the replicas identical, and the checkpoint holds them.
     a, b = doc["rank_param_digests"]
     assert a == b
-    body = checkpoint.load(ckpt, TrainConfig.from_dict(doc["config"]))
+    body = checkpoint.load(ckpt, TrainConfig.from_dict(doc["config"]), identity(placed))
     assert body is not None and body["epoch"] == 3 and len(body["history"]) == 3
     model = build_model(TrainConfig.from_dict(body["config"]), 32, CLASSES)
     model.load_state_dict(body["model"])
@@ -154,7 +158,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
     assert proc.returncode == 0, err[-3000:]
     assert "exitcode: -9) local_rank: 1" in err  # torchrun saw the kill, restarted the group, and it finished
     a, b = read_json(tmp_path / "straight.json"), read_json(tmp_path / "killed.json")
-    assert [e["epoch"] for e in b["epochs"]] == list(range(epochs))
+    assert [e["epoch"] for e in b["epochs"]] == list(range(1, epochs + 1))
     assert [e["loss"] for e in b["epochs"]] == [e["loss"] for e in a["epochs"]]
     assert b["rank_param_digests"] == a["rank_param_digests"]
     assert b["test_acc"] == a["test_acc"]
@@ -190,11 +194,11 @@ def test_resumed_run_ends_where_an_uninterrupted_run_ends(placed: Path, tmp_path
     assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(split), "--resume",
                      "--metrics-json", str(metrics)]) == 0
     cfg = TrainConfig(data=str(placed), fanouts=(10, 5), hidden=64)
-    a, b = checkpoint.load(straight, cfg), checkpoint.load(split, cfg)
+    a, b = checkpoint.load(straight, cfg, identity(placed)), checkpoint.load(split, cfg, identity(placed))
     assert a["epoch"] == b["epoch"] == 2
     for name, value in a["model"].items():
         torch.testing.assert_close(b["model"][name], value, rtol=1e-6, atol=1e-7)
-    assert [e["epoch"] for e in read_json(metrics)["epochs"]] == [0, 1]
+    assert [e["epoch"] for e in read_json(metrics)["epochs"]] == [1, 2]
     assert read_json(metrics)["epochs"][1]["loss"] == pytest.approx(a["history"][1]["loss"], rel=1e-6)
 
 
@@ -203,7 +207,7 @@ def test_checkpoint_of_another_model_or_damaged_is_refused(placed: Path, tmp_pat
     args = ["--data", str(placed), *SMALL, "--epochs", "1", "--max-batches-per-epoch", "1", "--checkpoint-dir", str(tmp_path)]
     assert run_main(args) == 0
     with pytest.raises(checkpoint.CheckpointError, match="hidden=64"):
-        checkpoint.load(tmp_path, from_args([*args, "--hidden", "32"]))
+        checkpoint.load(tmp_path, from_args([*args, "--hidden", "32"]), identity(placed))
     checkpoint.path_in(tmp_path).write_bytes(b"not a checkpoint")
     capsys.readouterr()
     assert run_main([*args, "--resume"]) == 1

@@ -2,10 +2,12 @@
 
 One file, ``checkpoint.pt`` in the checkpoint directory, replaced atomically after every epoch
 (temporary file, fsync, rename: ``moment.fileio.atomic_file``): a crash leaves the previous epoch's
-checkpoint whole. It holds the model and optimizer state, the number of epochs done, every rank's
-RNG states (torch CPU and CUDA, numpy, python: ranks draw different amounts, e.g. dropout over
-batches of different sizes, so their generators part ways) and the config, plus the metrics of
-the epochs done so the metrics file of a resumed run covers the whole run.
+checkpoint whole. It holds the model and optimizer state, every rank's RNG states (torch CPU and
+CUDA, numpy, python: ranks draw different amounts, e.g. dropout over batches of different sizes,
+so their generators part ways) and the metadata of ``moment.contracts.checkpoint``: the number of
+epochs done, the config, the identity of the placed dataset trained on (a resume on other data
+is refused), and the metrics of the epochs done so the metrics file of a resumed run covers the
+whole run.
 
 Only tensors and primitive containers are stored, so loading uses
 ``torch.load(weights_only=True)`` and a checkpoint can never run code.
@@ -22,18 +24,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from moment.errors import MomentError
+from moment.contracts.checkpoint import FORMAT, SHAPING, CheckpointError, CheckpointMeta, DataIdentity
 from moment.fileio import atomic_file
 from trainer.config import TrainConfig
 
-FORMAT = "moment.checkpoint/2"
+__all__ = ["FILENAME", "FORMAT", "SHAPING", "CheckpointError", "DataIdentity", "load", "read_meta", "restore", "save"]
+
 FILENAME = "checkpoint.pt"
-# Config fields that shape the parameters: a checkpoint made with other values cannot be loaded.
-SHAPING = ("model", "hidden", "heads", "fanouts")
-
-
-class CheckpointError(MomentError):
-    """A checkpoint that cannot be read or does not fit this run."""
+META_KEYS = ("format", "epoch", "config", "data", "history")  # the CheckpointMeta part of the file
 
 
 def rng_state() -> dict[str, Any]:
@@ -66,40 +64,57 @@ def path_in(directory: str | Path) -> Path:
 
 
 def save(directory: str | Path, *, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         cfg: TrainConfig, history: list[dict[str, Any]], rng: list[dict[str, Any]] | None = None) -> Path:
+         cfg: TrainConfig, data: DataIdentity, history: list[dict[str, Any]],
+         rng: list[dict[str, Any]] | None = None) -> Path:
     """Write the state after ``epoch`` epochs atomically; returns the checkpoint path. ``rng``:
     every rank's :func:`rng_state`, in rank order (default: this process's alone)."""
     target = path_in(directory)
+    meta = CheckpointMeta(epoch=int(epoch), config=cfg.to_dict(), data=data, history=history)
     body = {
-        "format": FORMAT,
-        "epoch": int(epoch),
+        **meta.model_dump(mode="json"),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "rng": rng if rng is not None else [rng_state()],
-        "config": cfg.to_dict(),
-        "history": history,
     }
     with atomic_file(target, binary=True) as fh:
         torch.save(body, fh)
     return target
 
 
-def load(directory: str | Path, cfg: TrainConfig) -> dict[str, Any] | None:
-    """The checkpoint in ``directory`` (None when there is none), refused if it does not fit ``cfg``."""
-    path = path_in(directory)
-    if not path.exists():
-        return None
+def _read(path: Path, mmap: bool) -> tuple[dict[str, Any], CheckpointMeta]:
+    """The file's contents and its validated metadata; one line naming the file if either fails.
+    ``mmap``: map the tensors instead of reading them (enough to look at the metadata)."""
     try:
-        body = torch.load(path, map_location="cpu", weights_only=True)
+        body = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:  # damaged or foreign
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{path}: unreadable checkpoint ({reason})") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
+    if not isinstance(body, dict):
         raise CheckpointError(f"{path}: not a {FORMAT} checkpoint")
-    mine = cfg.to_dict()
-    for key in SHAPING:
-        if body["config"].get(key) != mine[key]:
-            raise CheckpointError(f"{path}: made with {key}={body['config'].get(key)!r}, this run has {mine[key]!r}")
+    meta = CheckpointMeta.parse({k: body[k] for k in META_KEYS if k in body}, path)
+    missing = [k for k in ("model", "optimizer", "rng") if k not in body]
+    if missing:
+        raise CheckpointError(f"{path}: {', '.join(missing)}: missing (a damaged checkpoint)")
+    return body, meta
+
+
+def read_meta(directory: str | Path) -> CheckpointMeta | None:
+    """The metadata of the checkpoint in ``directory`` (None when there is none), without
+    reading its tensors: what ``moment train`` checks before it launches torchrun."""
+    path = path_in(directory)
+    return _read(path, mmap=True)[1] if path.exists() else None
+
+
+def load(directory: str | Path, cfg: TrainConfig, data: DataIdentity) -> dict[str, Any] | None:
+    """The checkpoint in ``directory`` (None when there is none), refused if it does not fit ``cfg``
+    or was trained on other data than ``data``."""
+    path = path_in(directory)
+    if not path.exists():
+        return None
+    body, meta = _read(path, mmap=False)
+    why = meta.refusal(cfg.to_dict(), data)
+    if why is not None:
+        raise CheckpointError(f"{path}: {why}")
     return body
 
 

@@ -3,7 +3,9 @@
 Everything a run depends on lives in :class:`TrainConfig`: the loop reads it, rank 0 prints it at
 start, and every checkpoint stores it (as a dict of primitives, so ``torch.load(weights_only=True)``
 can read it back). ``from_args`` is the command line of ``python -m trainer``; a bad value exits 2
-with argparse's one-line message.
+with argparse's one-line message. ``moment train`` parses the same command line with
+``from_args(..., raising=True)`` before it starts torchrun, so a bad trainer argument is one
+usage line there, not one per rank.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from moment.errors import UsageError
 from trainer.readers import IO_CHOICES, kvikio_refusal
 
 MODELS = ("sage", "gat")
@@ -40,6 +43,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_dir: str | None = None
     resume: bool = False  # continue from checkpoint_dir's checkpoint when there is one
+    overwrite: bool = False  # start over although checkpoint_dir holds a checkpoint (else refused)
     metrics_json: str | None = None
     prefetch: int = 2  # batches sampled and fetched ahead of the one training
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -118,9 +122,17 @@ def _fanouts(text: str) -> tuple[int, ...]:
     return values
 
 
-def parser() -> argparse.ArgumentParser:
+class _RaisingParser(argparse.ArgumentParser):
+    """The trainer's parser as ``moment train`` uses it: a bad value raises a UsageError (one
+    line, exit 2, printed once by the CLI) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"trainer argument: {message}")
+
+
+def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = TrainConfig(data="")
-    p = argparse.ArgumentParser(
+    p = cls(
         prog="python -m trainer",
         description="Train a GNN on a placed dataset (run under torchrun for several GPUs/processes).",
     )
@@ -138,6 +150,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint there after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint if there is one")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over and replace --checkpoint-dir's checkpoint (without it or --resume, an existing one is refused)")
     p.add_argument("--metrics-json", metavar="FILE", help="write per-epoch and summary metrics there")
     p.add_argument("--prefetch", type=_positive, default=d.prefetch, help="batches prepared ahead (default 2)")
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda (default auto)")
@@ -154,12 +168,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def from_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Parse the command line; argparse exits 2 with a one-line message on a bad value."""
-    p = parser()
+def from_args(argv: Sequence[str] | None = None, raising: bool = False) -> TrainConfig:
+    """Parse the command line; argparse exits 2 with a one-line message on a bad value
+    (``raising``: a UsageError instead, for ``moment train`` to report before torchrun)."""
+    p = parser(_RaisingParser if raising else argparse.ArgumentParser)
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite exclude each other: continue the checkpoint, or replace it")
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
         p.error(f"--device {args.device!r}: expected auto, cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

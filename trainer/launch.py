@@ -19,7 +19,7 @@ import torch
 from moment.errors import UsageError
 from moment.planner.planfile import read_plan
 from placement.placed import open_placed
-from trainer.config import MODELS
+from trainer.config import MODELS, TrainConfig, from_args
 
 CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
 
@@ -44,6 +44,40 @@ def check_inputs(plan_path: str | Path | None, placed_dir: str | Path) -> None:
 SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
+def trainer_argv(
+    plan_path: str | Path | None,
+    placed_dir: str | Path,
+    model: str = "sage",
+    epochs: int | None = None,
+    metrics_json: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    extra: Sequence[str] = (),
+    resume: bool = False,
+    overwrite: bool = False,
+) -> list[str]:
+    """The trainer's own command line (what follows ``-m trainer``); ``extra`` goes last, verbatim."""
+    argv = ["--data", str(placed_dir), "--model", model]
+    if plan_path is not None:
+        argv += ["--plan", str(plan_path)]
+    if epochs is not None:
+        argv += ["--epochs", str(int(epochs))]
+    if metrics_json is not None:
+        argv += ["--metrics-json", str(metrics_json)]
+    if checkpoint_dir is not None:
+        argv += ["--checkpoint-dir", str(checkpoint_dir)]
+        if resume and "--resume" not in extra:
+            argv.append("--resume")
+        if overwrite and "--overwrite" not in extra:
+            argv.append("--overwrite")
+    return argv + list(extra)
+
+
+def check_command(argv: Sequence[str]) -> TrainConfig:
+    """The trainer's config from its command line, parsed as every rank will parse it; a bad
+    argument is a UsageError here (one line, exit 2) instead of a usage message per rank."""
+    return from_args(list(argv), raising=True)
+
+
 def build_torchrun_command(
     plan_path: str | Path | None,
     placed_dir: str | Path,
@@ -58,6 +92,8 @@ def build_torchrun_command(
     rdzv_endpoint: str | None = None,
     rdzv_id: str | None = None,
     max_restarts: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m trainer ...`` as an argument list (no shell).
@@ -65,8 +101,9 @@ def build_torchrun_command(
     Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. Several
     nodes with ``max_restarts``: run under ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. With
     ``max_restarts`` and a ``checkpoint_dir`` the trainer gets ``--resume``, so a restarted
-    worker group continues from the last epoch instead of starting over. ``extra`` goes to the
-    trainer verbatim (``--fanouts 15,10``, ``--batch-size 1024``, ...).
+    worker group continues from the last epoch instead of starting over (with ``overwrite`` the
+    caller removes the old checkpoint first: :func:`trainer.preflight.start_over`). ``extra`` goes
+    to the trainer verbatim (``--fanouts 15,10``, ``--batch-size 1024``, ...).
     """
     if model not in MODELS:
         raise UsageError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
@@ -90,18 +127,10 @@ def build_torchrun_command(
             cmd += ["--rdzv-id", rdzv_id]
     if max_restarts is not None:
         cmd += ["--max-restarts", str(int(max_restarts))]
-    cmd += ["-m", "trainer", "--data", str(placed_dir), "--model", model]
-    if plan_path is not None:
-        cmd += ["--plan", str(plan_path)]
-    if epochs is not None:
-        cmd += ["--epochs", str(int(epochs))]
-    if metrics_json is not None:
-        cmd += ["--metrics-json", str(metrics_json)]
-    if checkpoint_dir is not None:
-        cmd += ["--checkpoint-dir", str(checkpoint_dir)]
-        if max_restarts and "--resume" not in extra:
-            cmd.append("--resume")
-    return cmd + list(extra)
+    restarts = bool(max_restarts and checkpoint_dir is not None)
+    argv = trainer_argv(plan_path, placed_dir, model, epochs, metrics_json, checkpoint_dir, extra,
+                        resume=resume or restarts, overwrite=overwrite and not (resume or restarts))
+    return [*cmd, "-m", "trainer", *argv]
 
 
 def format_command(cmd: Sequence[str]) -> str:

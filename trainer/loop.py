@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
 from moment.planner.planfile import PlanDoc, read_plan
 from placement.placed import Placed, open_placed
@@ -58,6 +59,7 @@ from trainer.config import TrainConfig, from_args
 from trainer.featurestore import SharedMemoryFull, TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
+from trainer.preflight import train_split_problem
 from trainer.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
 
 # How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
@@ -384,13 +386,32 @@ class Data:
     val: np.ndarray
     test: np.ndarray
     num_classes: int
+    identity: DataIdentity  # what a checkpoint records, and a resumed run must match
 
 
 def load_data(cfg: TrainConfig) -> Data:
     """Open the placed dataset (one-line PlacedError when missing or damaged)."""
     placed = open_placed(cfg.data)
     return Data(placed, placed.array("labels"), np.asarray(placed.array("train")), np.asarray(placed.array("val")),
-                np.asarray(placed.array("test")), int(placed.meta["num_classes"]))
+                np.asarray(placed.array("test")), int(placed.meta["num_classes"]),
+                DataIdentity.of(placed.root, placed.manifest))
+
+
+def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
+    """The launcher's checks that guard this run's state, again in the rank (a bare ``torchrun -m
+    trainer`` skips the launcher): enough training ids for the ranks, and an existing checkpoint
+    either resumed (when it fits) or replaced on purpose."""
+    if (why := train_split_problem(data.placed, env.world_size)) is not None:
+        raise MomentError(why)
+    if not cfg.checkpoint_dir or not checkpoint.path_in(cfg.checkpoint_dir).exists() or cfg.overwrite:
+        return
+    if not cfg.resume:
+        raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: holds a checkpoint of an earlier "
+                                         "run: pass --resume to continue it or --overwrite to start over")
+    meta = checkpoint.read_meta(cfg.checkpoint_dir)
+    why = meta.refusal(cfg.to_dict(), data.identity) if meta else None
+    if why is not None:
+        raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: cannot resume: {why}")
 
 
 def socket_of(plan: PlanDoc | None, local_rank: int) -> str:
@@ -477,7 +498,7 @@ class Run:
                                     device=device, seed=cfg.seed)
         self.start_epoch, history = 0, []
         if cfg.resume and cfg.checkpoint_dir:
-            body = checkpoint.load(cfg.checkpoint_dir, cfg)
+            body = checkpoint.load(cfg.checkpoint_dir, cfg, data.identity)
             if body is not None:
                 self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
@@ -521,7 +542,7 @@ class Run:
             train_s = max(all_gather(result.train_s))
             evaluate_now = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             val_acc = self.accuracy(self.data.val, epoch, 0) if evaluate_now else None
-            record = epoch_record(epoch, train_s=train_s, iterations=result.iterations, seeds=int(seeds_done),
+            record = epoch_record(epoch + 1, train_s=train_s, iterations=result.iterations, seeds=int(seeds_done),
                                   loss=loss_sum / max(iterations, 1), val_acc=val_acc,
                                   data_wait_s=wait / self.world, stats=stats)
             self.metrics.add_epoch(record)
@@ -529,7 +550,7 @@ class Run:
                 rng = all_gather(checkpoint.rng_state())
                 if self.rank == 0:
                     checkpoint.save(cfg.checkpoint_dir, epoch=epoch + 1, model=self.module, optimizer=self.optimizer,
-                                    cfg=cfg, history=self.metrics.history, rng=rng)
+                                    cfg=cfg, data=self.data.identity, history=self.metrics.history, rng=rng)
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
@@ -579,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = load_data(cfg)
         hot = data.placed.manifest.hotness
         cfg = cfg.with_sampling(hot.fanouts, hot.batch_size)
+        check_run(cfg, env, data)
     except MomentError as exc:
         if env.rank == 0:
             print(f"error: {exc}", file=sys.stderr)

@@ -3,10 +3,10 @@
 Rank 0 prints a progress bar per epoch and a summary table, and (with ``--metrics-json``)
 rewrites one JSON document atomically after every epoch (``"complete": false`` until the end):
 
-* ``format``: ``"moment.metrics/1"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
+* ``format``: ``"moment.metrics/2"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
   ``ranks``: each rank's device line (GPU, why that GPU, CPU pinning);
 * ``epochs``: one record per epoch, the training part only (validation is outside the timings):
-  ``epoch`` (0-based), ``epoch_s`` (training wall time, slowest rank), ``iterations`` (per
+  ``epoch`` (1-based, as the console counts), ``epoch_s`` (training wall time, slowest rank), ``iterations`` (per
   rank), ``iteration_s`` (``epoch_s / iterations``), ``seeds`` (all ranks), ``seeds_per_s``,
   ``loss`` (mean over steps and ranks), ``val_acc`` (None when not evaluated that epoch),
   ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
@@ -19,9 +19,13 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
 * ``measured_iteration_s``: mean wall time of a training iteration (sample + feature fetch,
   overlapped by the prefetcher, + forward/backward/step) over all epochs of the run:
   ``sum(epoch_s) / sum(iterations)``;
-* ``predicted_iteration_s``: the plan's ``predicted.predicted_iteration_s`` (None without a
-  plan). The prediction is for the plan's workload (its dataset, fan-outs, batch size) on the
-  plan's machine: ``prediction`` says which, and ``note`` says when this run differs from it;
+* ``prediction``: the placement's (placed.json ``prediction``, re-solved by ``moment place``
+  for this dataset and its caches on the plan's machine and layout): ``iteration_s`` (time of
+  one iteration's feature reads), ``tier_shares`` and ``bin_shares`` (share of feature reads
+  each tier and bin should serve: compare with the epochs' ``read_share_per_tier`` and
+  ``read_share_per_bin``), the workload it is for, and ``note`` where this run differs;
+  ``comparable`` is false when it is the plan's prediction for other data (the profile was not
+  found when placing); ``predicted_iteration_s`` repeats its ``iteration_s``;
 * ``test_acc`` (None until the end); ``rank_param_digests``: a SHA-256 of each rank's parameters
   at the end (all equal when DDP kept the replicas in step).
 """
@@ -45,7 +49,7 @@ from moment.contracts.tiers import TIERS
 from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
 
-FORMAT = "moment.metrics/1"
+FORMAT = "moment.metrics/2"
 MEMORY_TIERS = TIERS[:-1]
 
 
@@ -111,6 +115,7 @@ def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
         "tier_shares": placed.tier_shares.model_dump(),
         "bin_shares": dict(placed.bin_shares),
         "workload": wl.model_dump(),
+        "comparable": placed.source == "dataset",  # re-solved for this data (else the plan's, for other data)
     }
     differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts or ())),
                                                                         ("batch_size", wl.batch_size, cfg.batch_size))
@@ -194,7 +199,7 @@ class Metrics:
         if not self.enabled:
             return
         self.console.print(
-            f"epoch {record['epoch'] + 1}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
+            f"epoch {record['epoch']}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
             f"{record['epoch_s']:.2f} s, {record['seeds_per_s']:,.0f} seeds/s, "
             f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features", highlight=False)
         self._write(test_acc=None, digests=None)
@@ -234,7 +239,7 @@ class Metrics:
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc["epochs"]:
-            table.add_row(str(r["epoch"] + 1), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
+            table.add_row(str(r["epoch"]), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
                           _fmt(r["val_acc"], ".3f"), *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
                           f"{r['hit_rate'].get('gpu', 0.0):.1%}")
         self.console.print(table)

@@ -179,7 +179,8 @@ class NeighborSampler:
         if drop_last_uneven:
             ids_t = ids_t[: n - n % world_size]
         share = ids_t[rank::world_size]
-        yield from share.split(batch_size)
+        if share.numel():  # an empty share is no batch (split would give one empty tensor)
+            yield from share.split(batch_size)
 
 
 def _floyd(deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
