@@ -110,3 +110,19 @@ def test_a_layout_without_ssds_needing_them_is_a_clear_error() -> None:
         port.device = None
     with pytest.raises(MomentError, match="needs the ssd tier"):
         models.proportional(build_network(m, SSD_ONLY))
+
+
+def test_ssd_reads_through_host_memory_cross_the_uplink() -> None:
+    """One switch, 2 GPUs, 2 SSDs at 2 GB/s, a 1 GB/s uplink. Direct (GPUDirect Storage) reads
+    stay under the switch: 2 GB / 4 GB/s = 0.5 s. Through host memory every byte goes up the
+    uplink and down again: 2 GB / 1 GB/s = 2 s. GeForce boards take the host route anyway."""
+    m = one_switch()
+    m.sockets[0].ports[0].link.gbps = 1.0
+    assert models.proportional(build_network(m, SSD_ONLY)).iteration_s == pytest.approx(0.5, rel=1e-6)
+    host = SSD_ONLY.model_copy(update={"ssd_reads": "host"})
+    assert models.proportional(build_network(m, host)).iteration_s == pytest.approx(2.0, rel=1e-6)
+    for port in m.sockets[0].ports[0].switch.ports[:2]:
+        port.device.model = "NVIDIA Corporation GA102 [GeForce RTX 3090]"
+    net = build_network(m, SSD_ONLY)
+    assert models.proportional(net).iteration_s == pytest.approx(2.0, rel=1e-6)
+    assert any("GeForce" in n for n in net.notes)

@@ -157,6 +157,9 @@ class Skeleton:
             edges[f"read:{d.id}"] = (f"B:{d.id}", f"D:{d.id}", d.read_gbps or DEFAULT_SSD_GBPS)
             labels[f"read:{d.id}"] = f"{d.id} reads"
         ancestry = {n: _ancestry(n, parent) for n in [f"D:{d.id}" for d in gpus + ssds]}
+        direct = {g.id: workload.ssd_reads == "direct" and can_p2p(g) for g in gpus}
+        if ssds and workload.ssd_reads == "direct" and not all(direct.values()):
+            notes.append("GeForce GPUs cannot take SSD data peer to peer: their reads go through host memory")
         paths: dict[tuple[str, str], list[list[str]]] = {}
         for b in bins:
             for g in gpus:
@@ -166,7 +169,8 @@ class Skeleton:
                 elif b.tier == "cpu":  # from the copy in the GPU's own socket
                     alts = [[f"dram:{target[-1][1][2:]}", *_downs(target)]]
                 else:
-                    alts = [[f"read:{b.id}", *self._tree_path(ancestry[f"D:{b.id}"], target)]]
+                    route = self._tree_path if direct[g.id] else self._host_path
+                    alts = [[f"read:{b.id}", *route(ancestry[f"D:{b.id}"], target)]]
                 paths[(b.id, g.id)] = alts
         return Network(
             edges=edges,
@@ -200,6 +204,25 @@ class Skeleton:
             if up in depth_in_b:
                 return keys + _downs(b[: depth_in_b[up] + 1])
         return keys + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
+
+    def _host_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
+        """Up from the SSD to its socket's memory, across to the GPU's socket, down to the GPU:
+        the route of a read through a host buffer, whatever switch the two share."""
+        return [f"up:{p}" for p, _ in a] + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
+
+
+# PCI device ids of GeForce boards that name no "GeForce" in a profile (an nvidia-smi or NCCL
+# capture gives "NVIDIA GPU 10de:XXXX"): GA102/GA104/GA106 (RTX 30) and AD102/AD103/AD104 (RTX 40).
+GEFORCE_IDS = {"2204", "2206", "2208", "2216", "2482", "2484", "2486", "2488", "2489", "2503", "2504", "2507",
+               "2684", "2702", "2704", "2705", "2782", "2783", "2786", "2803", "2805"}
+
+
+def can_p2p(gpu: Device) -> bool:
+    """Whether the GPU takes peer-to-peer DMA (GPUDirect Storage, P2P): not GeForce boards
+    (NVIDIA limits P2P and GDS to data-centre and professional GPUs; nccl#1309, #1086)."""
+    model = gpu.model or ""
+    pci = model.rsplit("10de:", 1)[-1].lower()[:4] if "10de:" in model else ""
+    return "geforce" not in model.lower() and pci not in GEFORCE_IDS
 
 
 def _downs(steps: list[tuple[str, str]]) -> list[str]:

@@ -13,6 +13,10 @@ The caches are modelled the way the trainer runs them (one source of truth for b
   no features in GPU memory and its authors' planner puts no GPU cache in the flow.
 * CPU cache, *replicated per socket*: the next-hottest ``cpu_cache_fraction`` of vertices (the
   paper's 1 %), one copy in each socket's memory, read by the GPUs of that socket.
+* SSD reads, ``ssd_reads``: ``direct`` (GPUDirect Storage: an SSD and a GPU under one switch
+  talk peer to peer without touching the root complex) or ``host`` (every byte goes up to the
+  SSD's socket and down to the GPU). GeForce GPUs cannot do peer-to-peer DMA at all, so their
+  reads always take the host route.
 """
 
 from __future__ import annotations
@@ -102,6 +106,11 @@ class Workload(BaseModel):
     cpu_cache_fraction: float = Field(default=0.01, ge=0, le=1, description="share of vertices cached in each socket's memory")
     gpu_cache_gb: float = Field(default=0.0, ge=0, description="feature cache in each GPU's memory, GB (replicated)")
     gpu_cache_policy: Literal["replicated"] = "replicated"
+    ssd_reads: Literal["direct", "host"] = Field(
+        default="direct",
+        description="direct: SSD → GPU DMA (GPUDirect Storage, kvikio; the paper's runtime), peer to peer under a "
+                    "shared switch, for GPUs that can; host: through a buffer in host memory (posix reads, kvikio's "
+                    "compat mode)")
     hotness: Hotness = Field(default_factory=Hotness)
     model: str = "graphsage"
     hidden: int = 256
@@ -153,6 +162,7 @@ class Workload(BaseModel):
             f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
             f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration ({rows}); "
             f"caches: {self.gpu_cache_gb:g} GB per GPU (replicated), {self.cpu_cache_fraction:.2%} of vertices per socket; "
+            f"SSD reads {'direct to the GPU where it can' if self.ssd_reads == 'direct' else 'through host memory'}; "
             f"hotness: {self.hotness.source}"
         )
 
