@@ -26,7 +26,7 @@ from placement.place import PlaceOptions, place
 from placement.placed import open_placed
 from placement.synth import synthesize
 from placement.writer import file_digest
-from trainer import checkpoint, loop, metrics
+from trainer import checkpoint, loop, metrics, preflight
 from trainer.config import TrainConfig
 from trainer.sampler import NeighborSampler
 
@@ -182,6 +182,17 @@ def test_existing_checkpoint_needs_resume_or_overwrite(placed: Path, ckpt: Path,
     assert code == 2 and "not allowed with argument --resume" in one_line(err)
     code, _, err = train(capsys, "--data", str(placed), "--resume", "--dry-run")
     assert code == 2 and "--resume needs --checkpoint-dir" in one_line(err)
+
+
+def test_overwrite_removes_only_a_moment_checkpoint(tmp_path: Path) -> None:
+    """--overwrite deletes checkpoint.pt only when it reads as a moment checkpoint."""
+    foreign = tmp_path / "ck"
+    foreign.mkdir()
+    checkpoint.path_in(foreign).write_bytes(b"a file of someone else's")
+    with pytest.raises(checkpoint.CheckpointError):
+        preflight.start_over(foreign)
+    assert checkpoint.path_in(foreign).read_bytes() == b"a file of someone else's"
+    preflight.start_over(tmp_path / "empty")  # nothing there: nothing to do
 
 
 def test_rank_refuses_to_overwrite_a_checkpoint_too(placed: Path, ckpt: Path,

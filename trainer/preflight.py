@@ -118,9 +118,11 @@ def preflight(argv: Sequence[str], world_size: int, resume: bool = False, overwr
 
 
 def start_over(checkpoint_dir: str | Path | None) -> None:
-    """Remove the checkpoint --overwrite replaces, so no rank (nor a restarted one) resumes it."""
-    if checkpoint_dir is not None:
-        checkpoint.path_in(checkpoint_dir).unlink(missing_ok=True)
+    """Remove the checkpoint --overwrite replaces, so no rank (nor a restarted one) resumes it;
+    only a file that reads as a moment checkpoint (else a CheckpointError names it: not ours to
+    delete)."""
+    if checkpoint_dir is not None and checkpoint.read_meta(checkpoint_dir) is not None:
+        checkpoint.path_in(checkpoint_dir).unlink()
 
 
 def world_size(nproc: int, nnodes: str | int | None) -> int:
