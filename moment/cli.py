@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from moment import __version__
 from moment.errors import MomentError, UsageError
@@ -297,7 +298,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         name = args.name or socket.gethostname()
     machine, warnings = profiler.build_profile(caps, name)
     for w in warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     if args.picture:
         _write_picture(machine, args.picture)
     if args.out:
@@ -661,7 +662,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes),
                                   resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
     for warning in checked.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     cmd = launch.build_torchrun_command(args.plan, args.data, nproc=nproc, model=args.model, epochs=args.epochs,
                                         metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
                                         nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
@@ -806,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except MomentError as exc:
-        err.print(f"[red]moment {args.verb}: error:[/] {exc}", highlight=False)
+        err.print(f"[red]moment {args.verb}: error:[/] {escape(str(exc))}", highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -815,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(f"[red]moment {args.verb}: error:[/] {where}{exc.strerror or exc}", highlight=False)
+        err.print(f"[red]moment {args.verb}: error:[/] {escape(where + str(exc.strerror or exc))}", highlight=False)
         return 1
 
 

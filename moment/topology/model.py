@@ -192,10 +192,15 @@ class Machine(_Strict):
             for end in link.between:
                 if end not in sockets:
                     raise ValueError(f"socket_links[{i}]: unknown socket {end!r}")
+            if link.between[0] == link.between[1]:
+                raise ValueError(f"socket_links[{i}]: joins {link.between[0]} to itself")
+        self._sockets_connected()
         for i, nv in enumerate(self.nvlinks):
             for end in nv.between:
                 if end not in devices or devices[end].kind != "gpu":
                     raise ValueError(f"nvlinks[{i}]: {end!r} is not a GPU of this profile")
+            if nv.between[0] == nv.between[1]:
+                raise ValueError(f"nvlinks[{i}]: joins {nv.between[0]} to itself")
         ports = {p.id for p, _ in self.iter_ports()}
         for name, layout in self.layouts.items():
             for port_id, dev_id in layout.items():
@@ -205,6 +210,27 @@ class Machine(_Strict):
                     raise ValueError(f"layouts.{name}: unknown device {dev_id!r}")
             _unique(f"device in layouts.{name}", list(layout.values()))
         return self
+
+    def _sockets_connected(self) -> None:
+        """Data between sockets crosses socket links: every socket must be reachable from the first."""
+        if len(self.sockets) < 2:
+            return
+        reached = {self.sockets[0].id}
+        grew = True
+        while grew:
+            grew = False
+            for link in self.socket_links:
+                a, b = link.between
+                if (a in reached) != (b in reached):
+                    reached |= {a, b}
+                    grew = True
+        cut = [s.id for s in self.sockets if s.id not in reached]
+        if cut:
+            first = self.sockets[0].id
+            raise ValueError(
+                f"socket_links: {len(self.sockets)} sockets but no socket link joins {cut[0]} to {first} "
+                f"(add `- between: [{first}, {cut[0]}]`)"
+            )
 
     # --- traversal -------------------------------------------------------------------------
     def iter_ports(self) -> Iterator[tuple[Port, Socket]]:
