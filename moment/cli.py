@@ -353,7 +353,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError("--top must be at least 1")
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
-    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method)
+    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine)
     if args.out:
         from moment.planner.planfile import save_plan
 
@@ -413,7 +413,7 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     rows = []
     for g in gpus:
         for s in ssds:
-            best = plan(machine, workload, g, s, top=1, method=args.method).best
+            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine).best
             rows.append({"gpus": g, "ssds": s, **best.to_dict()})
     if args.json:
         print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))

@@ -32,21 +32,22 @@ def default_counts(machine: Machine) -> tuple[int, int]:
 
 
 def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
-         method: str = "auto") -> PlanOutcome:
+         method: str = "auto", engine: str = "ortools") -> PlanOutcome:
+    """The search's best layouts, each scored by both models (``engine``: the paper model's max flow)."""
     t0 = time.perf_counter()
     result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method)
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
     ranking = [
-        score(machine, f"#{i}", cand.layout, workload, result.devices) for i, cand in enumerate(result.ranked, 1)
+        score(machine, f"#{i}", cand.layout, workload, result.devices, engine=engine) for i, cand in enumerate(result.ranked, 1)
     ]
     ranking[0].name = "best"
     space = slot_space(machine)
     classic = {}
     if n_gpus == len(space.gpus) and n_ssds == len(space.ssds):  # named layouts use the profile's devices
         for name, layout in sorted(machine.layouts.items()):
-            classic[name] = score(machine, name, layout, workload)
+            classic[name] = score(machine, name, layout, workload, engine=engine)
     return PlanOutcome(
         best=ranking[0],
         ranking=ranking,
