@@ -343,7 +343,7 @@ def _machine_and_workload(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from moment.planner.plan import default_counts, parse_range, plan
+    from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
 
     machine, workload = _machine_and_workload(args)
     have_gpus, have_ssds = default_counts(machine)
@@ -351,6 +351,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ssds = parse_range(args.ssds, "ssds") if args.ssds else [have_ssds]
     if args.top < 1:
         raise UsageError("--top must be at least 1")
+    check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
     outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine)

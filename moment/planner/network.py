@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
+from moment.planner.layout import DEFAULT_SSD
 from moment.planner.workload import Workload
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
@@ -150,6 +151,9 @@ class Skeleton:
                 notes.append(f"{s} DRAM bandwidth unknown: {DEFAULT_DRAM_GBPS:g} GB/s assumed")
             edges[f"dram:{s}"] = (f"B:{CPU_CACHE}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
             labels[f"dram:{s}"] = f"{s} DRAM"
+        if any(d.model == DEFAULT_SSD.model for d in ssds):
+            notes.append(f"the profile has no SSD of its own: {DEFAULT_SSD.model}, "
+                         f"{DEFAULT_SSD.read_gbps:g} GB/s read, assumed (see moment/planner/layout.py)")
         for d in ssds:
             bins.append(Bin(d.id, "ssd", f"B:{d.id}"))
             if d.read_gbps is None:

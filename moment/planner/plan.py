@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import yaml
 
 from moment.errors import UsageError
 from moment.planner import search
-from moment.planner.layout import installed_layout, slot_space
+from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.report import Scored, score
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
@@ -29,6 +30,31 @@ def default_counts(machine: Machine) -> tuple[int, int]:
     """GPUs and SSDs as installed."""
     space = slot_space(machine)
     return len(space.gpus), len(space.ssds)
+
+
+def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: int, n_ssds: int) -> None:
+    """Refuse, before the search, a plan without SSDs for a workload that reads from them, and
+    give the command line that works: SSDs where slots are free (the profile's own model, else
+    :data:`~moment.planner.layout.DEFAULT_SSD`), fewer GPUs to make room, or a workload whose CPU
+    cache holds every row where the profile has no slot at all."""
+    share = workload.tier_shares()["ssd"]
+    if n_ssds > 0 or share <= 1e-9:
+        return
+    space = slot_space(machine)
+    ssd_slots = len(space.ssd_slots())
+    free = len({p.id for p in space.gpu_slots() + space.ssd_slots()}) - n_gpus
+    base = f"moment plan --profile {shlex.quote(profile)}"
+    if min(free, ssd_slots) > 0:
+        fix = f"`{base} --ssds {min(free, ssd_slots, 4)}`"
+    elif ssd_slots and n_gpus > 1:
+        k = min(ssd_slots, n_gpus - 1, 2)
+        fix = f"`{base} --gpus {n_gpus - k} --ssds {k}` (no slot is free for an SSD)"
+    else:
+        fix = (f"a workload file holding `cpu_cache_fraction: 1.0` (every row in host memory): "
+               f"`{base} --workload W.yaml` (the profile has no slot for an SSD)")
+    own = "its own SSD model" if space.ssds else DEFAULT_SSD.model
+    raise UsageError(f"the workload needs the ssd tier ({share:.1%} of reads) but the layout has no SSDs: "
+                     f"try {fix}; --ssds installs {own}")
 
 
 def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
