@@ -64,3 +64,37 @@ def test_a_function_that_is_its_own_parent_does_not_hang_the_walk() -> None:
     loop = PciFunction(bdf="0000:01:00.1", class_code="0604", parent="0000:01:00.1")
     tree = build.build_tree([root, gpu, loop])
     assert [p.device.kind for s in tree.sockets for p in s.ports if p.device] == ["gpu"]
+
+
+def test_a_truncated_lspci_verbose_capture_is_used_with_a_warning_naming_it(tmp_path: Path) -> None:
+    """The review's repro: the first 3000 bytes of a real ``lspci -vvnn`` capture."""
+    text = (FIXTURES / "supermicro-sys-4029gp-trt" / "lspci-vvnn.txt").read_bytes()[:3000]
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1" / "lspci-vvnn.txt").write_bytes(text)
+    machine, warnings = _profile(tmp_path / "t1")
+    assert any(w.startswith("lspci-vvnn.txt: ") and "truncated" in w for w in warnings)
+    assert machine.sockets
+
+
+def test_a_complete_capture_gives_no_truncation_warning() -> None:
+    for name in ("supermicro-sys-4029gp-trt", "asus-esc8000a-e12", "switchtec-8x3090"):
+        _, warnings = _profile(FIXTURES / name)
+        assert not any("truncated" in w for w in warnings), name
+
+
+def test_a_truncated_lspci_tree_capture_warns_naming_it(tmp_path: Path) -> None:
+    text = ASUS_TV.read_text()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "lspci-tv.txt").write_text(text[: len(text) // 2])
+    _, warnings = _profile(tmp_path / "c")
+    assert any(w.startswith("lspci-tv.txt: ") and "truncated" in w for w in warnings)
+
+
+def test_non_well_formed_nccl_xml_keeps_what_was_read_with_a_warning(tmp_path: Path) -> None:
+    """The review's repro: the first 2000 bytes of a real NCCL dump (6 of its 8 GPUs)."""
+    text = (FIXTURES / "switchtec-8x3090" / "nccl-topo.xml").read_bytes()[:2000]
+    (tmp_path / "t2").mkdir()
+    (tmp_path / "t2" / "nccl-topo.xml").write_bytes(text)
+    machine, warnings = _profile(tmp_path / "t2")
+    assert any(w.startswith("nccl-topo.xml:") and "not well-formed" in w for w in warnings)
+    assert 0 < counts(machine)["gpus"] < 8

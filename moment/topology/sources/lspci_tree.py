@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from moment.errors import SourceError
 from moment.topology.pci import PciFunction, bus_of, drop_repeats, infer_port_types, normalize_bdf
-from moment.topology.sources.text import capture_lines
+from moment.topology.sources.text import capture_lines, note_cut_short
 
 _TREE_START = re.compile(r"-(?:\+-)?\[")  # "-[0000:00]-+-..." or "-+-[0000:00]-+-..."
 _CONTINUATION = re.compile(r"[ |]*[+\\]-")
@@ -57,6 +57,7 @@ def parse_lspci_tree(text: str, source: str = "lspci-tv.txt", notes: list[str] |
         parser.feed(line, lineno, last=i == len(lines) - 1)
     if not parser.functions:
         raise SourceError(source, "the `lspci -t` tree lists no PCI functions")
+    note_cut_short(text, source, notes)
     functions = drop_repeats(parser.functions, source, notes)
     infer_port_types(functions)  # the tree has no capability list
     return functions

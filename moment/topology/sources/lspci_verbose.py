@@ -25,7 +25,7 @@ from moment.topology.pci import (
     normalize_bdf,
     speed_to_gen,
 )
-from moment.topology.sources.text import capture_lines
+from moment.topology.sources.text import capture_lines, note_cut_short
 
 _HEADER_RE = re.compile(
     r"^(?P<addr>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
@@ -106,6 +106,7 @@ def parse_lspci_verbose(text: str, source: str = "lspci-vvv.txt", notes: list[st
             functions.append(_parse_record(header, body))
         except ValueError:
             continue  # an address or number lspci would never print: skip the record, keep the rest
+    note_cut_short(text, source, notes, ending="\n\n")  # lspci ends every record with a blank line
     result = drop_repeats(functions, source, notes)  # a capture pasted twice: the first copy wins
     _link_parents(result)
     return result
