@@ -54,7 +54,7 @@ def _add_inspect_args(sub: argparse._SubParsersAction) -> None:
         help="show a profile's inventory and PCIe tree",
         description="Inventory (sockets, switches, slots, GPUs, NVMe, NICs, NVLink) and the PCIe tree of a profile.",
     )
-    p.add_argument("profile", help="a bundled profile name (see `moment inspect --list`) or a YAML file")
+    p.add_argument("profile", help="a bundled profile name (see `moment profiles`) or a YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable inventory")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the topology as SVG")
     p.set_defaults(func=cmd_inspect)

@@ -16,6 +16,7 @@ from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.report import Scored, score
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
+from moment.yamlio import load_yaml, yaml_problem
 
 
 @dataclass
@@ -102,8 +103,10 @@ def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, 
         names = ", ".join(["installed", *sorted(machine.layouts)])
         raise UsageError(f"unknown layout {name_or_file!r}: not a file, and not a layout of {machine.name} ({names})")
     try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
         data = data["layout"]

@@ -18,6 +18,7 @@ from moment.contracts import first_error
 from moment.errors import ProfileError, UsageError
 from moment.fileio import atomic_write_text
 from moment.topology.model import SCHEMA, Machine
+from moment.yamlio import load_yaml
 
 BUNDLED_PACKAGE = "topology_profiles"
 
@@ -42,7 +43,7 @@ def load_profile(path: str | Path) -> Machine:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
