@@ -477,11 +477,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--queue-depth and --seconds must be positive")
     machine = resolve_profile(args.profile) if args.profile else None
     ssd, rows = {}, []
-    for spec in args.file:
-        path, dev = spec, ""
-        head, _, tail = spec.rpartition(":")
-        if head and tail and "/" not in tail:  # PATH:DEVICE
-            path, dev = head, tail
+    for path, dev in [bench.file_spec(spec, machine) for spec in args.file]:  # all checked before any is read
         res = bench.random_read(path, args.read_size, args.queue_depth, args.seconds)
         rows.append({"what": f"random read {path}", "gbps": res.gbps, "iops": res.iops, "direct": res.direct, "device": dev or None})
         if dev:

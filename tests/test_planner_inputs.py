@@ -65,3 +65,23 @@ def test_yaml_loader_is_safe_and_keeps_ordinary_documents() -> None:
     assert load_yaml("a: 1\nb: {c: [1, 2]}\n") == {"a": 1, "b": {"c": [1, 2]}}
     with pytest.raises(Exception):
         load_yaml("!!python/object/apply:os.system ['true']")
+
+
+@pytest.mark.parametrize("out", [[], ["--out", "never.yaml"]])
+def test_bench_refuses_a_gpu_as_the_ssd_of_a_file_with_or_without_out(tmp_path: Path, out: list[str], capsys) -> None:
+    (tmp_path / "big.bin").write_bytes(b"\0" * 8192)
+    argv = ["bench", "--profile", "moment-machine-b", "--file", f"{tmp_path / 'big.bin'}:gpu0", "--no-dram", *out]
+    err = one_line_error(argv, capsys)
+    assert "gpu0 is not an NVMe SSD of moment-machine-b" in err
+
+
+def test_bench_refuses_a_directory(tmp_path: Path, capsys) -> None:
+    err = one_line_error(["bench", "--file", str(tmp_path), "--no-dram"], capsys)
+    assert f"{tmp_path}: a directory, not a file or block device" in err
+
+
+def test_inspect_help_points_to_moment_profiles(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    text = capsys.readouterr().out
+    assert "moment profiles" in text and "--list" not in text
