@@ -45,6 +45,30 @@ def _open(path: str) -> tuple[int, bool]:
     return os.open(path, flags), False
 
 
+def file_spec(spec: str, machine: Any | None) -> tuple[str, str]:
+    """``PATH[:DEVICE]`` of ``--file`` as (path, device id or ""), checked before anything is read:
+    the path must be a file or block device, and DEVICE an NVMe SSD of the profile when one is given
+    (with or without ``--out``: the figures are reported against it either way)."""
+    path, dev = spec, ""
+    head, _, tail = spec.rpartition(":")
+    if head and tail and "/" not in tail:  # PATH:DEVICE
+        path, dev = head, tail
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or device")
+    if p.is_dir():
+        raise UsageError(f"{path}: a directory, not a file or block device")
+    if dev and machine is not None:
+        check_ssd(machine, dev)
+    return path, dev
+
+
+def check_ssd(machine: Any, dev_id: str) -> None:
+    """``dev_id`` must name an NVMe SSD of ``machine`` (a GPU is not where a file sits)."""
+    if not any(d.id == dev_id and d.kind == "nvme" for d in machine.devices()):
+        raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
+
+
 def random_read(path: str, read_size: int = 4096, queue_depth: int = 32, seconds: float = 2.0,
                 seed: int = 0) -> ReadResult:
     """Random aligned reads of ``read_size`` bytes by ``queue_depth`` threads for ``seconds``.
@@ -184,8 +208,7 @@ def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, 
         if port.device is not None:
             devices[port.device.id] = port
     for dev_id, res in ssd.items():
-        if dev_id not in devices or devices[dev_id].device.kind != "nvme":
-            raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
+        check_ssd(machine, dev_id)
         devices[dev_id].device.read_gbps = _figure(res.gbps)
         devices[dev_id].device.iops = round(res.iops)
     for gpu, gbps in h2d.items():

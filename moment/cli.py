@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from moment import __version__
 from moment.errors import MomentError, UsageError
@@ -53,7 +54,7 @@ def _add_inspect_args(sub: argparse._SubParsersAction) -> None:
         help="show a profile's inventory and PCIe tree",
         description="Inventory (sockets, switches, slots, GPUs, NVMe, NICs, NVLink) and the PCIe tree of a profile.",
     )
-    p.add_argument("profile", help="a bundled profile name (see `moment inspect --list`) or a YAML file")
+    p.add_argument("profile", help="a bundled profile name (see `moment profiles`) or a YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable inventory")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the topology as SVG")
     p.set_defaults(func=cmd_inspect)
@@ -297,7 +298,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         name = args.name or socket.gethostname()
     machine, warnings = profiler.build_profile(caps, name)
     for w in warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     if args.picture:
         _write_picture(machine, args.picture)
     if args.out:
@@ -342,7 +343,7 @@ def _machine_and_workload(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from moment.planner.plan import default_counts, parse_range, plan
+    from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
 
     machine, workload = _machine_and_workload(args)
     have_gpus, have_ssds = default_counts(machine)
@@ -350,9 +351,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ssds = parse_range(args.ssds, "ssds") if args.ssds else [have_ssds]
     if args.top < 1:
         raise UsageError("--top must be at least 1")
+    check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
-    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method)
+    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine)
     if args.out:
         from moment.planner.planfile import save_plan
 
@@ -412,7 +414,7 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     rows = []
     for g in gpus:
         for s in ssds:
-            best = plan(machine, workload, g, s, top=1, method=args.method).best
+            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine).best
             rows.append({"gpus": g, "ssds": s, **best.to_dict()})
     if args.json:
         print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))
@@ -475,11 +477,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--queue-depth and --seconds must be positive")
     machine = resolve_profile(args.profile) if args.profile else None
     ssd, rows = {}, []
-    for spec in args.file:
-        path, dev = spec, ""
-        head, _, tail = spec.rpartition(":")
-        if head and tail and "/" not in tail:  # PATH:DEVICE
-            path, dev = head, tail
+    for path, dev in [bench.file_spec(spec, machine) for spec in args.file]:  # all checked before any is read
         res = bench.random_read(path, args.read_size, args.queue_depth, args.seconds)
         rows.append({"what": f"random read {path}", "gbps": res.gbps, "iops": res.iops, "direct": res.direct, "device": dev or None})
         if dev:
@@ -661,7 +659,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes),
                                   resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
     for warning in checked.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     cmd = launch.build_torchrun_command(args.plan, args.data, nproc=nproc, model=args.model, epochs=args.epochs,
                                         metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
                                         nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
@@ -806,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except MomentError as exc:
-        err.print(f"[red]moment {args.verb}: error:[/] {exc}", highlight=False)
+        err.print(f"[red]moment {args.verb}: error:[/] {escape(str(exc))}", highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -815,7 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(f"[red]moment {args.verb}: error:[/] {where}{exc.strerror or exc}", highlight=False)
+        err.print(f"[red]moment {args.verb}: error:[/] {escape(where + str(exc.strerror or exc))}", highlight=False)
         return 1
 
 

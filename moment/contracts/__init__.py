@@ -22,13 +22,16 @@ C = TypeVar("C", bound="Contract")
 
 
 def first_error(exc: ValidationError) -> str:
-    """``field.path: message`` of a validation error's first problem (and how many more)."""
+    """``field.path: message`` of a validation error's first problem (and how many more).
+
+    A whole-document check has no field path: its message names the fields itself.
+    """
     errors = exc.errors()
     first = errors[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    where = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{where}: {msg}{more}"
+    return f"{where}: {msg}{more}" if where else f"{msg}{more}"
 
 
 class Strict(BaseModel):

@@ -13,6 +13,22 @@ from moment.topology.model import Device, Machine, Port, Slot
 
 MOVABLE = ("gpu", "nvme")
 
+# The SSD ``--ssds N`` installs in a profile that has none of its own (captures of GPU servers
+# often list no NVMe drive): an Intel/Solidigm D7-P5510 3.84 TB, Gen4 x4, with the figures the
+# bundled moment-machine-a profile uses for the same drive (the Moment paper's Machine A):
+# 5.15 GB/s (4.8 GiB/s) read at the feature read size, Moment's own measured figure, and the
+# datasheet's 700k random-read IOPS.
+DEFAULT_SSD = Device(
+    id="nvme0",
+    kind="nvme",
+    model="Intel/Solidigm D7-P5510 3.84TB (moment's default SSD)",
+    capacity_gb=3840,
+    read_gbps=5.15,
+    iops=700_000,
+    max_gen=4,
+    max_width=4,
+)
+
 
 def gpu_fits(slot: Slot, double_width_known: bool) -> bool:
     """A GPU needs a double-width x16-class slot; where the profile never says which slots are
@@ -70,13 +86,14 @@ def installed_layout(machine: Machine) -> dict[str, str]:
 
 
 def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
-    """``count`` devices of a kind: the profile's own, then copies of its first for what-ifs."""
+    """``count`` devices of a kind: the profile's own, then copies of its first for what-ifs
+    (of :data:`DEFAULT_SSD` for SSDs when the profile has none)."""
     have = space.gpus if kind == "gpu" else space.ssds
     if count <= len(have):
         return have[:count]
-    if not have:
-        raise UsageError(f"the profile has no {'GPU' if kind == 'gpu' else 'NVMe SSD'} to take as a model for {count}")
-    template = have[0]
+    if not have and kind == "gpu":
+        raise UsageError(f"the profile has no GPU to take as a model for {count}")
+    template = have[0] if have else DEFAULT_SSD
     extra = [
         template.model_copy(update={"id": f"{kind}{i}", "bdf": None, "functions": []})
         for i in range(len(have), count)

@@ -223,17 +223,25 @@ MaxFlow = Callable[[list[tuple[str, str, float]], str, str], tuple[float, list[f
 
 
 def ortools_max_flow(arcs: list[tuple[str, str, float]], source: str, sink: str) -> tuple[float, list[float]]:
-    """Max flow with ortools SimpleMaxFlow on integer capacities (1e-9 of the largest finite one)."""
+    """Max flow with ortools SimpleMaxFlow on integer capacities.
+
+    No arc can carry more than leaves the source, so every capacity is first capped at that
+    supply; the integer unit is then 1e-12 of the supply. Scaling by the largest capacity instead
+    made the rounding grow with T (a 100 GB/s DRAM edge × T), until a slow link never reached
+    the demand's tolerance and the bisection gave up ("cut off").
+    """
     from ortools.graph.python import max_flow
 
-    finite = [c for _, _, c in arcs if c < INF]
-    unit = (max(finite) if finite else 1.0) / 1e9
-    big = 10**15
+    supply = sum(c for u, _, c in arcs if u == source)
+    if supply <= 0:
+        return 0.0, [0.0] * len(arcs)
+    cap_limit = supply if supply < INF else max((c for _, _, c in arcs if c < INF), default=1.0) * 1e3
+    unit = cap_limit / 1e12
     index: dict[str, int] = {}
     mf = max_flow.SimpleMaxFlow()
     for u, v, cap in arcs:
         iu, iv = index.setdefault(u, len(index)), index.setdefault(v, len(index))
-        mf.add_arc_with_capacity(iu, iv, big if cap >= INF else int(cap / unit))
+        mf.add_arc_with_capacity(iu, iv, round(min(cap, cap_limit) / unit))
     if source not in index or sink not in index:
         return 0.0, [0.0] * len(arcs)
     status = mf.solve(index[source], index[sink])
@@ -274,7 +282,7 @@ def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], l
             arcs.append((f"T:{tier}", b.node, INF))
             keys.append(None)
     for key, (u, v, cap) in net.edges.items():
-        arcs.append((u, v, cap * t if cap < INF else INF))
+        arcs.append((u, v, INF if cap >= INF or (t >= INF and cap > 0) else cap * t))
         keys.append(key)
     for g in net.gpus:
         arcs.append((f"G:{g}", "sink", D))
@@ -296,13 +304,13 @@ def paper(net: Network, engine: str = "ortools", upper_s: float | None = None, r
     ok, flows = feasible(0.0)
     if ok:  # only unlimited edges needed (e.g. every GPU reads its own cache): no time at all
         hi = 0.0
-    else:
+    elif not feasible(INF)[0]:  # not even with all the time there is: no path, however slow
+        raise MomentError("paper model: the demand cannot be delivered (a GPU is cut off from the bins)")
+    else:  # some time delivers it: double until it does, however slow the links
         hi = upper_s or 1.0
         ok, flows = feasible(hi)
     while not ok:
         hi *= 2
-        if hi > 1e9:
-            raise MomentError("paper model: the demand cannot be delivered (a GPU is cut off from the bins)")
         ok, flows = feasible(hi)
     lo = 0.0
     while hi - lo > rel_tol * hi and hi > 0:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
+from moment.planner.layout import DEFAULT_SSD
 from moment.planner.workload import Workload
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
@@ -103,7 +104,7 @@ class Skeleton:
             a, b = link.between
             for x, y in ((a, b), (b, a)):
                 self._add(f"upi:{x}>{y}", f"S:{x}", f"S:{y}", link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
-        self.socket_path = _socket_paths(self.sockets)
+        self.socket_path = _socket_paths(self.sockets, [link.between for link in machine.socket_links])
         self.dram = {s.id: s.dram_gbps for s in machine.sockets}
 
     def _add(self, key: str, tail: str, head: str, cap: float | None, label: str) -> None:
@@ -150,6 +151,9 @@ class Skeleton:
                 notes.append(f"{s} DRAM bandwidth unknown: {DEFAULT_DRAM_GBPS:g} GB/s assumed")
             edges[f"dram:{s}"] = (f"B:{CPU_CACHE}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
             labels[f"dram:{s}"] = f"{s} DRAM"
+        if any(d.model == DEFAULT_SSD.model for d in ssds):
+            notes.append(f"the profile has no SSD of its own: {DEFAULT_SSD.model}, "
+                         f"{DEFAULT_SSD.read_gbps:g} GB/s read, assumed (see moment/planner/layout.py)")
         for d in ssds:
             bins.append(Bin(d.id, "ssd", f"B:{d.id}"))
             if d.read_gbps is None:
@@ -239,13 +243,26 @@ def _ancestry(node: str, parent: dict[str, tuple[str, str]]) -> list[tuple[str, 
     return steps
 
 
-def _socket_paths(order: list[str]) -> dict[tuple[str, str], list[str]]:
-    """Inter-socket edge keys between every pair of sockets (along the chain of socket links)."""
+def _socket_paths(sockets: list[str], links: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """Inter-socket edge keys between every pair of sockets: the fewest hops over the profile's
+    own socket links (breadth first), never a link the profile does not have."""
+    neighbours: dict[str, list[str]] = {s: [] for s in sockets}
+    for a, b in links:
+        neighbours[a].append(b)
+        neighbours[b].append(a)
     out: dict[tuple[str, str], list[str]] = {}
-    for i, a in enumerate(order):
-        for j, b in enumerate(order):
-            step = 1 if j > i else -1
-            out[(a, b)] = [f"upi:{order[k]}>{order[k + step]}" for k in range(i, j, step)]
+    for start in sockets:
+        route: dict[str, list[str]] = {start: []}
+        frontier = [start]
+        while frontier:
+            nxt = []
+            for here in frontier:
+                for there in neighbours[here]:
+                    if there not in route:
+                        route[there] = route[here] + [f"upi:{here}>{there}"]
+                        nxt.append(there)
+            frontier = nxt
+        out.update({(start, end): keys for end, keys in route.items()})
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,11 @@ import yaml
 
 from moment.errors import UsageError
 from moment.planner import search
-from moment.planner.layout import installed_layout, slot_space
+from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.report import Scored, score
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
+from moment.yamlio import load_yaml, yaml_problem
 
 
 @dataclass
@@ -31,22 +33,48 @@ def default_counts(machine: Machine) -> tuple[int, int]:
     return len(space.gpus), len(space.ssds)
 
 
+def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: int, n_ssds: int) -> None:
+    """Refuse, before the search, a plan without SSDs for a workload that reads from them, and
+    give the command line that works: SSDs where slots are free (the profile's own model, else
+    :data:`~moment.planner.layout.DEFAULT_SSD`), fewer GPUs to make room, or a workload whose CPU
+    cache holds every row where the profile has no slot at all."""
+    share = workload.tier_shares()["ssd"]
+    if n_ssds > 0 or share <= 1e-9:
+        return
+    space = slot_space(machine)
+    ssd_slots = len(space.ssd_slots())
+    free = len({p.id for p in space.gpu_slots() + space.ssd_slots()}) - n_gpus
+    base = f"moment plan --profile {shlex.quote(profile)}"
+    if min(free, ssd_slots) > 0:
+        fix = f"`{base} --ssds {min(free, ssd_slots, 4)}`"
+    elif ssd_slots and n_gpus > 1:
+        k = min(ssd_slots, n_gpus - 1, 2)
+        fix = f"`{base} --gpus {n_gpus - k} --ssds {k}` (no slot is free for an SSD)"
+    else:
+        fix = (f"a workload file holding `cpu_cache_fraction: 1.0` (every row in host memory): "
+               f"`{base} --workload W.yaml` (the profile has no slot for an SSD)")
+    own = "its own SSD model" if space.ssds else DEFAULT_SSD.model
+    raise UsageError(f"the workload needs the ssd tier ({share:.1%} of reads) but the layout has no SSDs: "
+                     f"try {fix}; --ssds installs {own}")
+
+
 def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
-         method: str = "auto") -> PlanOutcome:
+         method: str = "auto", engine: str = "ortools") -> PlanOutcome:
+    """The search's best layouts, each scored by both models (``engine``: the paper model's max flow)."""
     t0 = time.perf_counter()
     result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method)
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
     ranking = [
-        score(machine, f"#{i}", cand.layout, workload, result.devices) for i, cand in enumerate(result.ranked, 1)
+        score(machine, f"#{i}", cand.layout, workload, result.devices, engine=engine) for i, cand in enumerate(result.ranked, 1)
     ]
     ranking[0].name = "best"
     space = slot_space(machine)
     classic = {}
     if n_gpus == len(space.gpus) and n_ssds == len(space.ssds):  # named layouts use the profile's devices
         for name, layout in sorted(machine.layouts.items()):
-            classic[name] = score(machine, name, layout, workload)
+            classic[name] = score(machine, name, layout, workload, engine=engine)
     return PlanOutcome(
         best=ranking[0],
         ranking=ranking,
@@ -75,8 +103,10 @@ def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, 
         names = ", ".join(["installed", *sorted(machine.layouts)])
         raise UsageError(f"unknown layout {name_or_file!r}: not a file, and not a layout of {machine.name} ({names})")
     try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
         data = data["layout"]

@@ -29,7 +29,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moment.contracts import first_error
 from moment.errors import MomentError
+from moment.yamlio import load_yaml, yaml_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -93,7 +95,7 @@ class Hotness(BaseModel):
 class Workload(BaseModel):
     """What one training iteration asks of the storage tiers."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # a typo (`batchsize:`) must not fall back to a default
     dataset: str = "synthetic"
     nodes: int = Field(default=100_000_000, gt=0)
     edges: int | None = None
@@ -174,18 +176,23 @@ def load_workload(base: dict | None, path: str | None = None, **overrides: objec
         p = Path(path)
         try:
             text = p.read_text()
-            extra = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+            extra = json.loads(text) if p.suffix == ".json" else load_yaml(text)
         except FileNotFoundError:
             raise MomentError(f"{p}: no such workload file") from None
-        except (OSError, ValueError, yaml.YAMLError) as exc:
+        except IsADirectoryError:
+            raise MomentError(f"{p}: a directory, not a workload file") from None
+        except yaml.YAMLError as exc:
+            raise MomentError(f"{p}: cannot read workload: {yaml_problem(exc)}") from None
+        except (OSError, ValueError) as exc:
             raise MomentError(f"{p}: cannot read workload: {str(exc).splitlines()[0]}") from None
         if not isinstance(extra, dict):
             raise MomentError(f"{p}: a workload file is a mapping of fields")
+        if "format" in extra:  # plan.json, placed.json ...: a document that carries a workload, not one
+            raise MomentError(f"{p}: a {extra['format']} document, not a workload file (give a YAML/JSON "
+                              f"mapping of workload fields, e.g. the workload.yaml `moment place` writes)")
         data.update(extra)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise MomentError(f"{path or 'workload'}: {where}: {first['msg']}") from None
+        raise MomentError(f"{path or 'workload'}: {first_error(exc)}") from None

@@ -30,6 +30,7 @@ class TreeBuild:
 
 class _Builder:
     def __init__(self, functions: list[PciFunction]) -> None:
+        functions = pci.drop_repeats(functions, "", None)  # the parsers report repeats; never walk them twice
         self.by_bdf = {f.bdf: f for f in functions}
         self.children: dict[str | None, list[PciFunction]] = defaultdict(list)
         for f in sorted(functions, key=lambda f: f.bdf):
@@ -53,10 +54,15 @@ class _Builder:
         return any(self.is_bridge(c) for c in self.children.get(f.bdf, []))
 
     def descendants(self, f: PciFunction) -> list[PciFunction]:
+        """Everything below ``f``, each once (a visited set: a parent cycle must not loop)."""
         out: list[PciFunction] = []
+        seen = {f.bdf}
         stack = list(self.children.get(f.bdf, []))
         while stack:
             c = stack.pop()
+            if c.bdf in seen:
+                continue
+            seen.add(c.bdf)
             out.append(c)
             stack.extend(self.children.get(c.bdf, []))
         return out

@@ -11,9 +11,9 @@ that is wrong), so the model and the file format cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from moment.topology import bandwidth
 
@@ -23,6 +23,23 @@ DeviceKind = Literal["gpu", "nvme", "nic", "storage", "other"]
 SlotForm = Literal["pcie", "pcie-double", "m2", "u2", "e1s", "ocp", "sxm", "onboard", "other"]
 PortKind = Literal["root_port", "downstream", "integrated"]
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+
+
+def _at_most(limit: float, unit: str, slip: str) -> AfterValidator:
+    """A ceiling far above any real part, so a figure typed in the wrong unit is caught by name."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and value > limit:
+            raise ValueError(f"{value:g} {unit} is more than {limit:g} {unit}: did you give {slip}?")
+        return value
+
+    return AfterValidator(check)
+
+
+# PCIe 6.0 x32 is 121 GB/s, an NVLink 4 GPU 450 GB/s each way, an HBM CPU socket ~1 TB/s.
+LinkGBps = Annotated[float | None, Field(default=None, gt=0), _at_most(2000, "GB/s", "bytes/s")]
+DramGBps = Annotated[float | None, Field(default=None, gt=0), _at_most(10000, "GB/s", "bytes/s")]
+DeviceGB = Annotated[float | None, Field(default=None, gt=0), _at_most(1_000_000, "GB", "bytes")]
 
 
 class _Strict(BaseModel):
@@ -36,7 +53,7 @@ class Link(_Strict):
     width: int | None = None
     max_gen: int | None = Field(default=None, ge=1, le=6)
     max_width: int | None = None
-    gbps: float | None = Field(default=None, gt=0, description="measured GB/s per direction")
+    gbps: LinkGBps = Field(default=None, description="measured GB/s per direction")
 
     @model_validator(mode="after")
     def _widths(self) -> Link:
@@ -71,9 +88,9 @@ class Device(_Strict):
     numa_node: int | None = None
     max_gen: int | None = Field(default=None, ge=1, le=6, description="the device's own link capability")
     max_width: int | None = None
-    memory_gb: float | None = Field(default=None, gt=0)
-    capacity_gb: float | None = Field(default=None, gt=0)
-    read_gbps: float | None = Field(default=None, gt=0, description="read GB/s at the feature read size")
+    memory_gb: DeviceGB = None
+    capacity_gb: DeviceGB = None
+    read_gbps: LinkGBps = Field(default=None, description="read GB/s at the feature read size")
     iops: float | None = Field(default=None, gt=0)
     double_width: bool | None = None
 
@@ -129,8 +146,8 @@ class Socket(_Strict):
     numa_node: int | None = None
     model: str = ""
     cores: int | None = Field(default=None, ge=1)
-    dram_gb: float | None = Field(default=None, gt=0)
-    dram_gbps: float | None = Field(default=None, gt=0)
+    dram_gb: DeviceGB = None
+    dram_gbps: DramGBps = None
     ports: list[Port] = Field(default_factory=list)
 
 
@@ -141,7 +158,7 @@ class SocketLink(_Strict):
     kind: Literal["upi", "qpi", "infinity-fabric", "unknown"] = "upi"
     family: str | None = Field(default=None, description="key of the bandwidth table")
     links: int | None = Field(default=None, ge=1)
-    gbps: float | None = Field(default=None, gt=0, description="measured GB/s per direction")
+    gbps: LinkGBps = Field(default=None, description="measured GB/s per direction")
 
     def bandwidth_gbps(self) -> float:
         return self.gbps if self.gbps is not None else bandwidth.socket_link_gbps(self.family)
@@ -154,7 +171,7 @@ class NvLink(_Strict):
     links: int = Field(default=1, ge=1)
     arch: str | None = None
     via: Literal["bridge", "nvswitch"] = "bridge"
-    gbps: float | None = Field(default=None, gt=0, description="measured GB/s per direction")
+    gbps: LinkGBps = Field(default=None, description="measured GB/s per direction")
 
     def bandwidth_gbps(self) -> float:
         if self.gbps is not None:
@@ -192,10 +209,15 @@ class Machine(_Strict):
             for end in link.between:
                 if end not in sockets:
                     raise ValueError(f"socket_links[{i}]: unknown socket {end!r}")
+            if link.between[0] == link.between[1]:
+                raise ValueError(f"socket_links[{i}]: joins {link.between[0]} to itself")
+        self._sockets_connected()
         for i, nv in enumerate(self.nvlinks):
             for end in nv.between:
                 if end not in devices or devices[end].kind != "gpu":
                     raise ValueError(f"nvlinks[{i}]: {end!r} is not a GPU of this profile")
+            if nv.between[0] == nv.between[1]:
+                raise ValueError(f"nvlinks[{i}]: joins {nv.between[0]} to itself")
         ports = {p.id for p, _ in self.iter_ports()}
         for name, layout in self.layouts.items():
             for port_id, dev_id in layout.items():
@@ -205,6 +227,27 @@ class Machine(_Strict):
                     raise ValueError(f"layouts.{name}: unknown device {dev_id!r}")
             _unique(f"device in layouts.{name}", list(layout.values()))
         return self
+
+    def _sockets_connected(self) -> None:
+        """Data between sockets crosses socket links: every socket must be reachable from the first."""
+        if len(self.sockets) < 2:
+            return
+        reached = {self.sockets[0].id}
+        grew = True
+        while grew:
+            grew = False
+            for link in self.socket_links:
+                a, b = link.between
+                if (a in reached) != (b in reached):
+                    reached |= {a, b}
+                    grew = True
+        cut = [s.id for s in self.sockets if s.id not in reached]
+        if cut:
+            first = self.sockets[0].id
+            raise ValueError(
+                f"socket_links: {len(self.sockets)} sockets but no socket link joins {cut[0]} to {first} "
+                f"(add `- between: [{first}, {cut[0]}]`)"
+            )
 
     # --- traversal -------------------------------------------------------------------------
     def iter_ports(self) -> Iterator[tuple[Port, Socket]]:

@@ -102,6 +102,21 @@ class PciFunction:
         return self.bdf.rsplit(".", 1)[0]
 
 
+def drop_repeats(functions: list[PciFunction], source: str, notes: list[str] | None) -> list[PciFunction]:
+    """The first record of every address: a capture appended to itself (``>>``) lists each twice.
+
+    Each repeat would otherwise be a second child of its bridge, and the tree walk multiplies.
+    The repeats are reported in ``notes`` (when given), naming ``source``.
+    """
+    unique: dict[str, PciFunction] = {}
+    for fn in functions:
+        unique.setdefault(fn.bdf, fn)
+    repeats = len(functions) - len(unique)
+    if repeats and notes is not None:
+        notes.append(f"{source}: {repeats} repeated PCI function record(s) ignored (a capture appended twice?)")
+    return list(unique.values())
+
+
 def infer_port_types(functions: list[PciFunction]) -> None:
     """Fill the port type of bridges that have none from the shape of the tree alone.
 

@@ -14,9 +14,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from moment.contracts import first_error
 from moment.errors import ProfileError, UsageError
 from moment.fileio import atomic_write_text
 from moment.topology.model import SCHEMA, Machine
+from moment.yamlio import load_yaml
 
 BUNDLED_PACKAGE = "topology_profiles"
 
@@ -28,16 +30,7 @@ def machine_from_dict(data: Any, source: str) -> Machine:
     try:
         return Machine.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(f"{source}: {_first_error(exc)}") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    first = errors[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{where}: {msg}{more}"
+        raise ProfileError(f"{source}: {first_error(exc)}") from None
 
 
 def load_profile(path: str | Path) -> Machine:
@@ -50,7 +43,7 @@ def load_profile(path: str | Path) -> Machine:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import ValidationError
+
+from moment.contracts import first_error
 from moment.errors import MomentError, SourceError
 from moment.topology import bandwidth, build, merge
 from moment.topology.model import Machine, NvLink
@@ -83,9 +86,9 @@ def read_capture_dir(directory: str | Path) -> Captures:
         wanted = ", ".join(n for names in CAPTURE_NAMES.values() for n in names[:2])
         raise MomentError(f"{root}: no capture files found (looked for {wanted})")
     if p := found["lspci_verbose"]:
-        caps.verbose = caps.parse(p.name, lambda: parse_lspci_verbose(_read(p), p.name))
+        caps.verbose = caps.parse(p.name, lambda: parse_lspci_verbose(_read(p), p.name, caps.warnings))
     if p := found["lspci_tree"]:
-        caps.tree = caps.parse(p.name, lambda: parse_lspci_tree(_read(p), p.name))
+        caps.tree = caps.parse(p.name, lambda: parse_lspci_tree(_read(p), p.name, caps.warnings))
     if p := found["dmidecode"]:
         text = _read(p)
         caps.slots = caps.parse(p.name, lambda: parse_dmidecode_slots(text, p.name))
@@ -94,7 +97,7 @@ def read_capture_dir(directory: str | Path) -> Captures:
     if p := found["nvidia_smi"]:
         caps.smi = caps.parse(p.name, lambda: parse_nvidia_smi_topo(_read(p), p.name))
     if p := found["nccl_xml"]:
-        caps.nccl = caps.parse(p.name, lambda: parse_nccl_xml(_read(p), p.name))
+        caps.nccl = caps.parse(p.name, lambda: parse_nccl_xml(_read(p), p.name, caps.warnings))
     return caps
 
 
@@ -117,7 +120,7 @@ def capture_live(sysfs_root: str = "/sys/bus/pci/devices") -> Captures:
     """Profile this machine: sysfs always, and lspci/dmidecode/nvidia-smi where they exist."""
     caps = Captures(origin="this machine")
     caps.sysfs = caps.parse("sysfs", lambda: read_sysfs(sysfs_root))
-    caps.tree = caps.parse("lspci -tv", lambda: parse_lspci_tree(_run(["lspci", "-tv"]), "lspci -tv"))
+    caps.tree = caps.parse("lspci -tv", lambda: parse_lspci_tree(_run(["lspci", "-tv"]), "lspci -tv", caps.warnings))
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         caps.warnings.append("skipped dmidecode: needs root (run `sudo moment profile` for slot names)")
     else:
@@ -146,7 +149,17 @@ def _tree_functions(caps: Captures) -> tuple[list[PciFunction] | None, str | Non
 
 
 def build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
-    """Assemble the Machine from parsed captures; returns it with every warning raised."""
+    """Assemble the Machine from parsed captures; returns it with every warning raised.
+
+    Captures that contradict each other end in one line naming the capture folder, not a traceback.
+    """
+    try:
+        return _build_profile(caps, name)
+    except ValidationError as exc:
+        raise MomentError(f"{caps.origin}: the captures do not make a consistent machine: {first_error(exc)}") from None
+
+
+def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     warnings = list(caps.warnings)
     functions, tree_source = _tree_functions(caps)
     cpus = caps.system.get("cpus") or []

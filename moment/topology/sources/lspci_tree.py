@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 
 from moment.errors import SourceError
-from moment.topology.pci import PciFunction, bus_of, infer_port_types, normalize_bdf
-from moment.topology.sources.text import capture_lines
+from moment.topology.pci import PciFunction, bus_of, drop_repeats, infer_port_types, normalize_bdf
+from moment.topology.sources.text import capture_lines, note_cut_short
 
 _TREE_START = re.compile(r"-(?:\+-)?\[")  # "-[0000:00]-+-..." or "-+-[0000:00]-+-..."
 _CONTINUATION = re.compile(r"[ |]*[+\\]-")
@@ -41,8 +41,10 @@ class _Bus:
 _HOST = _Bus("0000", None, None)
 
 
-def parse_lspci_tree(text: str, source: str = "lspci-tv.txt") -> list[PciFunction]:
+def parse_lspci_tree(text: str, source: str = "lspci-tv.txt", notes: list[str] | None = None) -> list[PciFunction]:
     """Every function of an ``lspci -t[v[nn]]`` capture, with parents and bridge bus ranges.
+
+    Warnings (repeated records, a cut-short last line) are appended to ``notes`` when given.
 
     Raises SourceError when the text is empty or binary, holds no tree, or a line in the middle
     cannot be read; a last line cut short (a truncated capture) is read as far as it goes.
@@ -55,8 +57,10 @@ def parse_lspci_tree(text: str, source: str = "lspci-tv.txt") -> list[PciFunctio
         parser.feed(line, lineno, last=i == len(lines) - 1)
     if not parser.functions:
         raise SourceError(source, "the `lspci -t` tree lists no PCI functions")
-    infer_port_types(parser.functions)  # the tree has no capability list
-    return parser.functions
+    note_cut_short(text, source, notes)
+    functions = drop_repeats(parser.functions, source, notes)
+    infer_port_types(functions)  # the tree has no capability list
+    return functions
 
 
 def _tree_lines(lines: list[str]) -> list[tuple[int, str]]:

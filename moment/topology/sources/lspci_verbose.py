@@ -21,10 +21,11 @@ from moment.topology.pci import (
     UPSTREAM,
     PciFunction,
     bus_of,
+    drop_repeats,
     normalize_bdf,
     speed_to_gen,
 )
-from moment.topology.sources.text import capture_lines
+from moment.topology.sources.text import capture_lines, note_cut_short
 
 _HEADER_RE = re.compile(
     r"^(?P<addr>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
@@ -90,20 +91,23 @@ _PORT_TYPES = {
     "Root Complex Integrated Endpoint": RC_INTEGRATED,
 }
 
-def parse_lspci_verbose(text: str, source: str = "lspci-vvv.txt") -> list[PciFunction]:
-    """Every function of an ``lspci -vv[v][nn][D]`` capture, with ``parent`` rebuilt from bus ranges."""
+def parse_lspci_verbose(text: str, source: str = "lspci-vvv.txt", notes: list[str] | None = None) -> list[PciFunction]:
+    """Every function of an ``lspci -vv[v][nn][D]`` capture, with ``parent`` rebuilt from bus ranges.
+
+    Warnings (repeated records, a truncated last record) are appended to ``notes`` when given.
+    """
     records = _split_records(capture_lines(text, source))
     if not records:
         example = "'00:1f.2 SATA controller: ...'"
         raise SourceError(source, f"no lspci function header (like {example}): not lspci -vvv output")
-    functions: dict[str, PciFunction] = {}
+    functions: list[PciFunction] = []
     for header, body in records:
         try:
-            fn = _parse_record(header, body)
+            functions.append(_parse_record(header, body))
         except ValueError:
             continue  # an address or number lspci would never print: skip the record, keep the rest
-        functions.setdefault(fn.bdf, fn)  # a capture pasted twice: the first copy wins
-    result = list(functions.values())
+    note_cut_short(text, source, notes, ending="\n\n")  # lspci ends every record with a blank line
+    result = drop_repeats(functions, source, notes)  # a capture pasted twice: the first copy wins
     _link_parents(result)
     return result
 

@@ -45,11 +45,12 @@ class NcclTopo:
     cpus: list[dict[str, str | int | None]] = field(default_factory=list)  # numaid, arch, vendor, familyid, modelid
 
 
-def parse_nccl_xml(text: str, source: str = "nccl-topo.xml") -> NcclTopo:
+def parse_nccl_xml(text: str, source: str = "nccl-topo.xml", notes: list[str] | None = None) -> NcclTopo:
     """The PCI functions, CPUs, GPU indices and NVLinks of an NCCL topology dump.
 
     Raises SourceError for empty or binary input, text that is not XML, XML whose root is not
-    ``<system>`` and invalid structural attributes.
+    ``<system>`` and invalid structural attributes. A dump that stops being well-formed part way
+    (truncated) is read up to the fault, with a warning in ``notes`` when given.
     """
     events, error = _read_events(capture_text(text, source))
     if not events:
@@ -57,6 +58,9 @@ def parse_nccl_xml(text: str, source: str = "nccl-topo.xml") -> NcclTopo:
     root = events[0][1]
     if root.tag != "system":
         raise SourceError(source, f"root element is <{root.tag}>, not NCCL's <system>")
+    if error is not None and notes is not None:
+        notes.append(f"{source}:{_error_line(error)}: not well-formed XML ({error}): truncated? "
+                     "only what comes before this point is used")
     walker = _Walker(source)
     for event, element in events[1:]:
         if event == "start":

@@ -45,6 +45,13 @@ def capture_lines(text: str | bytes, source: str) -> list[str]:
     return capture_text(text, source).split("\n")
 
 
+def note_cut_short(text: str, source: str, notes: list[str] | None, ending: str = "\n") -> None:
+    """Warn in ``notes`` when a capture does not end the way its tool ends it (``head -c``, a full
+    disk or a partial copy cut it short): what came before is still used, so say it is partial."""
+    if notes is not None and not capture_text(text, source).rstrip(" \t").endswith(ending):
+        notes.append(f"{source}: the capture ends mid-record (truncated?): only what comes before the cut is used")
+
+
 def decimal(text: str | None) -> int | None:
     """A small non-negative number in ASCII digits ("16", " 0 "); None for anything else."""
     if text is None:
