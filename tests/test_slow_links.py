@@ -74,3 +74,15 @@ def test_a_rate_in_bytes_per_second_is_refused_naming_the_field(where: tuple, va
     with pytest.raises(ProfileError) as caught:
         machine_from_dict(data, "bytes.yaml")
     assert str(caught.value).startswith(f"bytes.yaml: {field}") and "did you give bytes/s?" in str(caught.value)
+
+
+@pytest.mark.parametrize("gbps", [0.3, 1.0, 2.3, 3.3, 6.8, 9.4])
+def test_uplink_rates_glop_misreports_still_get_a_proportional_time(gbps: float) -> None:
+    """GLOP called these LPs ABNORMAL (presolve) or INFEASIBLE (warm second pass) at first."""
+    machine = machine_from_dict(with_uplink(gbps), "slow.yaml")
+    net = build_network(machine, load_workload(machine.workload))
+    t = models.proportional(net).iteration_s
+    if gbps < 5:  # the uplink is the bottleneck: every byte crosses it
+        assert t == pytest.approx(net.demand_gb * len(net.gpus) / gbps, rel=1e-4)
+    else:
+        assert t == pytest.approx(models.paper(net).iteration_s, rel=1e-4)

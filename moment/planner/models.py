@@ -68,6 +68,24 @@ def _finish(net: Network, model: str, t: float, share: dict[str, float], load: d
 THETA_MAX = 1e9  # iterations per second beyond which an answer counts as "no time at all"
 
 
+def _solved(solver) -> bool:
+    """Solve; on a failure, again from scratch, then from scratch without presolve.
+
+    GLOP misreports some small, well-posed LPs: ABNORMAL from its presolve, or INFEASIBLE when
+    re-solving warm from the previous pass (machine B with its switch uplink measured at 0.9-1.2
+    or 2.7 GB/s, say). Answers that solve at once stay exactly as they were."""
+    from ortools.linear_solver import pywraplp
+
+    if solver.Solve() == pywraplp.Solver.OPTIMAL:
+        return True
+    fresh = pywraplp.MPSolverParameters()
+    fresh.SetIntegerParam(fresh.INCREMENTALITY, fresh.INCREMENTALITY_OFF)
+    if solver.Solve(fresh) == pywraplp.Solver.OPTIMAL:
+        return True
+    fresh.SetIntegerParam(fresh.PRESOLVE, fresh.PRESOLVE_OFF)
+    return solver.Solve(fresh) == pywraplp.Solver.OPTIMAL
+
+
 @dataclass
 class SsdClass:
     """SSDs a layout may put in one slot class, stood for by one representative bin."""
@@ -145,19 +163,23 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
     objective = solver.Objective()
     objective.SetCoefficient(theta, 1.0)
     objective.SetMaximization()
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+    if not _solved(solver):
         raise MomentError("proportional-share model found no solution (is every GPU reachable from every bin?)")
     theta_star = theta.solution_value()
     if theta_star <= 0:
         raise MomentError("proportional-share model: the demand cannot be delivered")
     if spread and second_pass:  # same θ, least total normalised load
-        theta.SetLb(theta_star * (1 - 1e-7))
         for var in count.values():  # keep the counts the first pass chose
             var.SetBounds(var.solution_value(), var.solution_value())
-        _minimise_load(solver, objective, spread)
+        for give in (1e-7, 1e-6, 1e-5, 1e-4):  # GLOP's θ can sit a tolerance above the true optimum
+            theta.SetLb(theta_star * (1 - give))
+            if _minimise_load(solver, objective, spread):
+                break
+        else:
+            raise MomentError("proportional-share model: second pass failed")
         _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
-    t = 0.0 if th >= THETA_MAX * (1 - 1e-6) else 1.0 / th  # (the second pass may give up 1e-7 of θ)
+    t = 0.0 if th >= THETA_MAX * (1 - 1e-6) else 1.0 / th  # (the second pass may give up 1e-7..1e-4 of θ)
     value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
     for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it
@@ -179,8 +201,6 @@ def _balance(solver, objective, spread: dict, net: Network, u: dict) -> None:
     equal targets instead of whatever vertex of the LP's optimal face the solver returned.
     If the solver balks at the added rows (GLOP can, on tight tolerances), the second pass's
     answer is restored."""
-    from ortools.linear_solver import pywraplp
-
     best = sum(c * var.solution_value() for var, c in spread.items())
     keep = solver.Constraint(-solver.infinity(), best * (1 + 1e-4) + 1e-9)
     for var, c in spread.items():
@@ -199,22 +219,21 @@ def _balance(solver, objective, spread: dict, net: Network, u: dict) -> None:
     objective.SetMinimization()
     for slack in (1e-4, 1e-3, 1e-2):
         keep.SetUb(best * (1 + slack) + 1e-9)
-        if solver.Solve() == pywraplp.Solver.OPTIMAL:
+        if _solved(solver):
             return
     keep.SetUb(solver.infinity())
-    _minimise_load(solver, objective, spread)
+    if not _minimise_load(solver, objective, spread):
+        raise MomentError("proportional-share model: second pass failed")
 
 
-def _minimise_load(solver, objective, spread: dict) -> None:
-    """Second pass: least total normalised link load (the time is held by the caller)."""
-    from ortools.linear_solver import pywraplp
-
+def _minimise_load(solver, objective, spread: dict) -> bool:
+    """Second pass: least total normalised link load (the time is held by the caller); False
+    when the solver finds no answer."""
     objective.Clear()
     for var, c in spread.items():
         objective.SetCoefficient(var, c)
     objective.SetMinimization()
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        raise MomentError("proportional-share model: second pass failed")
+    return _solved(solver)
 
 
 # --- paper model: max flow inside a time bisection ------------------------------------------
