@@ -98,3 +98,20 @@ def test_non_well_formed_nccl_xml_keeps_what_was_read_with_a_warning(tmp_path: P
     machine, warnings = _profile(tmp_path / "t2")
     assert any(w.startswith("nccl-topo.xml:") and "not well-formed" in w for w in warnings)
     assert 0 < counts(machine)["gpus"] < 8
+
+
+def test_every_bundled_capture_appended_twice_warns_naming_it_and_changes_nothing(tmp_path: Path) -> None:
+    """``>>`` twice on each real capture set: the same profile, and a warning naming each doubled file."""
+    for source in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
+        doubled = tmp_path / source.name
+        doubled.mkdir()
+        captures = [f for f in source.iterdir() if f.name != "SOURCE.md"]
+        for f in captures:
+            (doubled / f.name).write_bytes(f.read_bytes() * 2)
+        once, _ = _profile(source)
+        twice, warnings = _profile(doubled)
+        assert counts(twice) == counts(once), source.name
+        named = {f.name for f in captures if any(w.startswith(f.name + ":") for w in warnings)}
+        parsed = {"lspci-tv.txt", "lspci-vvnn.txt", "nvidia-smi-topo-m.txt", "nccl-topo.xml"}
+        assert named >= {f.name for f in captures} & parsed, (source.name, warnings)
+        assert not any("truncated" in w for w in warnings), (source.name, warnings)

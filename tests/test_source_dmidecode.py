@@ -243,3 +243,11 @@ def test_fuzzed_capture_never_raises_anything_else(text):
             continue
         assert all(isinstance(s, DmiSlot) for s in slots)
         assert isinstance(parse_dmidecode_system("\n".join(mutated)), dict)
+
+
+def test_a_capture_appended_twice_gives_each_slot_once_with_a_warning() -> None:
+    text = (Path(__file__).parent / "fixtures" / "supermicro-sys-4029gp-trt" / "dmidecode.txt").read_text()
+    notes: list[str] = []
+    assert parse_dmidecode_slots(text * 2, "dmidecode.txt", notes) == parse_dmidecode_slots(text)
+    assert notes and notes[0].startswith("dmidecode.txt: ") and "repeated" in notes[0]
+    assert parse_dmidecode_system(text * 2) == parse_dmidecode_system(text)

@@ -91,11 +91,11 @@ def read_capture_dir(directory: str | Path) -> Captures:
         caps.tree = caps.parse(p.name, lambda: parse_lspci_tree(_read(p), p.name, caps.warnings))
     if p := found["dmidecode"]:
         text = _read(p)
-        caps.slots = caps.parse(p.name, lambda: parse_dmidecode_slots(text, p.name))
+        caps.slots = caps.parse(p.name, lambda: parse_dmidecode_slots(text, p.name, caps.warnings))
         if caps.slots is not None:
             caps.system = parse_dmidecode_system(text)
     if p := found["nvidia_smi"]:
-        caps.smi = caps.parse(p.name, lambda: parse_nvidia_smi_topo(_read(p), p.name))
+        caps.smi = caps.parse(p.name, lambda: parse_nvidia_smi_topo(_read(p), p.name, caps.warnings))
     if p := found["nccl_xml"]:
         caps.nccl = caps.parse(p.name, lambda: parse_nccl_xml(_read(p), p.name, caps.warnings))
     return caps
@@ -126,10 +126,11 @@ def capture_live(sysfs_root: str = "/sys/bus/pci/devices") -> Captures:
     else:
         text = caps.parse("dmidecode", lambda: _run(["dmidecode"]))
         if text is not None:
-            caps.slots = caps.parse("dmidecode slots", lambda: parse_dmidecode_slots(text, "dmidecode"))
+            caps.slots = caps.parse("dmidecode slots", lambda: parse_dmidecode_slots(text, "dmidecode", caps.warnings))
             caps.system = parse_dmidecode_system(text)
     caps.smi = caps.parse(
-        "nvidia-smi topo -m", lambda: parse_nvidia_smi_topo(_run(["nvidia-smi", "topo", "-m"]), "nvidia-smi topo -m")
+        "nvidia-smi topo -m",
+        lambda: parse_nvidia_smi_topo(_run(["nvidia-smi", "topo", "-m"]), "nvidia-smi topo -m", caps.warnings),
     )
     return caps
 

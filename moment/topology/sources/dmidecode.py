@@ -15,7 +15,7 @@ from moment.errors import SourceError
 from moment.topology.pci import bdf_or_none
 from moment.topology.sources.text import capture_lines, decimal
 
-_HANDLE_RE = re.compile(r"^Handle 0x[0-9A-Fa-f]+,\s*DMI type (?P<type>[0-9]{1,3})\b")
+_HANDLE_RE = re.compile(r"^Handle (?P<handle>0x[0-9A-Fa-f]+),\s*DMI type (?P<type>[0-9]{1,3})\b")
 _FIELD_RE = re.compile(r"^(?P<key>[^:]+?)\s*:\s*(?P<value>.*)$")
 _WIDTH_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9])[xX](?P<width>[0-9]{1,2})(?![0-9])")  # "x16", "X8", not "PCIE_X1"
 _TYPE_GEN_RE = re.compile(r"PCI Express\s+(?:Gen\s*)?(?P<gen>[0-9])\b", re.IGNORECASE)  # "PCI Express 3 x16"
@@ -47,14 +47,18 @@ class DmiSlot:
 
 @dataclass
 class _Record:
+    handle: str  # unique within one dump: a repeat means the capture was appended to itself
     dmi_type: int
     line: int
     fields: dict[str, str]
 
 
-def parse_dmidecode_slots(text: str, source: str = "dmidecode.txt") -> list[DmiSlot]:
-    """The DMI type 9 slots of a dmidecode capture; [] when it has records but no slot."""
-    records = _records(capture_lines(text, source))
+def parse_dmidecode_slots(text: str, source: str = "dmidecode.txt", notes: list[str] | None = None) -> list[DmiSlot]:
+    """The DMI type 9 slots of a dmidecode capture; [] when it has records but no slot.
+
+    Records repeating a handle (a capture appended twice) are dropped, with a warning in ``notes``.
+    """
+    records = _records(capture_lines(text, source), source, notes)
     if not records:
         raise SourceError(source, "no 'Handle 0x..., DMI type N' record: not dmidecode output")
     return [_slot(r) for r in records if r.dmi_type == 9]
@@ -66,7 +70,7 @@ def parse_dmidecode_system(text: str) -> dict:
     Keys appear only when the capture has them; an unreadable capture gives {}.
     """
     try:
-        records = _records(capture_lines(text, "dmidecode"))
+        records = _records(capture_lines(text, "dmidecode"), "dmidecode", None)
     except SourceError:
         return {}
     system: dict = {}
@@ -83,16 +87,22 @@ def parse_dmidecode_system(text: str) -> dict:
     return system
 
 
-def _records(lines: list[str]) -> list[_Record]:
-    """Every "Handle" record with its ``Key: Value`` lines (first occurrence of a key wins)."""
+def _records(lines: list[str], source: str, notes: list[str] | None) -> list[_Record]:
+    """Every "Handle" record with its ``Key: Value`` lines (first occurrence of a key wins);
+    the first record of each handle only, repeats reported in ``notes`` (when given)."""
     records: list[_Record] = []
     for number, line in enumerate(lines, start=1):
         stripped = line.strip()
         if m := _HANDLE_RE.match(stripped):
-            records.append(_Record(dmi_type=int(m["type"]), line=number, fields={}))
+            records.append(_Record(handle=m["handle"].lower(), dmi_type=int(m["type"]), line=number, fields={}))
         elif records and (f := _FIELD_RE.match(stripped)):
             records[-1].fields.setdefault(f["key"], f["value"].strip())
-    return records
+    unique: dict[str, _Record] = {}
+    for r in records:
+        unique.setdefault(r.handle, r)
+    if len(unique) < len(records) and notes is not None:
+        notes.append(f"{source}: {len(records) - len(unique)} repeated DMI record(s) ignored (a capture appended twice?)")
+    return list(unique.values())
 
 
 def _slot(record: _Record) -> DmiSlot:

@@ -59,8 +59,12 @@ def parse_nccl_xml(text: str, source: str = "nccl-topo.xml", notes: list[str] | 
     if root.tag != "system":
         raise SourceError(source, f"root element is <{root.tag}>, not NCCL's <system>")
     if error is not None and notes is not None:
-        notes.append(f"{source}:{_error_line(error)}: not well-formed XML ({error}): truncated? "
-                     "only what comes before this point is used")
+        if events[-1] == ("end", root):  # <system> closed, then more: `>>` twice, not a cut
+            notes.append(f"{source}:{_error_line(error)}: more XML after </system> (a dump appended twice?): "
+                         "only the first <system> is used")
+        else:
+            notes.append(f"{source}:{_error_line(error)}: not well-formed XML ({error}): truncated? "
+                         "only what comes before this point is used")
     walker = _Walker(source)
     for event, element in events[1:]:
         if event == "start":

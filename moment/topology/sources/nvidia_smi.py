@@ -42,11 +42,12 @@ class SmiTopo:
     numa: dict[str, int | None] = field(default_factory=dict)  # "GPU0" -> 0; "N/A" -> None
 
 
-def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt") -> SmiTopo:
+def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt", notes: list[str] | None = None) -> SmiTopo:
     """The matrix, legend and affinities of an ``nvidia-smi topo -m`` capture.
 
     Raises SourceError for empty or binary input and for text without the GPU matrix header.
-    A last row cut short (a truncated capture) is read as far as it goes.
+    A last row cut short (a truncated capture) is read as far as it goes. Only the first matrix
+    is read; a second one (a capture appended twice) is reported in ``notes`` when given.
     """
     lines = capture_lines(_ANSI.sub("", text), source)  # a terminal's escapes are not binary data
     start = _header_index(lines)
@@ -55,6 +56,9 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt") -> S
     labels, headers = _split_header(lines[start])
     topo = SmiTopo(gpus=[label for label in labels if _GPU.fullmatch(label)])
     end = _MatrixReader(source, topo, labels, headers).read(lines, start + 1)
+    if notes is not None and (again := _header_index(lines[end:])) is not None:
+        notes.append(f"{source}:{end + again + 1}: a second GPU matrix (a capture appended twice?): "
+                     "only the first is used")
     legend = {m.group(1): m.group(2) for line in lines[end:] if (m := _NIC_LEGEND.match(line))}
     topo.nics = {label: legend.get(label, label) for label in labels if not _GPU.fullmatch(label)}
     return topo
