@@ -203,6 +203,7 @@ def test_rank_refuses_to_overwrite_a_checkpoint_too(placed: Path, ckpt: Path,
     assert "--resume to continue it or --overwrite" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_overwrite_starts_over_and_metrics_count_epochs_from_1(plan_file: Path, placed: Path, ckpt: Path,
                                                                tmp_path: Path) -> None:
     """Through torchrun (two gloo ranks): the old checkpoint is replaced by the new run's."""

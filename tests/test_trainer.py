@@ -125,8 +125,8 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
 
 
-@pytest.mark.parametrize("shared_store", [True, pytest.param(False, marks=pytest.mark.slow)],
-                         ids=["agent-store", "store-per-attempt"])
+@pytest.mark.slow
+@pytest.mark.parametrize("shared_store", [True, False], ids=["agent-store", "store-per-attempt"])
 def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_killed(
         plan_file: Path, placed: Path, tmp_path: Path, shared_store: bool) -> None:
     """torchrun --max-restarts: rank 1 is killed (SIGKILL) after the first checkpoint; the restarted
@@ -398,6 +398,7 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
     assert doc["test_acc"] > 4 * CHANCE
 
 
+@pytest.mark.slow
 def test_missing_shm_dir_falls_back_to_private_copies(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.json"
     cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
