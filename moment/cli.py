@@ -93,13 +93,14 @@ def _add_dataset_args(sub: argparse._SubParsersAction) -> None:
             "block by block: never the whole graph in memory."
         ),
     )
-    s.add_argument("--nodes", type=int, required=True)
-    s.add_argument("--avg-degree", type=float, default=15.0)
+    s.add_argument("--nodes", type=int, required=True, help="vertices")
+    s.add_argument("--avg-degree", type=float, default=15.0, help="mean in-degree of the power-law graph (default 15)")
     s.add_argument("--dim", type=int, default=128, help="feature dimension")
-    s.add_argument("--dtype", choices=("float16", "float32"), default="float16")
-    s.add_argument("--classes", type=int, default=16)
-    s.add_argument("--train-fraction", type=float, default=0.01)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="feature type (default float16)")
+    s.add_argument("--classes", type=int, default=16, help="planted communities = label classes (default 16)")
+    s.add_argument("--train-fraction", type=float, default=0.01,
+                   help="share of vertices in the train split (default 0.01, as the paper's runs)")
+    s.add_argument("--seed", type=int, default=0, help="the same seed gives the same dataset (default 0)")
     s.add_argument("--out", required=True, help="dataset directory to create")
     s.set_defaults(func=cmd_dataset_synth)
     i = dsub.add_parser("import", help="import plain arrays (edge list or CSR + features .npy)")
@@ -112,7 +113,7 @@ def _add_dataset_args(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--val", help="validation vertex ids .npy")
     i.add_argument("--test", help="test vertex ids .npy")
     i.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
-    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--seed", type=int, default=0, help="seed of the random default train split (default 0)")
     i.add_argument("--out", required=True, help="dataset directory to create")
     i.set_defaults(func=cmd_dataset_import)
 
@@ -153,9 +154,13 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
     p.add_argument("--dataset", required=True, help="dataset directory")
     p.add_argument("--out", required=True, help="placed dataset directory")
-    p.add_argument("--policy", choices=("ddak", "hash"), default="ddak")
-    p.add_argument("--gpu-cache", metavar="SIZE", help="per-GPU feature cache: 2GB, 512MiB, 1%% (of vertices), 10000rows")
-    p.add_argument("--cpu-cache", metavar="SIZE", help="CPU feature cache, all sockets together (default: the plan's 1%%)")
+    p.add_argument("--policy", choices=("ddak", "hash"), default="ddak",
+                   help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); hash: a "
+                        "baseline spreading rows by id")
+    p.add_argument("--gpu-cache", metavar="SIZE", help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
+                   "512MiB, 1%% (of vertices), 10000rows (default: the plan's gpu_cache_gb, 0 unless set)")
+    p.add_argument("--cpu-cache", metavar="SIZE", help="CPU feature cache (one copy in each socket's memory), same units "
+                   "(default: the plan's cpu_cache_fraction, 1%%)")
     p.add_argument("--ssd-dir", action="append", default=[], metavar="BIN=DIR",
                    help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)")
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
@@ -166,10 +171,11 @@ def _add_place_args(sub: argparse._SubParsersAction) -> None:
                         "(access/target)×(used/capacity)")
     p.add_argument("--profile", help="the plan's profile (bundled name or YAML file) where it is not bundled; "
                                       "a plan made for another profile is refused")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="pre-sampling seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_place)
-    v = sub.add_parser("verify", help="re-check a placed dataset: checksums, counts, features against the source")
+    what = "re-check a placed dataset: checksums, counts, features against the source"
+    v = sub.add_parser("verify", help=what, description=what)
     v.add_argument("placed", help="placed dataset directory")
     v.add_argument("--source", help="source dataset (default: the one the manifest names)")
     v.add_argument("--sample", type=_non_negative, default=10_000, help="vertices to compare with the source (default 10000)")
@@ -188,7 +194,7 @@ def _add_train_args(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
     p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
-    p.add_argument("--model", choices=("sage", "gat"), default="sage")
+    p.add_argument("--model", choices=("sage", "gat"), default="sage", help="GraphSAGE (default) or GAT")
     p.add_argument("--epochs", type=_positive, default=None, help="total epochs, counting those a resumed checkpoint did (default 3)")
     p.add_argument("--nproc", type=_positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
     p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
@@ -206,7 +212,8 @@ def _add_train_args(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_demo_args(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the pipeline on a bundled profile (what the README's first command does)")
+    what = "run the pipeline on a bundled profile and a generated dataset (what the README's first command does)"
+    p = sub.add_parser("demo", help=what, description=what)
     p.add_argument("--profile", default="moment-machine-b", help="bundled profile to use (default: moment-machine-b)")
     p.add_argument("--workdir", default="moment-demo", help="where the demo writes its files (default: ./moment-demo)")
     p.add_argument("--nodes", type=int, default=100_000, help="vertices of the generated graph (default 100000)")
@@ -277,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_place_args(sub)
     _add_train_args(sub)
     _add_demo_args(sub)
-    sub.add_parser("profiles", help="list the bundled topology profiles").set_defaults(func=cmd_profiles)
+    what = "list the bundled topology profiles"
+    sub.add_parser("profiles", help=what, description=what).set_defaults(func=cmd_profiles)
     return parser
 
 
