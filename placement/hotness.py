@@ -1,6 +1,6 @@
 """Pre-sampling hotness: how often training will read each vertex's feature row.
 
-``presample`` runs the training sampler (``trainer.sampler.NeighborSampler``, same fan-outs,
+``presample`` runs the training sampler (``placement.sampler.NeighborSampler``, same fan-outs,
 batch size and seed) over the train split and counts, per vertex, the batches whose sampled
 vertex set contains it. A batch reads each of its unique vertices' feature rows once, so the
 counts are feature-row reads: the quantity a cache placement wants to capture.
@@ -21,7 +21,7 @@ import numpy as np
 from moment.contracts.hotness import FORMAT, HotnessError, HotnessMeta
 from moment.fileio import atomic_file
 from placement.dataset import Dataset
-from trainer.sampler import NeighborSampler, num_batches
+from placement.sampler import NeighborSampler, num_batches
 
 CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 

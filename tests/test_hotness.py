@@ -11,7 +11,7 @@ import pytest
 from moment.errors import MomentError
 from placement.dataset import open_dataset, write_manifest
 from placement.hotness import Hotness, access_curve, hottest_first, presample, sidecar
-from trainer.sampler import NeighborSampler
+from placement.sampler import NeighborSampler
 
 FANOUTS = (5, 4)
 BATCH = 64

@@ -1,4 +1,4 @@
-"""trainer.sampler: sampled edges are real, fan-outs respected, uniform, reproducible, any CSR storage."""
+"""placement.sampler: sampled edges are real, fan-outs respected, uniform, reproducible, any CSR storage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.sampler import NeighborSampler, SampledBatch, num_batches
+from placement.sampler import NeighborSampler, SampledBatch, num_batches
 
 
 def random_csr(n: int = 400, max_deg: int = 30, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

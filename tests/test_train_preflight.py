@@ -28,7 +28,7 @@ from placement.synth import synthesize
 from placement.writer import file_digest
 from trainer import checkpoint, loop, metrics, preflight
 from trainer.config import TrainConfig
-from trainer.sampler import NeighborSampler
+from placement.sampler import NeighborSampler
 
 TINY = ["--fanouts", "5,5", "--batch-size", "64", "--hidden", "16", "--max-batches-per-epoch", "1"]
 

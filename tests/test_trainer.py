@@ -28,7 +28,7 @@ from trainer.config import TrainConfig, from_args
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import param_digest
 from trainer.models import LAYERS, build_model
-from trainer.sampler import NeighborSampler
+from placement.sampler import NeighborSampler
 
 CLASSES = 8
 CHANCE = 1 / CLASSES

@@ -60,7 +60,7 @@ from trainer.featurestore import SharedMemoryFull, TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
 from trainer.preflight import train_split_problem
-from trainer.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
+from placement.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
 
 # How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
 # held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB

@@ -1,6 +1,6 @@
 """GNN models over sampled blocks: GraphSAGE and GAT from PyG, one layer per sampled hop.
 
-Each layer consumes one :class:`~trainer.sampler.SampledBlock` as bipartite message passing:
+Each layer consumes one :class:`~placement.sampler.SampledBlock` as bipartite message passing:
 the sources are the first ``num_src`` rows of the current representation, the targets its first
 ``num_dst`` rows (the sampler keeps every hop's targets a prefix of its sources), so the layer is
 ``conv((x_src, x_src[:num_dst]), edge_index)`` and the representation shrinks hop by hop down to
@@ -23,7 +23,7 @@ from torch import nn
 from torch_geometric.nn import GATConv, SAGEConv
 
 from trainer.config import TrainConfig
-from trainer.sampler import SampledBlock
+from placement.sampler import SampledBlock
 
 LayerFactory = Callable[[TrainConfig, int, int, bool], tuple[nn.Module, int]]
 
