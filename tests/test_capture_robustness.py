@@ -115,3 +115,21 @@ def test_every_bundled_capture_appended_twice_warns_naming_it_and_changes_nothin
         parsed = {"lspci-tv.txt", "lspci-vvnn.txt", "nvidia-smi-topo-m.txt", "nccl-topo.xml"}
         assert named >= {f.name for f in captures} & parsed, (source.name, warnings)
         assert not any("truncated" in w for w in warnings), (source.name, warnings)
+
+
+def test_truncated_nvidia_smi_and_dmidecode_captures_warn_naming_them(tmp_path: Path) -> None:
+    """Cut anywhere (a few points spread through each real capture): used, with a warning naming it."""
+    cases = {
+        "nvidia-smi-topo-m.txt": (FIXTURES / "dgx-like-8xa100", []),
+        "dmidecode.txt": (FIXTURES / "supermicro-sys-4029gp-trt", ["lspci-vvnn.txt"]),
+    }
+    for name, (source, companions) in cases.items():
+        data = (source / name).read_bytes()
+        for k in (1, 3, 5, 7, 9):
+            cut = tmp_path / f"{name}-{k}"
+            cut.mkdir()
+            for other in companions:
+                (cut / other).write_bytes((source / other).read_bytes())
+            (cut / name).write_bytes(data[: len(data) * k // 10])
+            _, warnings = _profile(cut)
+            assert any(w.startswith(name + ":") and "truncated" in w for w in warnings), (name, k, warnings)

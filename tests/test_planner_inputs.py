@@ -11,6 +11,7 @@ from moment.cli import main
 from moment.contracts.plan import PlanDoc
 from moment.errors import MomentError
 from moment.planner.workload import Workload, load_workload
+from moment.topology.profile_io import bundled_profiles
 from moment.yamlio import load_yaml
 
 
@@ -59,6 +60,14 @@ def test_plan_json_embedded_workload_still_reads(plan_file: Path) -> None:
 def test_a_profile_workload_with_an_unknown_key_is_refused() -> None:
     with pytest.raises(MomentError, match="foo: Extra inputs are not permitted"):
         load_workload({"foo": "bar"})
+
+
+@pytest.mark.parametrize("verb", [["inspect"], ["plan", "--profile"]])
+def test_a_profile_workload_typo_names_the_profile_file(tmp_path: Path, verb: list[str], capsys) -> None:
+    text = (bundled_profiles()["moment-machine-b"]).read_text()
+    (tmp_path / "wl.yaml").write_text(text.replace("workload:\n", "workload:\n  batchsize: 8\n", 1))
+    err = one_line_error([*verb, str(tmp_path / "wl.yaml")], capsys)
+    assert "wl.yaml: workload.batchsize: Extra inputs are not permitted" in err
 
 
 def test_yaml_loader_is_safe_and_keeps_ordinary_documents() -> None:

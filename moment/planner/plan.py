@@ -54,8 +54,9 @@ def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: i
         fix = (f"a workload file holding `cpu_cache_fraction: 1.0` (every row in host memory): "
                f"`{base} --workload W.yaml` (the profile has no slot for an SSD)")
     own = "its own SSD model" if space.ssds else DEFAULT_SSD.model
+    installs = f"; --ssds installs {own}" if ssd_slots else ""
     raise UsageError(f"the workload needs the ssd tier ({share:.1%} of reads) but the layout has no SSDs: "
-                     f"try {fix}; --ssds installs {own}")
+                     f"try {fix}{installs}")
 
 
 def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,

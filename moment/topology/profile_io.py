@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from moment.contracts import first_error
 from moment.errors import ProfileError, UsageError
 from moment.fileio import atomic_write_text
+from moment.planner.workload import Workload
 from moment.topology.model import SCHEMA, Machine
 from moment.yamlio import load_yaml
 
@@ -28,9 +29,14 @@ def machine_from_dict(data: Any, source: str) -> Machine:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile is a mapping at the top level, got {type(data).__name__}")
     try:
-        return Machine.model_validate(data)
+        machine = Machine.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(f"{source}: {first_error(exc)}") from None
+    try:  # the default workload is checked with the profile, so a typo in it names the file
+        Workload.model_validate(machine.workload or {})
+    except ValidationError as exc:
+        raise ProfileError(f"{source}: workload.{first_error(exc)}") from None
+    return machine
 
 
 def load_profile(path: str | Path) -> Machine:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from moment.errors import SourceError
 from moment.topology.pci import bdf_or_none
-from moment.topology.sources.text import capture_lines, decimal
+from moment.topology.sources.text import capture_lines, decimal, note_cut_short
 
 _HANDLE_RE = re.compile(r"^Handle (?P<handle>0x[0-9A-Fa-f]+),\s*DMI type (?P<type>[0-9]{1,3})\b")
 _FIELD_RE = re.compile(r"^(?P<key>[^:]+?)\s*:\s*(?P<value>.*)$")
@@ -56,11 +56,18 @@ class _Record:
 def parse_dmidecode_slots(text: str, source: str = "dmidecode.txt", notes: list[str] | None = None) -> list[DmiSlot]:
     """The DMI type 9 slots of a dmidecode capture; [] when it has records but no slot.
 
-    Records repeating a handle (a capture appended twice) are dropped, with a warning in ``notes``.
+    Records repeating a handle (a capture appended twice) are dropped, and a capture cut short
+    (a full dump without its End Of Table record, a record without its closing blank line) is
+    used up to the cut; both with a warning in ``notes``.
     """
     records = _records(capture_lines(text, source), source, notes)
     if not records:
         raise SourceError(source, "no 'Handle 0x..., DMI type N' record: not dmidecode output")
+    types = {r.dmi_type for r in records}
+    if notes is not None and 0 in types and 127 not in types:  # a full dump (BIOS record first) ends with type 127
+        notes.append(f"{source}: no End Of Table record (truncated?): only the records before the cut are used")
+    else:
+        note_cut_short(text, source, notes, ending="\n\n")  # dmidecode ends every record with a blank line
     return [_slot(r) for r in records if r.dmi_type == 9]
 
 

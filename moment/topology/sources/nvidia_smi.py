@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from moment.errors import SourceError
-from moment.topology.sources.text import capture_lines, decimal
+from moment.topology.sources.text import capture_lines, decimal, note_cut_short
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _GPU = re.compile(r"GPU\d+")
@@ -55,10 +55,16 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt", note
         raise SourceError(source, "no GPU matrix header (is this `nvidia-smi topo -m` output?)")
     labels, headers = _split_header(lines[start])
     topo = SmiTopo(gpus=[label for label in labels if _GPU.fullmatch(label)])
-    end = _MatrixReader(source, topo, labels, headers).read(lines, start + 1)
+    reader = _MatrixReader(source, topo, labels, headers)
+    end = reader.read(lines, start + 1)
     if notes is not None and (again := _header_index(lines[end:])) is not None:
         notes.append(f"{source}:{end + again + 1}: a second GPU matrix (a capture appended twice?): "
                      "only the first is used")
+    elif notes is not None and (short := [label for label in labels if label not in reader.complete]):
+        notes.append(f"{source}: the matrix stops before the row of {short[0]} ({len(short)} of {len(labels)} rows "
+                     "missing or cut short; truncated?): only the rows before are used")
+    else:
+        note_cut_short(text, source, notes)
     legend = {m.group(1): m.group(2) for line in lines[end:] if (m := _NIC_LEGEND.match(line))}
     topo.nics = {label: legend.get(label, label) for label in labels if not _GPU.fullmatch(label)}
     return topo
@@ -88,6 +94,7 @@ class _MatrixReader:
         self.topo = topo
         self.labels = labels
         self.headers = headers
+        self.complete: set[str] = set()  # rows read with every cell
 
     def read(self, lines: list[str], start: int) -> int:
         """Read rows from ``start``; return the index of the first line after the matrix."""
@@ -112,6 +119,8 @@ class _MatrixReader:
             self._cell(row, column, cell)
         if len(cells) < n and not cut_short:
             raise SourceError(self.source, f"row {row} has {len(cells)} cells for {n} columns", lineno)
+        if len(cells) == n:
+            self.complete.add(row)
         for header, value in zip(self.headers, values, strict=False):
             self._value(row, header, value)
 
