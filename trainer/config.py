@@ -52,7 +52,7 @@ class TrainConfig:
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
-    io: str = "auto"  # SSD reads: auto (kvikio on CUDA when installed, else posix), posix, kvikio
+    io: str = "auto"  # SSD reads: auto (whichever a short probe measured faster on CUDA; else posix), posix, kvikio
 
     def __post_init__(self) -> None:
         if self.fanouts is not None:
@@ -164,7 +164,8 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
                         "(default /dev/shm; '' for a copy per rank)")
     p.add_argument("--io", choices=IO_CHOICES, default=d.io,
                    help="how SSD bins are read: kvikio into GPU memory (GPUDirect Storage or its compat mode), posix "
-                        "preads into pinned host memory, or auto: kvikio on CUDA when installed (default)")
+                        "preads into pinned host memory, or auto: on CUDA, whichever of the two a short read probe "
+                        "of the SSD bins measures faster (default)")
     return p
 
 

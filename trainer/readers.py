@@ -12,14 +12,21 @@ parallel).
   512-byte aligned in size and buffer address; otherwise, or if the kernel then refuses a read,
   it reads buffered. ``modes`` records what each file got.
 * :class:`KvikioReader` reads straight into GPU memory with kvikio (GPUDirect Storage when the
-  system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made.
-  Its reads are planned as the file reader's and issued from a thread pool too: kvikio sends a
-  read below its GDS threshold (1 MiB by default), which is what a run of feature rows usually
-  is, through a synchronous POSIX path in the calling thread (``CuFile.pread`` releases the GIL),
-  and its own pool has one thread unless ``KVIKIO_NTHREADS`` says otherwise.
+  system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made,
+  and configured explicitly (:func:`configure_kvikio`), because its defaults changed under us:
+  since 25.04 a read of ``gds_threshold`` = 16 KiB or more (not 1 MiB) goes to kvikio's own
+  thread pool, which has ``num_threads`` = 1 thread unless told otherwise, and compat-mode reads
+  go through the page cache unless ``auto_direct_io_read`` (kvikio ≥ 25.12) is on. The reader
+  sets ``num_threads`` to its own thread count, ``gds_threshold`` to :data:`GDS_THRESHOLD` and
+  ``auto_direct_io_read`` on; ``config`` records what kvikio then reports. Its reads are planned
+  as the file reader's and issued from a thread pool too: a read below the threshold runs in the
+  calling thread when its future is waited for (``IOFuture.get`` releases the GIL). Each run is
+  passed as a raw device pointer (:class:`DeviceSpan`), not a tensor slice: a slice plus torch's
+  ``__cuda_array_interface__`` cost ~5 µs of GIL per run.
 
-:func:`make_reader` picks the reader: ``io="auto"`` takes kvikio for a CUDA device when kvikio
-is installed, the file reader otherwise; ``"posix"`` and ``"kvikio"`` force one.
+:func:`make_reader` picks the reader: ``io="posix"`` and ``"kvikio"`` force one; ``io="auto"``
+takes the file reader unless a short probe (:func:`probe_io`, on the caller's files) measured
+kvikio faster — what is installed does not decide it.
 """
 
 from __future__ import annotations
@@ -103,11 +110,11 @@ class _Task:
     request: int
     file: Any  # FileReader: a _File; KvikioReader: a kvikio CuFile
     name: str
-    direct: bool
+    direct: bool  # FileReader: O_DIRECT; KvikioReader: kvikio prefers cuFile (GDS) for the file
     offsets: list[int]
     dests: list[int]
     sizes: list[int]
-    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: a flat uint8 CUDA tensor
+    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: (CUDA tensor, its address)
 
 
 def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[list[int], list[int], list[int]]:
@@ -196,6 +203,7 @@ class FileReader(_Reader):
         self.direct = direct
         self.max_run_bytes = max_run_bytes
         self.preads = 0
+        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
         self._files: dict[FileRef, _File] = {}
 
@@ -292,13 +300,61 @@ def _interleave(groups: list[list[_Task]]) -> list[_Task]:
     return [g[k] for k in range(longest) for g in groups if k < len(g)]
 
 
+# kvikio's GDS threshold since 25.04 (it was 1 MiB before): reads of this many bytes or more go
+# through cuFile (GPUDirect Storage) and kvikio's pool; smaller ones through its POSIX path.
+GDS_THRESHOLD = 16 << 10
+
+
+class DeviceSpan:
+    """``size`` bytes at device address ``ptr``, as kvikio's ``pread`` takes a buffer (anything
+    with a ``__cuda_array_interface__``): built from an integer, so a run costs no tensor slice
+    and no call of torch's interface property, which rebuilds its dict every time."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (size,), "typestr": "|u1", "version": 3}
+
+
+def configure_kvikio(kvikio: Any, threads: int) -> dict[str, Any]:
+    """Set kvikio's pool to ``threads`` threads, its GDS threshold to :data:`GDS_THRESHOLD` and
+    direct (O_DIRECT) compat-mode reads on, where the installed version has the setting; return
+    what kvikio reports afterwards (``auto_direct_io_read`` False where it has no such setting:
+    compat-mode reads then go through the page cache)."""
+    defaults = kvikio.defaults
+    wanted = {"num_threads": threads, "gds_threshold": GDS_THRESHOLD, "auto_direct_io_read": True}
+    if hasattr(defaults, "set"):  # kvikio ≥ 25.04: set(key, value) / get(key)
+        for key, value in wanted.items():
+            try:
+                defaults.set(key, value)
+            except KeyError:  # a setting this version does not have
+                pass
+        got = {key: _kvikio_get(defaults, key) for key in wanted}
+    else:  # older: <name>_reset(value) and a getter per setting
+        defaults.num_threads_reset(threads)
+        defaults.gds_threshold_reset(GDS_THRESHOLD)
+        getter = getattr(defaults, "get_num_threads", None) or defaults.num_threads
+        got = {"num_threads": getter(), "gds_threshold": defaults.gds_threshold(), "auto_direct_io_read": None}
+    got["auto_direct_io_read"] = bool(got["auto_direct_io_read"])
+    return got
+
+
+def _kvikio_get(defaults: Any, key: str) -> Any:
+    try:
+        return defaults.get(key)
+    except KeyError:
+        return None
+
+
 class KvikioReader(_Reader):
     """Reads rows straight into GPU memory with kvikio (GPUDirect Storage, or its compat mode).
 
     ``out`` buffers are contiguous CUDA tensors. Runs of rows are planned as in
     :class:`FileReader` and each thread of a pool issues its runs' ``CuFile.pread`` and waits for
     them (see the module's docstring for why not kvikio's own pool alone). ``module`` replaces
-    the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be."""
+    the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be. ``config``
+    is kvikio's configuration as set (:func:`configure_kvikio`); ``routes`` counts the reads by
+    the path kvikio gives them: ``posix`` (compat mode, or below the GDS threshold) or ``gds``."""
 
     on_device = True
     device_type = "cuda"
@@ -309,11 +365,14 @@ class KvikioReader(_Reader):
                 raise RuntimeError("KvikioReader needs CUDA")
             import kvikio as module  # the optional GPU extra; imported only here
         self._kvikio = module
+        self.config = configure_kvikio(module, threads)
         self._pool = _Pool(threads, "moment-kvikio")
         self.threads = threads
         self.max_run_bytes = max_run_bytes
         self.preads = 0
+        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
+        self.routes = {"posix": 0, "gds": 0}
         self._files: dict[str, Any] = {}
 
     def read(self, file: FileRef, rows: np.ndarray, out: torch.Tensor) -> float:
@@ -324,8 +383,17 @@ class KvikioReader(_Reader):
         """Serve all requests with their reads in flight together; seconds per request as FileReader."""
         start = time.perf_counter()
         tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
-        seconds, preads = _finish_times(start, len(requests), self._pool.run(self._do, tasks))
+        results = self._pool.run(self._do, tasks)
+        seconds, preads = _finish_times(start, len(requests), results)
         self.preads += preads
+        threshold = self.config["gds_threshold"]
+        for task in tasks:
+            if task.direct:  # kvikio reads this file with cuFile: reads ≥ threshold take GDS
+                large = sum(size >= threshold for size in task.sizes)
+                self.routes["gds"] += large
+                self.routes["posix"] += len(task.sizes) - large
+            else:
+                self.routes["posix"] += len(task.sizes)
         return seconds
 
     def close(self) -> None:
@@ -343,32 +411,48 @@ class KvikioReader(_Reader):
         out = req.out
         if not (isinstance(out, torch.Tensor) and out.device.type == self.device_type and out.is_contiguous()):
             raise TypeError(f"out must be a contiguous {self.device_type.upper()} tensor")
-        flat = out.view(torch.uint8).reshape(-1)
         name = str(req.file)
-        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(flat.numel(), rows.size), self.max_run_bytes)
-        return _Task(i, self._handle(name) if rows.size else None, name, False, offsets, dests, sizes, flat)
+        nbytes = out.numel() * out.element_size()
+        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes)
+        handle = self._handle(name) if rows.size else None
+        gds = self.modes.get(name) == "kvikio-gds"
+        # The buffer travels as the tensor (kept alive until the reads are done) and its address.
+        return _Task(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
 
     def _do(self, task: _Task) -> tuple[int, float, int]:
-        """Issue a task's reads, then wait for each (a small read is done in this thread)."""
-        flat, handle = task.buffer, task.file
-        futures = [handle.pread(flat[dest : dest + size], size, offset)
+        """Issue a task's reads, then wait for each (a small read is done in this thread, in
+        ``get``). kvikio never reads short: at the end of the file it raises; that becomes an
+        OSError naming the file, after every read issued has ended (none writes into the buffer
+        after this returns)."""
+        handle, base, span = task.file, task.buffer[1], DeviceSpan
+        futures = [handle.pread(span(base + dest, size), size, offset)
                    for offset, dest, size in zip(task.offsets, task.dests, task.sizes)]
+        failed: tuple[int, int, Exception] | None = None
         for future, size, offset in zip(futures, task.sizes, task.offsets):
-            got = future.get()
-            if got != size:
-                raise OSError(errno.EIO, f"{task.name}: read {got} of {size} bytes at byte {offset}")
+            try:
+                future.get()
+            except RuntimeError as exc:
+                failed = failed or (size, offset, exc)
+        if failed is not None:
+            size, offset, exc = failed
+            raise OSError(errno.EIO, f"{task.name}: reading {size} bytes at byte {offset}: {exc}")
         return task.request, time.perf_counter(), len(futures)
 
     def _handle(self, name: str) -> Any:
         if name not in self._files:
-            self._files[name] = self._kvikio.CuFile(name, "r")
+            try:
+                self._files[name] = self._kvikio.CuFile(name, "r")
+            except RuntimeError as exc:  # e.g. cuFile cannot register the file (kvikio ≤ 24.12)
+                raise OSError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
             self.modes[name] = _kvikio_mode(self._kvikio)
         return self._files[name]
 
 
 def _kvikio_mode(kvikio: Any) -> str:
     """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
-    file (its AUTO setting, older versions), "kvikio-auto"."""
+    file (its AUTO setting, older versions), "kvikio-auto". kvikio's preference, not a per-file
+    fact: under AUTO a file whose cuFile registration fails is read in compat mode, and reads
+    below the GDS threshold take the POSIX path whatever the mode (``routes`` counts them)."""
     defaults = kvikio.defaults
     preferred = getattr(defaults, "is_compat_mode_preferred", None)
     if preferred is not None:
@@ -393,20 +477,82 @@ def kvikio_refusal(cuda: bool) -> str | None:
     return None
 
 
-def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True,
-                io: str = "auto") -> FileReader | KvikioReader:
-    """The reader for ``device``: ``io="auto"``: kvikio for a CUDA device when CUDA and kvikio are
-    there, plain file reads otherwise; ``"posix"``: plain file reads; ``"kvikio"``: kvikio or an
-    error saying why not."""
+# A probe reads about this many bytes per candidate reader (a few milliseconds on NVMe).
+PROBE_BYTES = 4 << 20
+
+
+def probe_io(readers: dict[str, FileReader | KvikioReader], files: Sequence[tuple[FileRef, int]],
+             seed: int = 0) -> dict[str, float]:
+    """Seconds each reader took to read the same amount of random rows (different rows per reader,
+    so none reads from the page cache another one filled) spread over ``files`` — (path, row
+    bytes) pairs — best of two rounds. What :func:`make_reader` chooses ``io="auto"`` by."""
+    rng = np.random.default_rng(seed)
+    sizes = [(f, rb, os.stat(f).st_size // rb) for f, rb in files if rb > 0 and os.stat(f).st_size >= rb]
+    if not sizes:
+        return {}
+    per_file = max(1, PROBE_BYTES // sum(rb for _, rb, _ in sizes) // len(sizes))
+    seconds: dict[str, float] = {}
+    for name, reader in readers.items():
+        best = float("inf")
+        for _ in range(2):
+            requests = []
+            for f, rb, n in sizes:
+                rows = np.unique(rng.integers(0, n, min(per_file, n)))
+                if reader.on_device:
+                    out: Any = torch.empty((rows.size, rb), dtype=torch.uint8, device=reader.device_type)
+                else:
+                    out = _aligned_rows(rows.size, rb)
+                requests.append(ReadRequest(f, rows, out))
+            start = time.perf_counter()
+            reader.read_batch(requests)
+            best = min(best, time.perf_counter() - start)
+        seconds[name] = best
+    return seconds
+
+
+def _aligned_rows(rows: int, row_bytes: int) -> np.ndarray:
+    """A (rows, row_bytes) uint8 array at a DIRECT_ALIGN boundary, so O_DIRECT can read into it."""
+    raw = np.empty(rows * row_bytes + DIRECT_ALIGN, dtype=np.uint8)
+    skew = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[skew : skew + rows * row_bytes].reshape(rows, row_bytes)
+
+
+def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto",
+                probe: Sequence[tuple[FileRef, int]] | None = None) -> FileReader | KvikioReader:
+    """The reader for ``device``: ``"posix"``: plain file reads; ``"kvikio"``: kvikio or an error
+    saying why not; ``io="auto"``: on a CUDA device with kvikio importable and ``probe`` files
+    given — (path, row bytes) pairs, the SSD bins — the reader :func:`probe_io` measured faster
+    (its figures in the reader's ``probe``), plain file reads otherwise."""
     if io not in IO_CHOICES:
         raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
     if io == "kvikio" and (why := kvikio_refusal(cuda)) is not None:
         raise ValueError(f"{why} (device {device})")
-    if cuda and io != "posix":
-        try:
-            return KvikioReader(threads=threads)
-        except ImportError as exc:
-            if io == "kvikio":
-                raise ValueError(f"kvikio cannot be imported: {exc}") from None
-    return FileReader(threads=threads, direct=direct)
+    posix = FileReader(threads=threads, direct=direct)
+    if io == "posix" or not cuda or (io == "auto" and (not probe or kvikio_refusal(cuda) is not None)):
+        return posix
+    try:
+        kvikio = KvikioReader(threads=threads)
+    except ImportError as exc:
+        if io == "kvikio":
+            posix.close()
+            raise ValueError(f"kvikio cannot be imported: {exc}") from None
+        return posix
+    if io == "kvikio":
+        posix.close()
+        return kvikio
+    return choose_reader({"posix": posix, "kvikio": kvikio}, probe or [])
+
+
+def choose_reader(readers: dict[str, FileReader | KvikioReader], probe: Sequence[tuple[FileRef, int]]
+                  ) -> FileReader | KvikioReader:
+    """The reader that read ``probe``'s files fastest (the first one when nothing could be
+    measured), the others closed; its ``probe`` attribute holds every reader's seconds."""
+    seconds = probe_io(readers, probe)
+    best = min(seconds, key=seconds.__getitem__) if seconds else next(iter(readers))
+    for name, reader in readers.items():
+        if name != best:
+            reader.close()
+    chosen = readers[best]
+    chosen.probe = seconds
+    return chosen
