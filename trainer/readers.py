@@ -196,6 +196,7 @@ class FileReader(_Reader):
     once and kept open until :meth:`close`."""
 
     on_device = False
+    route = "host"  # how SSD bytes reach a GPU: through host memory (the plan's ssd_reads: host)
 
     def __init__(self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES) -> None:
         self._pool = _Pool(threads, "moment-read")
@@ -366,6 +367,7 @@ class KvikioReader(_Reader):
             import kvikio as module  # the optional GPU extra; imported only here
         self._kvikio = module
         self.config = configure_kvikio(module, threads)
+        self.mode = _kvikio_mode(module)
         self._pool = _Pool(threads, "moment-kvikio")
         self.threads = threads
         self.max_run_bytes = max_run_bytes
@@ -374,6 +376,13 @@ class KvikioReader(_Reader):
         self.modes: dict[str, str] = {}
         self.routes = {"posix": 0, "gds": 0}
         self._files: dict[str, Any] = {}
+
+    @property
+    def route(self) -> str:
+        """How SSD bytes reach the GPU: ``direct`` (GPUDirect Storage: kvikio prefers cuFile; only
+        reads of ``gds_threshold`` bytes or more take it) or ``host`` (compat mode: a bounce buffer
+        in host memory)."""
+        return "host" if self.mode == "kvikio-compat" else "direct"
 
     def read(self, file: FileRef, rows: np.ndarray, out: torch.Tensor) -> float:
         """Read ``rows`` (sorted, unique) of ``file`` into the CUDA tensor ``out``."""
