@@ -154,3 +154,21 @@ def test_choose_reader_takes_the_faster(tmp_path: Path) -> None:
     with chosen:
         assert isinstance(chosen, KvikioReader) and chosen.probe["kvikio"] < chosen.probe["posix"]
     kvikio.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_kvikio_reads_rows_at_and_above_the_gds_threshold(tmp_path: Path) -> None:
+    """The real library, with 16 KiB rows (4096-dim float32): runs of one row and of several go
+    to kvikio's pool / GDS path, which the 512-byte rows of the store test never reach."""
+    pytest.importorskip("kvikio")
+    path, data = _file(tmp_path, 256, GDS_THRESHOLD)
+    rows = np.unique(np.concatenate([np.arange(10, 20), np.random.default_rng(5).integers(0, 256, 60)]))
+    out = torch.empty((rows.size, GDS_THRESHOLD), dtype=torch.uint8, device="cuda")
+    with KvikioReader(threads=4) as reader:
+        reader.read(path, rows, out)
+        assert reader.config["gds_threshold"] == GDS_THRESHOLD and reader.config["num_threads"] == 4
+        print(f"\nkvikio {reader.mode}: config {reader.config}, routes {reader.routes}")
+        with pytest.raises(OSError, match="ssd0.bin"):
+            reader.read(path, np.array([255, 256]), torch.empty((2, GDS_THRESHOLD), dtype=torch.uint8, device="cuda"))
+    assert np.array_equal(out.cpu().numpy(), data[rows])
