@@ -28,7 +28,7 @@ from placement.synth import synthesize
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
 from trainer.shm import SharedMemoryFull
-from trainer.readers import FileReader, KvikioReader, _kvikio_mode, coalesce, make_reader
+from trainer.readers import FileReader, KvikioReader, coalesce, kvikio_mode, make_reader
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
 
@@ -299,7 +299,7 @@ def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], 
 
     monkeypatch.setattr(os, "preadv", picky)
     with FileReader(threads=1) as reader:
-        if reader._open(path).direct_fd is None:
+        if not reader.opens_direct(path):
             pytest.skip("this file system refuses O_DIRECT at open")
         rows = np.array([0, 1, 7, 8, 9])
         out = _aligned(rows.size, 512)
@@ -395,7 +395,7 @@ def test_kvikio_mode_across_versions(setting: bool | str, mode: str) -> None:
     """kvikio ≥ 24.10 answers an enum (ON, OFF, AUTO); before, a bool."""
     value = setting if isinstance(setting, bool) else type("CompatMode", (), {"name": setting})()
     module = type("kvikio", (), {"defaults": type("defaults", (), {"compat_mode": staticmethod(lambda: value)})})
-    assert _kvikio_mode(module) == mode
+    assert kvikio_mode(module) == mode
 
 
 def test_kvikio_is_not_imported_for_cpu() -> None:
