@@ -236,6 +236,10 @@ class FileReader(_Reader):
         self._files.clear()
         self._pool.shutdown()
 
+    def opens_direct(self, file: FileRef) -> bool:
+        """Whether ``file`` is open for O_DIRECT reads (the file system accepted the flag)."""
+        return self._open(file).direct_fd is not None
+
     def _open(self, file: FileRef) -> _File:
         key = file if isinstance(file, int) else str(file)
         if key in self._files:
@@ -367,7 +371,7 @@ class KvikioReader(_Reader):
             import kvikio as module  # the optional GPU extra; imported only here
         self._kvikio = module
         self.config = configure_kvikio(module, threads)
-        self.mode = _kvikio_mode(module)
+        self.mode = kvikio_mode(module)
         self._pool = _Pool(threads, "moment-kvikio")
         self.threads = threads
         self.max_run_bytes = max_run_bytes
@@ -453,11 +457,11 @@ class KvikioReader(_Reader):
                 self._files[name] = self._kvikio.CuFile(name, "r")
             except RuntimeError as exc:  # e.g. cuFile cannot register the file (kvikio ≤ 24.12)
                 raise OSError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
-            self.modes[name] = _kvikio_mode(self._kvikio)
+            self.modes[name] = kvikio_mode(self._kvikio)
         return self._files[name]
 
 
-def _kvikio_mode(kvikio: Any) -> str:
+def kvikio_mode(kvikio: Any) -> str:
     """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
     file (its AUTO setting, older versions), "kvikio-auto". kvikio's preference, not a per-file
     fact: under AUTO a file whose cuFile registration fails is read in compat mode, and reads
