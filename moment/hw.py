@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from moment.topology.pci import bdf_or_none
+
+SYSFS = Path("/sys")
 
 
 def parse_bdf(text: str) -> tuple[int, int, int] | None:
@@ -51,29 +54,109 @@ def cuda_index_of(bdf: str | None) -> int | None:
     return next((i for i, got in enumerate(cuda_bus_ids()) if parse_bdf(got) == want), None)
 
 
-def node_cpus(node: int) -> set[int]:
+def node_cpus(node: int, sysfs: Path = SYSFS) -> set[int]:
     """CPUs of NUMA node ``node`` (empty when the machine has no such node)."""
-    try:
-        text = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
-    except OSError:
-        return set()
-    cpus: set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
+    return parse_cpulist(_read(sysfs / "devices" / "system" / "node" / f"node{node}" / "cpulist") or "")
 
 
-def pin_to_socket(socket: Any) -> str | None:
-    """Best effort: restrict this process to the CPUs of ``socket`` ('cpu1' or 1); what was done."""
-    m = re.search(r"(\d+)$", str(socket))
-    if m is None or not hasattr(os, "sched_setaffinity"):
+def pin_to_socket(socket: Any, bdf: str | None = None, sysfs: Path = SYSFS) -> str | None:
+    """Best effort: restrict this process to the CPUs near its GPU — those local to the PCI
+    device at ``bdf`` (the GPU's own NUMA node), else every CPU of physical package ``socket``
+    ('cpu1' or 1; all its NUMA nodes under SNC/NPS, where socket N is not node N), else, on a
+    machine whose sysfs has no package topology, NUMA node N; what was done (None: nothing)."""
+    if not hasattr(os, "sched_setaffinity"):
         return None
-    cpus = node_cpus(int(m.group(1))) & os.sched_getaffinity(0)
+    allowed = os.sched_getaffinity(0)
+    cpus, what = device_cpus(bdf, sysfs) & allowed, f"the CPUs local to {bdf}"
+    m = re.search(r"(\d+)$", str(socket)) if socket is not None else None
+    if not cpus and m is not None:
+        n = int(m.group(1))
+        cpus = socket_cpus(n, sysfs) & allowed
+        what = f"socket {n} (NUMA nodes {', '.join(map(str, socket_nodes(n, sysfs)))})"
+        if not cpus:
+            cpus, what = node_cpus(n, sysfs) & allowed, f"node {n}"
     if not cpus:
         return None
     try:
         os.sched_setaffinity(0, cpus)
     except OSError:
         return None
-    return f"{len(cpus)} CPUs of node {m.group(1)}"
+    return f"{len(cpus)} CPUs of {what}"
+
+
+def assign_devices(wanted: Sequence[str | None], present: Sequence[str], count: int) -> list[tuple[int, str]]:
+    """The CUDA device of each local rank, all distinct, and why: a rank whose plan GPU address
+    (``wanted[r]``) is among the devices' addresses (``present``, in CUDA order; empty where torch
+    cannot say) takes that device; the others take, in rank order, the lowest indices nobody
+    took. Computed for the whole node at once, so a matched rank and a fallback rank never land
+    on one GPU (NCCL: "Duplicate GPU detected"). ValueError with more ranks than devices."""
+    n = max(count, len(present))
+    if len(wanted) > n:
+        raise ValueError(f"{len(wanted)} ranks on this node, {n} CUDA devices: ranks would share a GPU "
+                         f"(use --nproc {n} or make the other GPUs visible)")
+    out: list[tuple[int, str] | None] = [None] * len(wanted)
+    taken: set[int] = set()
+    for r, bdf in enumerate(wanted):
+        want = parse_bdf(bdf) if bdf else None
+        idx = next((i for i, got in enumerate(present) if want is not None and parse_bdf(got) == want), None)
+        if idx is not None and idx not in taken:
+            out[r], taken = (idx, f"plan GPU at {bdf}"), taken | {idx}
+    free = (i for i in range(n) if i not in taken)
+    for r, bdf in enumerate(wanted):
+        if out[r] is None:
+            why = f"plan GPU at {bdf} not found" if bdf else "no plan GPU"
+            out[r] = (next(free), f"{why}: first free device")
+    return [o for o in out if o is not None]
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """CPUs of a sysfs cpulist such as '0-3,8,10-11' (empty for an empty list)."""
+    cpus: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def device_cpus(bdf: str | None, sysfs: Path = SYSFS) -> set[int]:
+    """CPUs local to the PCI device at ``bdf``: its ``local_cpulist``, else the cpulist of its
+    ``numa_node`` (empty when sysfs does not say)."""
+    full = bdf_or_none(bdf) if bdf else None
+    if full is None:
+        return set()
+    dev = sysfs / "bus" / "pci" / "devices" / full
+    text = _read(dev / "local_cpulist")
+    if text:
+        return parse_cpulist(text)
+    node = _read(dev / "numa_node")
+    if node is not None and node.lstrip("-").isdigit() and int(node) >= 0:
+        return node_cpus(int(node), sysfs)
+    return set()
+
+
+def socket_cpus(socket: int, sysfs: Path = SYSFS) -> set[int]:
+    """CPUs of physical package ``socket``, from each CPU's topology (several NUMA nodes per
+    socket under SNC/NPS: all of them)."""
+    cpus: set[int] = set()
+    for pkg in (sysfs / "devices" / "system" / "cpu").glob("cpu[0-9]*/topology/physical_package_id"):
+        if _read(pkg) == str(socket):
+            cpus.add(int(pkg.parent.parent.name[3:]))
+    return cpus
+
+
+def socket_nodes(socket: int, sysfs: Path = SYSFS) -> list[int]:
+    """NUMA nodes whose CPUs are all on physical package ``socket``."""
+    mine = socket_cpus(socket, sysfs)
+    out = []
+    for path in sorted((sysfs / "devices" / "system" / "node").glob("node[0-9]*")):
+        cpus = parse_cpulist(_read(path / "cpulist") or "")
+        if cpus and cpus <= mine:
+            out.append(int(path.name[4:]))
+    return out

@@ -5,9 +5,9 @@ process group, and the few collectives the loop needs.
   ``MASTER_ADDR``/``MASTER_PORT``; ``env://``); without it the run is a single process and no
   process group is made;
 * on CUDA, local rank r uses the GPU the plan gives rank r: the CUDA device whose PCI address is
-  the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK``; the process is
-  pinned to the CPUs of that GPU's socket (NUMA node) when the plan names one and the machine
-  has that node.
+  the plan's ``bdf`` (devices ordered by PCI bus id), else the first device no other local rank
+  takes (:func:`moment.hw.assign_devices`: distinct per node); the process is pinned to the
+  CPUs local to the plan's GPU, else to its socket's CPUs (every NUMA node of it).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from moment import hw
+from moment.errors import MomentError
 from moment.planner.planfile import PlanDoc
 
 # How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
@@ -57,12 +58,15 @@ def select_device(requested: str, env: DistEnv, plan: PlanDoc | None) -> tuple[t
         torch.cuda.set_device(device)
         return device, str(device)
     entry = plan.rank(env.local_rank) if plan else None
-    # Pinned before CUDA starts its threads (they inherit the affinity).
-    pinned = hw.pin_to_socket(entry.socket) if entry and entry.socket is not None else None
-    index = hw.cuda_index_of(entry.bdf) if entry else None
-    why = f"plan {entry.gpu} at {entry.bdf}" if entry and index is not None else "LOCAL_RANK"
-    if index is None:
-        index = env.local_rank % max(torch.cuda.device_count(), 1)
+    # Pinned before CUDA starts its threads (they inherit the affinity): to the plan GPU's own
+    # CPUs, else its socket's (sysfs only, no CUDA call).
+    pinned = hw.pin_to_socket(entry.socket, entry.bdf) if entry else None
+    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", env.local_rank + 1)), env.local_rank + 1)
+    wanted = [(e.bdf if (e := plan.rank(r)) else None) if plan else None for r in range(local)]
+    try:
+        index, why = hw.assign_devices(wanted, hw.cuda_bus_ids(), torch.cuda.device_count())[env.local_rank]
+    except ValueError as exc:
+        raise MomentError(str(exc)) from None
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")

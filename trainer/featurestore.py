@@ -105,10 +105,10 @@ class TieredFeatureStore:
         for i, b in zip(which, bins):
             self._offset[i] = row
             dst = out[row : row + b.count]
-            host = dst if device.type == "cpu" else torch.empty_like(dst, device="cpu")
-            _read_whole(b.path, host)
-            if host is not dst:
-                dst.copy_(host)
+            if device.type == "cpu":
+                _read_whole(b.path, dst)
+            else:  # through one small host buffer, not a bin-sized copy (a GPU cache is tens of GB)
+                read_in_chunks(b.path, dst)
             row += b.count
         return out
 
@@ -129,7 +129,11 @@ class TieredFeatureStore:
             return self._load(GPU, self.device), empty
         shared = map_shared(path, [b.path for b in bins], rows, self.dim, self.dtype, self.placed.root)
         gpu, cpu = shared[:gpu_rows], shared[gpu_rows:]
-        return (gpu if self.device.type == "cpu" else self._load(GPU, self.device)), cpu
+        if self.device.type == "cpu":
+            return gpu, cpu
+        out = torch.empty(gpu.shape, dtype=self.dtype, device=self.device)  # from the mapping, not the disk again
+        copy_in_chunks(gpu, out)
+        return out, cpu
 
     # Reading #################################################################
 
@@ -309,6 +313,37 @@ def _records(t: torch.Tensor) -> np.ndarray:
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
+
+
+# Bytes per host→device copy while a GPU cache bin is loaded.
+LOAD_CHUNK = 64 << 20
+
+
+def read_in_chunks(path: Path, dst: torch.Tensor) -> None:
+    """Fill ``dst`` (any device) from a raw file through one host buffer of at most LOAD_CHUNK bytes."""
+    flat = dst.view(-1).view(torch.uint8)
+    buf = torch.empty(min(LOAD_CHUNK, flat.numel()), dtype=torch.uint8)
+    with open(path, "rb", buffering=0) as f:
+        for pos in range(0, flat.numel(), buf.numel()):
+            n = min(buf.numel(), flat.numel() - pos)
+            _fill(f, memoryview(buf.numpy())[:n], path)
+            flat[pos : pos + n].copy_(buf[:n])
+
+
+def copy_in_chunks(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` in pieces of at most LOAD_CHUNK bytes (a pageable copy of a whole bin
+    would stage all of it at once)."""
+    rows = max(1, LOAD_CHUNK // max(src[:1].numel() * src.element_size(), 1))
+    for lo in range(0, src.shape[0], rows):
+        dst[lo : lo + rows].copy_(src[lo : lo + rows])
+
+
+def _fill(f: Any, view: memoryview, path: Path) -> None:
+    while len(view):
+        got = f.readinto(view)
+        if not got:
+            raise PlacedError(f"{path}: shorter than its manifest says: truncated while in use")
+        view = view[got:]
 
 
 def _read_whole(path: Path, dst: torch.Tensor) -> None:

@@ -169,6 +169,7 @@ class Metrics:
         self.console = console or Console()
         self.world_size = 1
         self.ranks: list[str] = []
+        self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
 
     def note_ssd_route(self, planned: str | None, reader: Any) -> None:
         """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
@@ -230,6 +231,7 @@ class Metrics:
             "config": self.cfg.to_dict(),
             "world_size": self.world_size,
             "ranks": self.ranks,
+            "sampling": self.sampling,
             "epochs": self.history,
             "measured_iteration_s": sum(r["epoch_s"] for r in self.history) / iterations if iterations else None,
             "predicted_iteration_s": self.predicted["iteration_s"],
