@@ -59,22 +59,18 @@ def node_cpus(node: int, sysfs: Path = SYSFS) -> set[int]:
     return parse_cpulist(_read(sysfs / "devices" / "system" / "node" / f"node{node}" / "cpulist") or "")
 
 
-def pin_to_socket(socket: Any, bdf: str | None = None, sysfs: Path = SYSFS) -> str | None:
-    """Best effort: restrict this process to the CPUs near its GPU — those local to the PCI
-    device at ``bdf`` (the GPU's own NUMA node), else every CPU of physical package ``socket``
-    ('cpu1' or 1; all its NUMA nodes under SNC/NPS, where socket N is not node N), else, on a
-    machine whose sysfs has no package topology, NUMA node N; what was done (None: nothing)."""
-    if not hasattr(os, "sched_setaffinity"):
+def pin_to_socket(socket: Any, sysfs: Path = SYSFS) -> str | None:
+    """Best effort: restrict this process to the CPUs of physical package ``socket`` ('cpu1' or
+    1) — every NUMA node of it: under SNC/NPS a socket has several, and socket N is not node N —
+    or, on a machine whose sysfs has no package topology, to NUMA node N; what was done."""
+    m = re.search(r"(\d+)$", str(socket))
+    if m is None or not hasattr(os, "sched_setaffinity"):
         return None
-    allowed = os.sched_getaffinity(0)
-    cpus, what = device_cpus(bdf, sysfs) & allowed, f"the CPUs local to {bdf}"
-    m = re.search(r"(\d+)$", str(socket)) if socket is not None else None
-    if not cpus and m is not None:
-        n = int(m.group(1))
-        cpus = socket_cpus(n, sysfs) & allowed
-        what = f"socket {n} (NUMA nodes {', '.join(map(str, socket_nodes(n, sysfs)))})"
-        if not cpus:
-            cpus, what = node_cpus(n, sysfs) & allowed, f"node {n}"
+    n, allowed = int(m.group(1)), os.sched_getaffinity(0)
+    nodes = ", ".join(map(str, socket_nodes(n, sysfs)))
+    cpus, what = socket_cpus(n, sysfs) & allowed, f"socket {n} (NUMA nodes {nodes})"
+    if not cpus:
+        cpus, what = node_cpus(n, sysfs) & allowed, f"node {n}"
     if not cpus:
         return None
     try:
@@ -84,29 +80,37 @@ def pin_to_socket(socket: Any, bdf: str | None = None, sysfs: Path = SYSFS) -> s
     return f"{len(cpus)} CPUs of {what}"
 
 
+def distinct_devices(matched: Sequence[int | None], count: int) -> list[tuple[int, str]]:
+    """The CUDA device of each local rank and why, computed for the whole node at once so that a
+    rank whose plan GPU was found (``matched[r]``: its index) and a rank that falls back never
+    share a device (NCCL: "Duplicate GPU detected"): a fallback rank takes ``LOCAL_RANK`` modulo
+    the devices, or, when a found rank has that device, the first device nobody has. (With more
+    ranks than devices some must share; the launcher refuses that before.)"""
+    taken = {m for m in matched if m is not None}
+    free = [i for i in range(count) if i not in taken]
+    out: list[tuple[int, str]] = []
+    for r, m in enumerate(matched):
+        if m is not None:
+            out.append((m, "plan"))
+            continue
+        i, why = r % max(count, 1), "LOCAL_RANK"
+        if i in taken and free:
+            i, why = free[0], f"LOCAL_RANK {r}'s device is another rank's plan GPU: first free device"
+        if i in free:
+            free.remove(i)
+        taken.add(i)
+        out.append((i, why))
+    return out
+
+
 def assign_devices(wanted: Sequence[str | None], present: Sequence[str], count: int) -> list[tuple[int, str]]:
-    """The CUDA device of each local rank, all distinct, and why: a rank whose plan GPU address
-    (``wanted[r]``) is among the devices' addresses (``present``, in CUDA order; empty where torch
-    cannot say) takes that device; the others take, in rank order, the lowest indices nobody
-    took. Computed for the whole node at once, so a matched rank and a fallback rank never land
-    on one GPU (NCCL: "Duplicate GPU detected"). ValueError with more ranks than devices."""
-    n = max(count, len(present))
-    if len(wanted) > n:
-        raise ValueError(f"{len(wanted)} ranks on this node, {n} CUDA devices: ranks would share a GPU "
-                         f"(use --nproc {n} or make the other GPUs visible)")
-    out: list[tuple[int, str] | None] = [None] * len(wanted)
-    taken: set[int] = set()
-    for r, bdf in enumerate(wanted):
+    """:func:`distinct_devices` for plan GPU addresses ``wanted`` (per local rank) among the
+    devices' addresses ``present`` (CUDA order; empty where torch cannot say)."""
+    def index(bdf: str | None) -> int | None:
         want = parse_bdf(bdf) if bdf else None
-        idx = next((i for i, got in enumerate(present) if want is not None and parse_bdf(got) == want), None)
-        if idx is not None and idx not in taken:
-            out[r], taken = (idx, f"plan GPU at {bdf}"), taken | {idx}
-    free = (i for i in range(n) if i not in taken)
-    for r, bdf in enumerate(wanted):
-        if out[r] is None:
-            why = f"plan GPU at {bdf} not found" if bdf else "no plan GPU"
-            out[r] = (next(free), f"{why}: first free device")
-    return [o for o in out if o is not None]
+        return next((i for i, got in enumerate(present) if want is not None and parse_bdf(got) == want), None)
+
+    return distinct_devices([index(b) for b in wanted], max(count, len(present)))
 
 
 def parse_cpulist(text: str) -> set[int]:

@@ -172,3 +172,19 @@ def test_real_kvikio_reads_rows_at_and_above_the_gds_threshold(tmp_path: Path) -
         with pytest.raises(OSError, match="ssd0.bin"):
             reader.read(path, np.array([255, 256]), torch.empty((2, GDS_THRESHOLD), dtype=torch.uint8, device="cuda"))
     assert np.array_equal(out.cpu().numpy(), data[rows])
+
+
+def test_a_reader_that_fails_its_probe_is_not_chosen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kvikio ≤ 24.12 raises at CuFile() where cuFile cannot register the file: io=auto then
+    keeps the file reader, with a warning, instead of failing the run."""
+    path, _ = _file(tmp_path, 64, 4096)
+
+    class Refusing(FakeKvikio):
+        def CuFile(self, file: str, flags: str = "r"):  # type: ignore[no-untyped-def]  # noqa: N802
+            raise RuntimeError("cuFile error: CU_FILE_DRIVER_NOT_INITIALIZED")
+
+    chosen = choose_reader({"posix": FileReader(threads=2), "kvikio": _CpuKvikioReader(2, module=Refusing())},
+                           [(path, 4096)])
+    with chosen:
+        assert isinstance(chosen, FileReader) and chosen.probe["kvikio"] == float("inf")
+    assert "kvikio reader failed its probe" in capsys.readouterr().err

@@ -74,7 +74,8 @@ def test_parts_follow_the_run_shape(placed: Path, plan_file: Path) -> None:
     assert cpu.gpu_bytes_per_rank == 0 and cpu.host["ranks"] > 0
 
 
-def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["command"][:3][1:] == ["-m", "torch.distributed.run"]

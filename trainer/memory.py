@@ -257,7 +257,8 @@ def refusal(b: MemoryBudget) -> str | None:
         over = b.gpu_bytes_per_rank - b.gpu_capacity
         hints = []
         if shape.prefetch > 1:
-            hints.append(f"--prefetch 1 (saves {(shape.prefetch - 1) * b.gpu['batches'] / (shape.prefetch + 2) / GB:.1f} GB)")
+            saved = (shape.prefetch - 1) * b.gpu["batches"] / (shape.prefetch + 2)
+            hints.append(f"--prefetch 1 (saves {saved / GB:.1f} GB)")
         fit = largest_batch(shape, b.gpu_capacity)
         if fit is not None and fit < shape.batch_size:
             hints.append(f"--batch-size {fit} or less")

@@ -35,6 +35,7 @@ import errno
 import fcntl
 import importlib.util
 import os
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -503,7 +504,7 @@ def probe_io(readers: dict[str, FileReader | KvikioReader], files: Sequence[tupl
     sizes = [(f, rb, os.stat(f).st_size // rb) for f, rb in files if rb > 0 and os.stat(f).st_size >= rb]
     if not sizes:
         return {}
-    per_file = max(1, PROBE_BYTES // sum(rb for _, rb, _ in sizes) // len(sizes))
+    per_file = max(1, PROBE_BYTES // sum(rb for _, rb, _ in sizes))  # rows per file: PROBE_BYTES in all
     seconds: dict[str, float] = {}
     for name, reader in readers.items():
         best = float("inf")
@@ -561,7 +562,13 @@ def choose_reader(readers: dict[str, FileReader | KvikioReader], probe: Sequence
                   ) -> FileReader | KvikioReader:
     """The reader that read ``probe``'s files fastest (the first one when nothing could be
     measured), the others closed; its ``probe`` attribute holds every reader's seconds."""
-    seconds = probe_io(readers, probe)
+    seconds: dict[str, float] = {}
+    for k, (name, reader) in enumerate(readers.items()):
+        try:
+            seconds.update(probe_io({name: reader}, probe, seed=k))  # rows of its own: no page-cache hits
+        except (OSError, RuntimeError) as exc:  # e.g. cuFile cannot register the files: not a candidate
+            print(f"warning: io=auto: {name} reader failed its probe ({exc}): not used", file=sys.stderr)
+            seconds[name] = float("inf")
     best = min(seconds, key=seconds.__getitem__) if seconds else next(iter(readers))
     for name, reader in readers.items():
         if name != best:
