@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from moment.errors import UsageError
-from placement.dataset import (FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, read_npy_header,
-                               write_manifest)
-from placement.synth import Progress, check_free_space, staging
+from placement.dataset import (FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, check_free_space, open_dataset,
+                               read_npy_header, staging, write_manifest)
+from placement.synth import Progress
 
 Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations)
 
