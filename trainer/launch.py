@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from moment.errors import UsageError
-from moment.planner.planfile import read_plan
+from moment.contracts.plan import read_plan
 from placement.placed import open_placed
 from trainer.config import MODELS, TrainConfig, from_args
 

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
-from moment.planner.planfile import PlanDoc, read_plan
+from moment.contracts.plan import PlanDoc, read_plan
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig, from_args
