@@ -125,14 +125,13 @@ def test_auto_is_posix_unless_a_probe_measured_kvikio_faster(tmp_path: Path, mon
     them, whichever read them faster, its figures kept."""
     path, _ = _file(tmp_path, 512, 4096)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(readers, "kvikio_refusal", lambda cuda: None)
     made: list[FakeKvikio] = []
 
-    def fake_reader(threads: int) -> _CpuKvikioReader:
+    def fake_reader(threads: int, direct: bool) -> _CpuKvikioReader:
         made.append(FakeKvikio(latency=0.002))
         return _CpuKvikioReader(threads=threads, module=made[-1])
 
-    monkeypatch.setattr(readers, "KvikioReader", fake_reader)
+    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(fake_reader, True, "installed"))
     with make_reader("cuda", io="auto", threads=2) as reader:
         assert isinstance(reader, FileReader) and not made
     with make_reader("cuda", io="auto", threads=2, probe=[(path, 4096)]) as reader:

@@ -24,9 +24,12 @@ parallel).
   passed as a raw device pointer (:class:`DeviceSpan`), not a tensor slice: a slice plus torch's
   ``__cuda_array_interface__`` cost ~5 µs of GIL per run.
 
-:func:`make_reader` picks the reader: ``io="posix"`` and ``"kvikio"`` force one; ``io="auto"``
-takes the file reader unless a short probe (:func:`probe_io`, on the caller's files) measured
-kvikio faster — what is installed does not decide it.
+:class:`Reader` is what the feature store needs of a reader; :data:`READERS` names each reader
+(``--io``'s choices and help come from it), and :func:`make_reader` picks one: a name forces that
+reader; ``io="auto"`` takes, on a CUDA device, whichever reader that can run here a short probe of
+the caller's files (:func:`probe_io`) measured fastest — what is installed does not decide it —
+and the file reader otherwise. Adding a reader (io_uring, say) is a class with the
+:class:`Reader` interface and one :data:`READERS` entry.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -66,6 +69,25 @@ class ReadRequest:
     file: FileRef
     rows: np.ndarray
     out: Any  # FileReader: a C-contiguous numpy array; KvikioReader: a contiguous CUDA tensor
+
+
+class Reader(Protocol):
+    """What the feature store asks of an SSD reader."""
+
+    on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
+    preads: int  # read calls issued so far
+    modes: dict[str, str]  # file → how its latest read went (e.g. "direct", "buffered", "kvikio-gds")
+    route: str  # how SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)
+    probe: dict[str, float]  # seconds per reader of the probe io=auto chose it by (empty otherwise)
+
+    def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
+        """Serve all requests, reads in flight together; per request the seconds from the start
+        of the batch until its last row was in."""
+        ...
+
+    def close(self) -> None:
+        """Release files and threads."""
+        ...
 
 
 def coalesce(rows: np.ndarray, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -478,9 +500,6 @@ def kvikio_mode(kvikio: Any) -> str:
     return {"ON": "kvikio-compat", "OFF": "kvikio-gds"}.get(name, "kvikio-auto")
 
 
-IO_CHOICES = ("auto", "posix", "kvikio")
-
-
 def kvikio_refusal(cuda: bool) -> str | None:
     """Why ``io="kvikio"`` cannot work here, as a phrase starting with "kvikio"; None when it
     can. ``cuda``: the device is a GPU and CUDA is available. kvikio is looked up, not imported."""
@@ -491,11 +510,42 @@ def kvikio_refusal(cuda: bool) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ReaderKind:
+    """One ``--io`` choice: how to make the reader, what it does, why it cannot run here."""
+
+    make: Callable[[int, bool], Reader]  # (threads, direct) → a reader; ImportError when a module is missing
+    on_device: bool
+    about: str  # for the help text
+    refusal: Callable[[bool], str | None] = lambda cuda: None  # (device is CUDA) → why not, or None
+
+
+READERS: dict[str, ReaderKind] = {
+    "posix": ReaderKind(lambda threads, direct: FileReader(threads=threads, direct=direct), False,
+                        "preads into pinned host memory"),
+    "kvikio": ReaderKind(lambda threads, direct: KvikioReader(threads=threads), True,
+                         "into GPU memory (GPUDirect Storage or its compat mode)", kvikio_refusal),
+}
+IO_CHOICES = ("auto", *READERS)
+
+
+def io_help() -> str:
+    """``--io``'s help text, from :data:`READERS`."""
+    kinds = ", ".join(f"{name} {kind.about}" for name, kind in READERS.items())
+    return f"how SSD bins are read: {kinds}, or auto: on CUDA, whichever of them a short read probe of the SSD bins measures fastest (default)"
+
+
+def io_refusal(io: str, cuda: bool) -> str | None:
+    """Why reader ``io`` cannot work here (a phrase starting with its name), or None; ``cuda``:
+    the device is a GPU and CUDA is available. "auto" always works."""
+    return None if io == "auto" else READERS[io].refusal(cuda)
+
+
 # A probe reads about this many bytes per candidate reader (a few milliseconds on NVMe).
 PROBE_BYTES = 4 << 20
 
 
-def probe_io(readers: dict[str, FileReader | KvikioReader], files: Sequence[tuple[FileRef, int]],
+def probe_io(readers: dict[str, Reader], files: Sequence[tuple[FileRef, int]],
              seed: int = 0) -> dict[str, float]:
     """Seconds each reader took to read the same amount of random rows (different rows per reader,
     so none reads from the page cache another one filled) spread over ``files`` — (path, row
@@ -513,7 +563,8 @@ def probe_io(readers: dict[str, FileReader | KvikioReader], files: Sequence[tupl
             for f, rb, n in sizes:
                 rows = np.unique(rng.integers(0, n, min(per_file, n)))
                 if reader.on_device:
-                    out: Any = torch.empty((rows.size, rb), dtype=torch.uint8, device=reader.device_type)
+                    out: Any = torch.empty((rows.size, rb), dtype=torch.uint8,
+                                           device=getattr(reader, "device_type", "cuda"))
                 else:
                     out = _aligned_rows(rows.size, rb)
                 requests.append(ReadRequest(f, rows, out))
@@ -532,34 +583,36 @@ def _aligned_rows(rows: int, row_bytes: int) -> np.ndarray:
 
 
 def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto",
-                probe: Sequence[tuple[FileRef, int]] | None = None) -> FileReader | KvikioReader:
-    """The reader for ``device``: ``"posix"``: plain file reads; ``"kvikio"``: kvikio or an error
-    saying why not; ``io="auto"``: on a CUDA device with kvikio importable and ``probe`` files
-    given — (path, row bytes) pairs, the SSD bins — the reader :func:`probe_io` measured faster
-    (its figures in the reader's ``probe``), plain file reads otherwise."""
+                probe: Sequence[tuple[FileRef, int]] | None = None) -> Reader:
+    """The reader for ``device``: a name of :data:`READERS`: that reader, or an error saying why
+    not; ``io="auto"``: on a CUDA device with ``probe`` files — (path, row bytes) pairs, the SSD
+    bins — whichever reader that can be made here :func:`probe_io` measured fastest (its figures
+    in the reader's ``probe``), plain file reads otherwise."""
     if io not in IO_CHOICES:
         raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    if io == "kvikio" and (why := kvikio_refusal(cuda)) is not None:
+    if (why := io_refusal(io, cuda)) is not None:
         raise ValueError(f"{why} (device {device})")
-    posix = FileReader(threads=threads, direct=direct)
-    if io == "posix" or not cuda or (io == "auto" and (not probe or kvikio_refusal(cuda) is not None)):
+    if io != "auto":
+        try:
+            return READERS[io].make(threads, direct)
+        except ImportError as exc:
+            raise ValueError(f"{io} cannot be imported: {exc}") from None
+    posix = READERS["posix"].make(threads, direct)
+    if not cuda or not probe:
         return posix
-    try:
-        kvikio = KvikioReader(threads=threads)
-    except ImportError as exc:
-        if io == "kvikio":
-            posix.close()
-            raise ValueError(f"kvikio cannot be imported: {exc}") from None
-        return posix
-    if io == "kvikio":
-        posix.close()
-        return kvikio
-    return choose_reader({"posix": posix, "kvikio": kvikio}, probe or [])
+    candidates: dict[str, Reader] = {"posix": posix}
+    for name, kind in READERS.items():
+        if name in candidates or kind.refusal(cuda) is not None:
+            continue
+        try:
+            candidates[name] = kind.make(threads, direct)
+        except (ImportError, RuntimeError):
+            continue
+    return choose_reader(candidates, probe) if len(candidates) > 1 else posix
 
 
-def choose_reader(readers: dict[str, FileReader | KvikioReader], probe: Sequence[tuple[FileRef, int]]
-                  ) -> FileReader | KvikioReader:
+def choose_reader(readers: dict[str, Reader], probe: Sequence[tuple[FileRef, int]]) -> Reader:
     """The reader that read ``probe``'s files fastest (the first one when nothing could be
     measured), the others closed; its ``probe`` attribute holds every reader's seconds."""
     seconds: dict[str, float] = {}
@@ -574,5 +627,5 @@ def choose_reader(readers: dict[str, FileReader | KvikioReader], probe: Sequence
         if name != best:
             reader.close()
     chosen = readers[best]
-    chosen.probe = seconds
+    chosen.probe = seconds  # type: ignore[attr-defined]
     return chosen
