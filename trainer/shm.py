@@ -30,7 +30,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from moment.planner.planfile import PlanDoc
+from moment.contracts.plan import PlanDoc
 from placement.placed import Placed, PlacedError
 from trainer.dist import DistEnv, attempt
 
