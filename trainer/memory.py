@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from moment.planner.workload import Workload
+from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
 
 CUDA_CONTEXT = 1 << 30
 GB = 1e9
