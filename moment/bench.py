@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError, UsageError
+from moment.hw import cuda_bus_ids  # noqa: F401 -- moment bench matches CUDA devices to the profile's GPUs
 
 
 @dataclass
@@ -178,22 +179,6 @@ def _synchronize(torch: Any, *devices: int) -> None:
     """Wait for every device named (``torch.cuda.synchronize()`` waits for the current one only)."""
     for d in devices:
         torch.cuda.synchronize(d)
-
-
-def cuda_bus_ids() -> list[str]:
-    """PCI address of each CUDA device, in CUDA order (to match the profile's GPUs)."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return []
-        out = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
-        return out
-    except (ImportError, AttributeError, RuntimeError):
-        return []
 
 
 def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float],
