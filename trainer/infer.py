@@ -286,7 +286,7 @@ class Rank:
     @property
     def store(self) -> TieredFeatureStore:
         if self._store is None:  # only layer 1 reads features: a resumed run past it never loads the caches
-            self._store = TieredFeatureStore(self.m.placed.root, device=self.device)
+            self._store = TieredFeatureStore(self.m.placed, device=self.device)
         return self._store
 
     def close(self) -> None:
