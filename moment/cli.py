@@ -248,7 +248,8 @@ def _add_infer_args(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plan", help="plan.json (checked; the rank count defaults to 1)")
     p.add_argument("--data", required=True, help="placed dataset directory (the one the checkpoint was trained on)")
-    p.add_argument("--checkpoint", required=True, metavar="CK", help="checkpoint directory of `moment train` (or its checkpoint.pt)")
+    p.add_argument("--checkpoint", required=True, metavar="CK",
+                   help="checkpoint directory of `moment train` (or its checkpoint.pt)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--nproc", type=_positive, default=1, help="ranks, each taking a contiguous range of vertices "
                    "(torchrun processes when more than 1; default 1)")

@@ -53,6 +53,7 @@ from moment.contracts.inference import (
     InferenceManifest,
     LayerThroughput,
 )
+from moment.contracts.plan import read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
@@ -69,6 +70,7 @@ WORK = "work"  # inside the staging data directory: the layers in new ids and th
 INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
 
 Progress = Callable[[str, int], Callable[[int, int], None]]  # (stage, total) -> update(done, total)
+Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class Loaded:
     widths: list[int]  # output width of each layer
 
 
-def load(data: Path, ckpt: Path, device: torch.device = torch.device("cpu")) -> Loaded:
+def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
     """Open the placed dataset and the checkpoint's model; refuse a checkpoint of other data (as
     ``moment train --resume`` does: same placement, same shapes)."""
     placed = open_placed(data)
@@ -139,6 +141,7 @@ def load(data: Path, ckpt: Path, device: torch.device = torch.device("cpu")) -> 
     except RuntimeError as exc:
         raise CheckpointError(f"{checkpoint.path_in(directory)}: its weights do not fit the model its config "
                               f"describes ({str(exc).splitlines()[0]})") from None
+    device = device or torch.device("cpu")
     model.to(device).eval()
     digest = _sha256(checkpoint.path_in(directory))
     return Loaded(placed, identity, cfg, model, meta.epoch, list(meta.history), digest,
@@ -275,8 +278,10 @@ class Rank:
     """One rank's share of the work: its model, feature store, CSR and arrays."""
 
     def __init__(self, loaded: Loaded, data: Path, layout: Layout, batch_size: int, rank: int, world: int,
-                 device: torch.device) -> None:
+                 device: torch.device, features: Features | None = None) -> None:
+        """``features``: where layer 1 reads its input rows (default: the placed tiers)."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
+        self.features = features
         self.rank, self.world, self.device = rank, world, device
         placed = loaded.placed
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
@@ -299,7 +304,9 @@ class Rank:
 
     def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
         """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
-        if layer == 1:
+        if layer == 1 and self.features is not None:
+            x = self.features(src)
+        elif layer == 1:
             x = self.store.get(torch.from_numpy(src))
         else:
             prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
@@ -340,7 +347,8 @@ class Rank:
         else:
             out = None
             arrays = {k: self.layout.open(self.data, f) for k, (f, _, _) in self.layout.exports().items()}
-            works = {k: self.layout.open(self.data, self.layout.work(k)[0]) for k in set(self.layout.sources().values())}
+            works = {k: self.layout.open(self.data, self.layout.work(k)[0])
+                     for k in set(self.layout.sources().values())}
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
             start = time.perf_counter()
@@ -418,8 +426,6 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
     """Check the inputs, take (or resume) ``OUT.partial`` and create the arrays of a fresh run."""
     opts.check()
     if opts.plan is not None:
-        from moment.planner.planfile import read_plan
-
         read_plan(opts.plan)
     loaded = load(opts.data, opts.checkpoint)
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
@@ -459,13 +465,16 @@ def _inputs_key(data: Path) -> str | None:
         return None
 
 
-def run_in_process(p: Prepared, opts: InferOptions, progress: Progress | None = None) -> None:
+def run_in_process(p: Prepared, opts: InferOptions, progress: Progress | None = None,
+                   features: Features | None = None) -> None:
     """Every rank's work in this process: stage by stage, each rank's chunks in turn (the barrier
-    between stages is the loop's order)."""
+    between stages is the loop's order). ``features``: another source of layer 1's input rows
+    (scripts/bench_infer.py compares a memory-mapped feature file with the tiers)."""
     device = device_for()
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
-    ranks = [Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device) for r in range(opts.nproc)]
+    ranks = [Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
+             for r in range(opts.nproc)]
     states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
     try:
         for s, name in enumerate(stages(p.layout.depth)):
@@ -529,7 +538,8 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                                   sha256=_sha256(data / path))
     shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
     manifest = InferenceManifest(key=p.key, model=loaded.cfg.to_dict(), checkpoint_sha256=loaded.checkpoint_sha256,
-                                 checkpoint_epoch=loaded.epoch, data=loaded.identity, dtype=opts.dtype, layers=opts.layers,
+                                 checkpoint_epoch=loaded.epoch, data=loaded.identity, dtype=opts.dtype,
+                                 layers=opts.layers,
                                  nproc=opts.nproc, batch_size=opts.batch_size, arrays=arrays, accuracy=accuracy,
                                  training_accuracy=training_accuracy(loaded.history), throughput=throughput)
     manifest.write(data / MANIFEST)
@@ -606,9 +616,9 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     args = ap.parse_args(argv)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        device = device_for(int(os.environ.get("LOCAL_RANK", 0)))
+        device = device_for(int(os.environ.get("LOCAL_RANK", "0")))
         loaded = load(Path(args.data), Path(args.checkpoint), device)
         data = Path(args.work)
         if not (data / WORK / INPUTS).is_file():
@@ -625,7 +635,7 @@ def rank_main(argv: list[str] | None = None) -> int:
                 if bars is not None:
                     task = bars.add_task(f"infer: {name} (rank 0)", total=sum(b - a for a, b in worker.chunks_of(s)),
                                          completed=_done(worker, state, s))
-                    update = lambda k, task=task: bars.advance(task, k)  # noqa: E731
+                    update = lambda k, task=task: bars.advance(task, k)
                 worker.run_stage(s, state, update)
                 if world > 1:
                     dist.barrier()
