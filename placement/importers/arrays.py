@@ -25,12 +25,14 @@ from placement.dataset import (
     SPLITS,
     Dataset,
     DatasetError,
+    check_free_space,
     open_dataset,
     read_npy_header,
+    staging,
     write_manifest,
 )
 from placement.importers import csr, readers
-from placement.synth import Progress, check_free_space, staging
+from placement.synth import Progress
 
 
 def import_arrays(
