@@ -96,3 +96,15 @@ def test_a_run_that_does_not_fit_is_refused_before_launch(placed: Path, plan_fil
     assert err.count("\n") == 1 and "GPU memory" in err and "nvidia-smi" in err, err
     with pytest.raises(Exception, match="memory: a rank needs"):
         preflight.preflight(["--data", str(placed), "--plan", str(plan_file)], 4, ranks_per_node=4)
+
+
+def test_a_rank_with_too_little_free_memory_after_loading_says_what_to_shrink(placed: Path) -> None:
+    from placement.placed import open_placed
+    from trainer.config import TrainConfig
+
+    shape = memory.shape_of_placed(open_placed(placed), TrainConfig(data=str(placed)), ranks_per_node=1, sockets=1)
+    b = memory.budget(shape)
+    need = b.gpu["batches"] + b.gpu["staging"] + b.gpu["activations"]
+    assert memory.live_refusal(b, need, "cuda:0") is None
+    line = memory.live_refusal(b, need // 2, "cuda:0")
+    assert line is not None and "\n" not in line and line.startswith("memory: cuda:0 has") and "--prefetch 1" in line

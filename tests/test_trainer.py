@@ -392,9 +392,17 @@ def test_plan_rank_gpu_helpers(placed: Path, plan_file: Path) -> None:
     assert hw.pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
 
 
+@pytest.fixture
+def restored_affinity() -> Iterator[None]:
+    """A CUDA run pins this process to its GPU's socket: the rest of the session gets its CPUs back."""
+    before = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, before)
+
+
 @pytest.mark.gpu
 @cuda
-def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
+def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_affinity: None) -> None:
     metrics = tmp_path / "m.json"
     assert run_main(["--data", str(placed), "--plan", str(plan_file), *SMALL, "--epochs", "2", "--device", "cuda",
                      "--metrics-json", str(metrics)]) == 0

@@ -40,7 +40,7 @@ from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
 from placement.placed import Placed, open_placed
-from trainer import checkpoint
+from trainer import checkpoint, memory
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
 from trainer.featurestore import TieredFeatureStore
@@ -231,6 +231,10 @@ class Run:
         self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
                                     device=device, seed=cfg.seed)
         self.sampling = sampling_setup(self.base, plan, env)
+        if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
+            budget = memory.budget(memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1))
+            if (why := memory.live_refusal(budget, torch.cuda.mem_get_info(device)[0], str(device))) is not None:
+                raise MomentError(why)
         self.start_epoch, history = 0, []
         if cfg.resume and cfg.checkpoint_dir:
             body = checkpoint.load(cfg.checkpoint_dir, cfg, data.identity)

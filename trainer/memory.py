@@ -276,6 +276,21 @@ def refusal(b: MemoryBudget) -> str | None:
     return None
 
 
+def live_refusal(b: MemoryBudget, free: int, device: str) -> str | None:
+    """In the rank, once the GPU cache and the model are loaded: one line when what the batches
+    will still take (``batches``, ``staging``, ``activations``) exceeds the ``free`` bytes
+    ``torch.cuda.mem_get_info`` reports (other processes on the GPU count too); None when it fits."""
+    need = sum(b.gpu.get(k, 0) for k in ("batches", "staging", "activations"))
+    if need <= free:
+        return None
+    shape = b.shape
+    fit = largest_batch(shape, b.gpu_bytes_per_rank - need + free)
+    hint = f"--batch-size {fit} or less" if fit is not None and fit < shape.batch_size else "a smaller GPU cache"
+    return (f"memory: {device} has {free / GB:.1f} GB free after loading the GPU cache and the model; the batches need "
+            f"about {need / GB:.1f} GB ({shape.prefetch + 2} batches of {shape.unique_per_batch:,.0f} rows, staging, "
+            f"activations): shrink with --prefetch 1, {hint}")
+
+
 def largest_batch(shape: RunShape, capacity: int) -> int | None:
     """The largest batch size whose rank budget fits ``capacity`` (None: not even a batch of 1)."""
     def fits(n: int) -> bool:
