@@ -21,7 +21,8 @@ import numpy as np
 from moment.errors import UsageError
 from placement.dataset import (FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, read_npy_header,
                                write_manifest)
-from placement.synth import Progress, check_free_space, staging
+from moment.progress import Progress
+from placement.synth import check_free_space, staging
 
 Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +32,8 @@ import numpy as np
 
 from moment import faults, outputs
 from moment.errors import UsageError
+from moment.progress import Progress
 from placement.dataset import FEATURE_DTYPES, FILES, Dataset, DatasetError, open_dataset, write_manifest
-
-Progress = Callable[[str, int, int], None]  # stage, done, total
 
 RNG_BLOCK = 1 << 12  # vertices per random stream: chunk_nodes is rounded to a multiple of it
 EDGE_SLICE = 1 << 21  # edges sampled at once (~50 bytes each): bounds memory whatever the degrees
