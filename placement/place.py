@@ -33,9 +33,10 @@ from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
-from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
+from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import Hotness, presample
 from placement.placed import open_placed
+from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict, write_workload
 from placement.writer import STATE, BinFile, file_digest, write_bins
 
@@ -225,8 +226,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
     if opts.pool < 1:
         raise UsageError(f"--pool {opts.pool}: must be at least 1")
-    if opts.policy not in ("ddak", "hash"):
-        raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
+    place_vertices = get_policy(opts.policy)
     plan = read_plan(plan_path)
     try:
         machine, no_machine = plan_profile(plan, opts.profile)
@@ -301,10 +301,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     # 3. Placement (deterministic: a resumed run computes the one it saved).
     t0 = time.perf_counter()
     order = hotness_order(hot.counts)
-    if opts.policy == "ddak":
-        placed: Placement = ddak(hot.counts, specs, pool=opts.pool, order=order, priority=opts.priority)
-    else:
-        placed = hash_placement(hot.counts, specs, seed=opts.seed, order=order)
+    placed: Placement = place_vertices(hot.counts, specs, order, opts)
     place_s = time.perf_counter() - t0
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
 

@@ -75,3 +75,9 @@ def test_gpu_copies_skip_without_cuda() -> None:
         assert h2d == {} and peer == {}
     else:  # on a GPU machine: one figure per device
         assert len(h2d) == torch.cuda.device_count() and all(v > 0 for v in h2d.values())
+
+
+def test_cuda_devices_match_profile_gpus_by_bus_id() -> None:
+    machine = load_profile(Path(__file__).parent.parent / "topology_profiles" / "switchtec-8x3090.yaml")
+    bus = ["0000:10:00.0", "0000:99:00.0", "0000:0f:00.0"]  # CUDA order; 99: a GPU the profile lacks
+    assert measure.profile_gpus(machine, bus) == {0: "gpu1", 2: "gpu0"}

@@ -1,9 +1,11 @@
-"""argparse pieces every verb module shares: the parser whose usage errors are one line, and
-the integer types."""
+"""argparse pieces every verb module shares: the parser whose usage errors are one line, the
+integer types, and choices read from a stage's registry."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable, Iterator
 
 from moment.cli.output import print_error
 
@@ -16,23 +18,39 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def non_negative(text: str) -> int:
-    """argparse type: an integer >= 0 (a usage error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+def _at_least(low: int, refusal: str) -> Callable[[str], int]:
+    """argparse type: an integer >= ``low`` (a usage error saying ``refusal`` otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{refusal}, got {value}")
+        return value
+
+    return parse
 
 
-def positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+non_negative = _at_least(0, "must be 0 or more")
+positive = _at_least(1, "must be at least 1")
+
+
+class RegistryChoices:
+    """argparse ``choices`` that are the keys of a registry (``module.NAME``, a dict), read when
+    argparse first needs them (a value to check, a usage line to print): the registries live
+    beside code that loads numba or torch, which ``moment --help`` and ``moment plan`` must not
+    wait for."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moment.cli.args import Parser, non_negative, positive
+from moment.cli.args import Parser, RegistryChoices, non_negative, positive
 from moment.cli.output import RichProgress, err, out
 from moment.errors import UsageError
 
@@ -62,7 +62,7 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
     p.add_argument("--dataset", required=True, help="dataset directory")
     p.add_argument("--out", required=True, help="placed dataset directory")
-    p.add_argument("--policy", choices=("ddak", "hash"), default="ddak",
+    p.add_argument("--policy", choices=RegistryChoices("placement.policies", "POLICIES"), default="ddak",
                    help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); hash: a "
                         "baseline spreading rows by id")
     p.add_argument("--gpu-cache", metavar="SIZE", help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
