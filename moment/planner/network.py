@@ -104,6 +104,8 @@ class Skeleton:
             a, b = link.between
             for x, y in ((a, b), (b, a)):
                 self._add(f"upi:{x}>{y}", f"S:{x}", f"S:{y}", link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
+        # Switch ports whose ACS sends peer requests up to the root complex: no turn at that switch.
+        self.redirect = {port.id for port, _ in machine.iter_ports() if port.acs_redirect}
         self.socket_path = _socket_paths(self.sockets, [link.between for link in machine.socket_links])
         self.dram = {s.id: s.dram_gbps for s in machine.sockets}
 
@@ -164,6 +166,9 @@ class Skeleton:
         direct = {g.id: workload.ssd_reads == "direct" and can_p2p(g) for g in gpus}
         if ssds and workload.ssd_reads == "direct" and not all(direct.values()):
             notes.append("GeForce GPUs cannot take SSD data peer to peer: their reads go through host memory")
+        if ssds and self.redirect and any(direct.values()):
+            notes.append(f"ACS redirects peer requests at {len(self.redirect)} switch port(s): SSD reads "
+                         "between devices there go up to the root complex and back (lspci ACSCtl ReqRedir+)")
         paths: dict[tuple[str, str], list[list[str]]] = {}
         for b in bins:
             for g in gpus:
@@ -199,13 +204,15 @@ class Skeleton:
     def _tree_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
         """Up from one device to the lowest switch or socket it shares with the other, then down.
 
-        Devices under one switch talk peer to peer through it without touching the root complex;
-        devices on different sockets cross the inter-socket link."""
+        Devices under one switch talk peer to peer through it without touching the root complex,
+        unless ACS on either one's switch port redirects peer requests upwards (then the turn is at
+        the next level up: the switch's uplink carries the data twice); devices on different
+        sockets cross the inter-socket link."""
         depth_in_b = {up: i for i, (_, up) in enumerate(b)}
         keys = []
         for port_id, up in a:
             keys.append(f"up:{port_id}")
-            if up in depth_in_b:
+            if up in depth_in_b and not {port_id, b[depth_in_b[up]][0]} & self.redirect:
                 return keys + _downs(b[: depth_in_b[up] + 1])
         return keys + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
 

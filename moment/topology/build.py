@@ -92,7 +92,8 @@ class _Builder:
     # --- ports ---------------------------------------------------------------------------
     def make_port(self, f: PciFunction, kind: str, root_complex: str | None) -> Port:
         below = self.children.get(f.bdf, [])
-        port = Port(id=f.bdf, kind=kind, bdf=f.bdf, root_complex=root_complex)
+        port = Port(id=f.bdf, kind=kind, bdf=f.bdf, root_complex=root_complex,
+                    acs_redirect=f.acs_redirect if kind == "downstream" else None)
         child_link: PciFunction | None = below[0] if below else None
         switch_fn = next((c for c in below if self.is_switch(c)), None)
         if switch_fn is not None:

@@ -120,6 +120,12 @@ class Port(_Strict):
     slot: Slot | None = None
     device: Device | None = None
     switch: Switch | None = None
+    acs_redirect: bool | None = Field(
+        default=None,
+        description="a switch downstream port whose ACS redirects peer requests up to the root complex "
+        "(lspci ACSCtl ReqRedir+; Linux sets it when an IOMMU translates): its device cannot talk "
+        "peer to peer through the switch",
+    )
 
     @model_validator(mode="after")
     def _one_child(self) -> Port:

@@ -89,6 +89,7 @@ class PciFunction:
     numa_node: int | None = None
     physical_slot: str | None = None
     driver: str | None = None
+    acs_redirect: bool | None = None  # ACSCtl ReqRedir+: peer requests are sent up to the root complex
 
     @property
     def is_bridge(self) -> bool:

@@ -44,6 +44,7 @@ _WIDTH_RE = re.compile(r"Width\s+x(?P<width>[0-9]{1,3})\b")
 _NUMA_RE = re.compile(r"^NUMA node:\s*(?P<node>-?[0-9]{1,6})\b")
 _SLOT_RE = re.compile(r"^Physical Slot:\s*(?P<slot>\S.*)$")
 _DRIVER_RE = re.compile(r"^Kernel driver in use:\s*(?P<driver>\S+)")
+_ACS_RE = re.compile(r"^ACSCtl:.*\bReqRedir(?P<on>[+-])")  # Access Control Services, as configured
 
 # lspci -vvv without -nn names the class only; these are pci.ids' names for the codes we need.
 CLASS_CODES = {
@@ -164,6 +165,8 @@ def _apply_line(fn: PciFunction, line: str) -> None:
         fn.physical_slot = m["slot"].strip()
     elif m := _DRIVER_RE.match(line):
         fn.driver = m["driver"]
+    elif m := _ACS_RE.match(line):
+        fn.acs_redirect = m["on"] == "+"
 
 
 def _link(line: str) -> tuple[int | None, int | None]:
