@@ -3,6 +3,9 @@ or a GNN model is what makes `moment place --policy` / `moment train --model` ac
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from moment.cli import build_parser, main
@@ -38,3 +41,11 @@ def test_a_registered_model_is_a_choice_of_both_command_lines(monkeypatch: pytes
     assert (cfg.model, cfg.hidden) == ("gcn", 48)  # its registered width is the default
     with pytest.raises(UsageError, match="invalid choice: 'nope'"):
         config.from_args(["--data", "d", "--model", "nope"], raising=True)
+
+
+def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
+    """The registries sit beside torch and numba code; `moment --help` and `moment plan` must not
+    pay for importing them."""
+    probe = "import sys; from moment.cli import build_parser; build_parser(); print(sorted({'torch', 'numba'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

@@ -38,10 +38,10 @@ positive = _at_least(1, "must be at least 1")
 
 
 class RegistryChoices:
-    """argparse ``choices`` that are the keys of a registry (``module.NAME``, a dict), read when
-    argparse first needs them (a value to check, a usage line to print): the registries live
-    beside code that loads numba or torch, which ``moment --help`` and ``moment plan`` must not
-    wait for."""
+    """argparse ``choices`` that are the names in a registry (``module.NAME``: a dict's keys or a
+    tuple), read when argparse first needs them (a value to check, a usage line to print): the
+    registries live beside code that loads numba or torch, which ``moment --help`` and
+    ``moment plan`` must not wait for. Attach with :func:`registry_choices`."""
 
     def __init__(self, module: str, name: str) -> None:
         self.module, self.name = module, name
@@ -54,3 +54,9 @@ class RegistryChoices:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def registry_choices(action: argparse.Action, module: str, name: str) -> None:
+    """Give an added option the names of ``module.NAME`` as its choices. Set after
+    ``add_argument``, which would otherwise read them at once (it formats the option's usage)."""
+    action.choices = RegistryChoices(module, name)

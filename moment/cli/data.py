@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moment.cli.args import Parser, RegistryChoices, non_negative, positive
+from moment.cli.args import Parser, non_negative, positive, registry_choices
 from moment.cli.output import RichProgress, err, out
 from moment.errors import UsageError
 
@@ -62,9 +62,10 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
     p.add_argument("--dataset", required=True, help="dataset directory")
     p.add_argument("--out", required=True, help="placed dataset directory")
-    p.add_argument("--policy", choices=RegistryChoices("placement.policies", "POLICIES"), default="ddak",
-                   help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); hash: a "
-                        "baseline spreading rows by id")
+    policy = p.add_argument("--policy", default="ddak",
+                            help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); "
+                                 "hash: a baseline spreading rows by id")
+    registry_choices(policy, "placement.policies", "POLICIES")
     p.add_argument("--gpu-cache", metavar="SIZE", help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
                    "512MiB, 1%% (of vertices), 10000rows (default: the plan's gpu_cache_gb, 0 unless set)")
     p.add_argument("--cpu-cache", metavar="SIZE", help="CPU feature cache (one copy in each socket's memory), same units "
@@ -74,9 +75,10 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
     p.add_argument("--epochs", type=positive, default=1, help="pre-sampling epochs (default 1)")
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
-    p.add_argument("--priority", choices=("projected", "paper"), default="projected",
-                   help="DDAK bin priority: projected (default, matches the plan's targets) or the paper's "
-                        "(access/target)×(used/capacity)")
+    priority = p.add_argument("--priority", default="projected",
+                              help="DDAK bin priority: projected (default, matches the plan's targets) or the "
+                                   "paper's (access/target)×(used/capacity)")
+    registry_choices(priority, "placement.ddak", "PRIORITIES")
     p.add_argument("--profile", help="the plan's profile (bundled name or YAML file) where it is not bundled; "
                                       "a plan made for another profile is refused")
     p.add_argument("--seed", type=int, default=0, help="pre-sampling seed (default 0)")

@@ -7,7 +7,7 @@ import argparse
 
 from rich.markup import escape
 
-from moment.cli.args import RegistryChoices, non_negative, positive
+from moment.cli.args import non_negative, positive, registry_choices
 from moment.cli.output import err
 from moment.errors import UsageError
 
@@ -24,7 +24,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
     p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
-    p.add_argument("--model", choices=RegistryChoices("trainer.models", "LAYERS"), default="sage", help="GraphSAGE (default) or GAT")
+    model = p.add_argument("--model", default="sage", help="GraphSAGE (default) or GAT")
+    registry_choices(model, "trainer.models", "LAYERS")
     p.add_argument("--epochs", type=positive, default=None, help="total epochs, counting those a resumed checkpoint did (default 3)")
     p.add_argument("--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
     p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
