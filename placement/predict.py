@@ -25,7 +25,7 @@ from moment.contracts.plan import PlanDoc, TierShares
 from moment.errors import MomentError
 from moment.fileio import atomic_write_text
 from moment.planner.layout import pick_devices, slot_space
-from moment.planner.report import bin_targets, score
+from moment.planner.scoring import bin_targets, score
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
 from placement.dataset import Dataset

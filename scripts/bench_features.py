@@ -43,7 +43,7 @@ def main() -> None:
         reader = make_reader(args.device, threads=args.threads, direct=True, io=args.io)
     except (ValueError, RuntimeError) as exc:
         ap.error(str(exc))
-    store = TieredFeatureStore(args.placed, device=args.device, reader=reader)
+    store = TieredFeatureStore(placed, device=args.device, reader=reader)
     cuda = store.device.type == "cuda"
     rng = np.random.default_rng(0)
     raw_bytes = raw_s = store_bytes = store_s = 0.0

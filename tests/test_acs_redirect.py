@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moment.planner import models
+from moment.planner import flow
 from moment.planner.network import build_network
 from moment.topology.model import Machine
 from moment.topology.profiler import build_profile, read_capture_dir
@@ -59,10 +59,10 @@ def test_redirect_sends_peer_reads_through_the_uplink() -> None:
     Redirected: all 2 GB go up and down the 6 GB/s uplink: T = 2 / 6 s."""
     free = build_network(_narrow_uplink(acs=False), SSD_ONLY)
     redirected = build_network(_narrow_uplink(acs=True), SSD_ONLY)
-    assert models.proportional(free).iteration_s == pytest.approx(2 / 12, rel=1e-6)
-    prop = models.proportional(redirected)
+    assert flow.proportional(free).iteration_s == pytest.approx(2 / 12, rel=1e-6)
+    prop = flow.proportional(redirected)
     assert prop.iteration_s == pytest.approx(2 / 6, rel=1e-6)
     assert {"up:rp0", "down:rp0"} <= set(prop.bottleneck)
     assert any("ACS" in n for n in redirected.notes) and not any("ACS" in n for n in free.notes)
-    for engine in models.ENGINES:  # the paper's edge model has no routes: ACS does not change it
-        assert models.paper(redirected, engine).iteration_s == pytest.approx(2 / 12, rel=1e-5)
+    for engine in flow.ENGINES:  # the paper's edge model has no routes: ACS does not change it
+        assert flow.paper(redirected, engine).iteration_s == pytest.approx(2 / 12, rel=1e-5)

@@ -25,8 +25,10 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
-from trainer.featurestore import PygFeatureStore, SharedMemoryFull, TieredFeatureStore
-from trainer.readers import FileReader, KvikioReader, _kvikio_mode, coalesce, make_reader
+from trainer.featurestore import TieredFeatureStore
+from trainer.pyg import PygFeatureStore
+from trainer.shm import SharedMemoryFull
+from trainer.readers import FileReader, KvikioReader, coalesce, kvikio_mode, make_reader
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
 
@@ -53,7 +55,7 @@ def truth(placed_dir: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def store(placed_dir: Path):
-    with TieredFeatureStore(placed_dir) as s:
+    with TieredFeatureStore(open_placed(placed_dir)) as s:
         yield s
 
 
@@ -119,7 +121,7 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
 
 def test_every_rank_holds_the_whole_gpu_cache(placed_dir: Path, truth: np.ndarray) -> None:
     """The GPU cache is replicated: one bin, all of it in the store's GPU tier, every row a hit."""
-    with TieredFeatureStore(placed_dir) as s:
+    with TieredFeatureStore(open_placed(placed_dir)) as s:
         gpu = [b for b in s.placed.bins if b.tier == "gpu"]
         assert len(gpu) == 1 and s.gpu.shape[0] == gpu[0].count > 0
         ids = np.arange(gpu[0].count)[::-1].copy()
@@ -133,7 +135,7 @@ def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.nd
     equal the source."""
     shm = tmp_path / "shm" / "moment-host"
     shm.parent.mkdir()
-    with TieredFeatureStore(placed_dir, host_shm=shm) as a:
+    with TieredFeatureStore(open_placed(placed_dir), host_shm=shm) as a:
         host = [b for b in a.placed.bins if b.tier != "ssd"]
         assert shm.stat().st_size == sum(b.count for b in host) * a.row_bytes
         assert [p.name for p in shm.parent.iterdir()] == ["moment-host"]  # no temporary left behind
@@ -143,20 +145,20 @@ def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.nd
         assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
         assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "cpu", "ssd"))
         script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
-                  f"s = S({str(placed_dir)!r}, host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
+                  f"from placement.placed import open_placed; s = S(open_placed({str(placed_dir)!r}), host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
         assert (a.cpu[0] == 7).all() and (a.gpu[0] == 5).all()  # the other process wrote into this one's tiers
-        with TieredFeatureStore(placed_dir, host_shm=shm) as b:
+        with TieredFeatureStore(open_placed(placed_dir), host_shm=shm) as b:
             assert (b.cpu[0] == 7).all()
     shm.write_bytes(b"\0" * 64)
     with pytest.raises(PlacedError, match="another placement"):
-        TieredFeatureStore(placed_dir, host_shm=shm)
+        TieredFeatureStore(open_placed(placed_dir), host_shm=shm)
 
 
 def test_shared_host_tiers_need_room(placed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
     with pytest.raises(SharedMemoryFull, match=f"{tmp_path}: 0.00 GiB free, the GPU and CPU cache bins need"):
-        TieredFeatureStore(placed_dir, host_shm=tmp_path / "moment-host")
+        TieredFeatureStore(open_placed(placed_dir), host_shm=tmp_path / "moment-host")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -166,10 +168,10 @@ def test_truncated_ssd_bin_is_refused(placed_dir: Path, tmp_path: Path) -> None:
     victim = [b for b in open_placed(copy).bins if b.tier == "ssd"][-1].path
     os.truncate(victim, victim.stat().st_size - 8)
     with pytest.raises(PlacedError, match=victim.name):
-        TieredFeatureStore(copy)
+        TieredFeatureStore(open_placed(copy))
     victim.unlink()
     with pytest.raises(PlacedError, match="missing"):
-        TieredFeatureStore(copy)
+        TieredFeatureStore(open_placed(copy))
 
 
 def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None:
@@ -201,7 +203,7 @@ def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_p
         pytest.importorskip("kvikio")
     ids = np.random.default_rng(5).integers(0, len(truth), 20_000)
     for gpu_bins, shm in ((None, None), (["gpu0"], None), (["gpu0"], tmp_path / "moment-host")):
-        with TieredFeatureStore(placed_dir, device="cuda", gpu_bins=gpu_bins, host_shm=shm, io=io) as s:
+        with TieredFeatureStore(open_placed(placed_dir), device="cuda", gpu_bins=gpu_bins, host_shm=shm, io=io) as s:
             assert s.gpu.is_cuda and s.reader.on_device == (io == "kvikio")
             for _ in range(3):  # the staging buffers are reused
                 got = s.get(torch.from_numpy(ids).cuda())
@@ -297,7 +299,7 @@ def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], 
 
     monkeypatch.setattr(os, "preadv", picky)
     with FileReader(threads=1) as reader:
-        if reader._open(path).direct_fd is None:
+        if not reader.opens_direct(path):
             pytest.skip("this file system refuses O_DIRECT at open")
         rows = np.array([0, 1, 7, 8, 9])
         out = _aligned(rows.size, 512)
@@ -393,7 +395,7 @@ def test_kvikio_mode_across_versions(setting: bool | str, mode: str) -> None:
     """kvikio ≥ 24.10 answers an enum (ON, OFF, AUTO); before, a bool."""
     value = setting if isinstance(setting, bool) else type("CompatMode", (), {"name": setting})()
     module = type("kvikio", (), {"defaults": type("defaults", (), {"compat_mode": staticmethod(lambda: value)})})
-    assert _kvikio_mode(module) == mode
+    assert kvikio_mode(module) == mode
 
 
 def test_kvikio_is_not_imported_for_cpu() -> None:
@@ -410,7 +412,7 @@ def test_get_is_faster_than_a_pread_loop(placed_dir: Path) -> None:
     reading through the page cache."""
     lo, hi = _ssd_range(placed_dir)
     ids = np.random.default_rng(8).integers(lo, hi, 50_000)
-    with TieredFeatureStore(placed_dir, reader=FileReader(direct=False)) as s:
+    with TieredFeatureStore(open_placed(placed_dir), reader=FileReader(direct=False)) as s:
         s.get(torch.from_numpy(ids))  # warm the page cache and the staging buffer
         t_get = _best(lambda: s.get(torch.from_numpy(ids)))
         placed, row_bytes = s.placed, s.row_bytes

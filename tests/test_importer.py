@@ -10,7 +10,7 @@ import pytest
 from moment.contracts.dataset import DatasetManifest
 from moment.errors import UsageError
 from placement.dataset import Dataset, DatasetError, check_dataset
-from placement.importer import import_arrays
+from placement.importers.arrays import import_arrays
 
 # 0→1, 2→1, 1→0, 3→4, 4→4 (a self-loop), 0→1 again
 EDGES = np.array([[0, 1], [2, 1], [1, 0], [3, 4], [4, 4], [0, 1]], dtype=np.int64)

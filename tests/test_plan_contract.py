@@ -144,7 +144,8 @@ def test_a_cuda_rank_takes_its_plan_entry(plan_file: Path, monkeypatch: pytest.M
     CUDA itself is stubbed, so this runs without a GPU."""
     import torch
 
-    from trainer import loop
+    from moment import hw
+    from trainer import dist
     from trainer.config import TrainConfig
 
     doc = read_plan(plan_file)
@@ -152,11 +153,11 @@ def test_a_cuda_rank_takes_its_plan_entry(plan_file: Path, monkeypatch: pytest.M
     pinned: list[Any] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setattr(loop, "_cuda_index_of", lambda bdf: 2 if bdf == "0000:3b:00.0" else None)
-    monkeypatch.setattr(loop, "_pin_to_socket", lambda socket: pinned.append(socket) or f"node of {socket}")
+    monkeypatch.setattr(hw, "cuda_index_of", lambda bdf: 2 if bdf == "0000:3b:00.0" else None)
+    monkeypatch.setattr(hw, "pin_to_socket", lambda socket: pinned.append(socket) or f"node of {socket}")
     cfg = TrainConfig(data="unused", device="cuda")
-    device, why = loop.select_device(cfg, loop.DistEnv(1, 4, 1, True), doc)
+    device, why = dist.select_device(cfg.resolved_device(), dist.DistEnv(1, 4, 1, True), doc)
     assert (device.index, pinned) == (2, ["cpu1"])
     assert why == "cuda:2 (plan gpu1 at 0000:3b:00.0), pinned to node of cpu1"
-    device, why = loop.select_device(cfg, loop.DistEnv(7, 8, 7, True), doc)  # past the plan's GPUs
+    device, why = dist.select_device(cfg.resolved_device(), dist.DistEnv(7, 8, 7, True), doc)  # past the plan's GPUs
     assert device.index == 3 and why == "cuda:3 (LOCAL_RANK)"

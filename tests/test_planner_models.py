@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moment.errors import MomentError
-from moment.planner import models
+from moment.planner import flow
 from moment.planner.network import build_network
 from moment.topology.model import NvLink
 from moment.topology.profile_io import resolve_profile
@@ -18,14 +18,14 @@ def test_demand_is_one_gb() -> None:
 
 
 def test_one_switch_by_hand() -> None:
-    """2 GPUs × 1 GB from 2 SSDs of 2 GB/s: T = 2 GB / 4 GB/s = 0.5 s, SSD-bound, both models."""
+    """2 GPUs × 1 GB from 2 SSDs of 2 GB/s: T = 2 GB / 4 GB/s = 0.5 s, SSD-bound, both flow."""
     net = build_network(one_switch(read=2.0), SSD_ONLY)
-    prop = models.proportional(net)
+    prop = flow.proportional(net)
     assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
     assert set(prop.bottleneck) == {"read:nvme0", "read:nvme1"}
     assert prop.bin_share["nvme0"] == pytest.approx(0.5)
-    for engine in models.ENGINES:
-        assert models.paper(net, engine).iteration_s == pytest.approx(0.5, rel=1e-5)
+    for engine in flow.ENGINES:
+        assert flow.paper(net, engine).iteration_s == pytest.approx(0.5, rel=1e-5)
     # Each GPU's link carries 1 GB in 0.5 s: 2 GB/s of 24.
     assert prop.utilisation["down:g0"] == pytest.approx(2.0 / 24.0, rel=1e-6)
     assert prop.gbps_per_gpu(net) == pytest.approx([2.0, 2.0], rel=1e-6)
@@ -34,19 +34,19 @@ def test_one_switch_by_hand() -> None:
 def test_ssd_link_caps_a_fast_ssd() -> None:
     """A 10 GB/s SSD behind a Gen4 x4 link (6 GB/s) delivers 6: paper T = 1 GB / 6 GB/s."""
     net = build_network(two_sockets(upi=1.0, read=10.0), SSD_ONLY)
-    assert models.paper(net).iteration_s == pytest.approx(1 / 6, rel=1e-5)
+    assert flow.paper(net).iteration_s == pytest.approx(1 / 6, rel=1e-5)
 
 
 def test_two_sockets_by_hand() -> None:
     """Paper: each GPU reads its own socket's SSD, 1 GB at 5 GB/s = 0.2 s. Proportional: each GPU
     reads half of its bytes across the 1 GB/s link: x_A + x_B = 1 ≤ 2T, so T = 0.5 s."""
     net = build_network(two_sockets(upi=1.0, read=5.0), SSD_ONLY)
-    prop = models.proportional(net)
+    prop = flow.proportional(net)
     assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
     assert set(prop.bottleneck) == {"upi:cpu0>cpu1", "upi:cpu1>cpu0"}
-    for engine in models.ENGINES:
-        assert models.paper(net, engine).iteration_s == pytest.approx(0.2, rel=1e-5)
-    why = models.explain_difference(net, models.paper(net), prop)
+    for engine in flow.ENGINES:
+        assert flow.paper(net, engine).iteration_s == pytest.approx(0.2, rel=1e-5)
+    why = flow.explain_difference(net, flow.paper(net), prop)
     assert why is not None and "every GPU read every bin" in why and "cpu0→cpu1" in why
 
 
@@ -59,9 +59,9 @@ def test_engines_agree_on_reference_machines(name: str) -> None:
     workload = load_workload(machine.workload)
     for layout in machine.layouts.values():
         net = build_network(apply_layout(machine, layout), workload)
-        a = models.paper(net, "ortools").iteration_s
-        b = models.paper(net, "networkx").iteration_s
-        prop = models.proportional(net).iteration_s
+        a = flow.paper(net, "ortools").iteration_s
+        b = flow.paper(net, "networkx").iteration_s
+        prop = flow.proportional(net).iteration_s
         assert a == pytest.approx(b, rel=1e-4)
         assert a <= prop * (1 + 1e-6)  # the paper's model is a relaxation of the proportional one
 
@@ -69,18 +69,18 @@ def test_engines_agree_on_reference_machines(name: str) -> None:
 def test_symmetric_topologies_agree() -> None:
     for read in (0.5, 2.0, 50.0):  # SSD-bound, and link-bound (switch uplink never used: P2P)
         net = build_network(one_switch(read=read), SSD_ONLY)
-        assert models.proportional(net).iteration_s == pytest.approx(models.paper(net).iteration_s, rel=1e-4)
-        assert models.explain_difference(net, models.paper(net), models.proportional(net)) is None
+        assert flow.proportional(net).iteration_s == pytest.approx(flow.paper(net).iteration_s, rel=1e-4)
+        assert flow.explain_difference(net, flow.paper(net), flow.proportional(net)) is None
 
 
 def test_monotone_in_bandwidth_and_devices() -> None:
-    slow = models.proportional(build_network(two_sockets(upi=1.0), SSD_ONLY)).iteration_s
-    fast = models.proportional(build_network(two_sockets(upi=4.0), SSD_ONLY)).iteration_s
+    slow = flow.proportional(build_network(two_sockets(upi=1.0), SSD_ONLY)).iteration_s
+    fast = flow.proportional(build_network(two_sockets(upi=4.0), SSD_ONLY)).iteration_s
     assert fast <= slow
     m = one_switch(read=2.0)
-    full = models.proportional(build_network(m, SSD_ONLY)).iteration_s
+    full = flow.proportional(build_network(m, SSD_ONLY)).iteration_s
     m.sockets[0].ports[0].switch.ports[3].device = None  # pull one SSD
-    fewer = models.proportional(build_network(m, SSD_ONLY)).iteration_s
+    fewer = flow.proportional(build_network(m, SSD_ONLY)).iteration_s
     assert fewer >= full
     assert fewer == pytest.approx(1.0, rel=1e-6)  # 2 GB from one 2 GB/s SSD
 
@@ -94,10 +94,10 @@ def test_cache_hits_never_cross_a_link() -> None:
     assert in_gpu.tier_shares()["gpu"] == pytest.approx(1.0)
     m = two_sockets(upi=1.0)
     m.nvlinks = [NvLink(between=("gpu0", "gpu1"), links=12, arch="ampere")]
-    for model in (models.proportional, models.paper):
+    for model in (flow.proportional, flow.paper):
         assert model(build_network(m, in_gpu)).iteration_s == 0.0
     in_cpu = SSD_ONLY.model_copy(update={"cpu_cache_fraction": 1.0})
-    pred = models.proportional(build_network(m, in_cpu))
+    pred = flow.proportional(build_network(m, in_cpu))
     assert pred.iteration_s == pytest.approx(1.0 / 24, rel=1e-6)
     assert not any(pred.edge_load_gb.get(e, 0.0) for e in ("upi:cpu0>cpu1", "upi:cpu1>cpu0"))
     with pytest.raises(MomentError, match="gpu_cache_gb: 20 GB per GPU does not fit in gpu0 .16 GB."):
@@ -109,7 +109,7 @@ def test_a_layout_without_ssds_needing_them_is_a_clear_error() -> None:
     for port in m.sockets[0].ports[0].switch.ports[2:]:
         port.device = None
     with pytest.raises(MomentError, match="needs the ssd tier"):
-        models.proportional(build_network(m, SSD_ONLY))
+        flow.proportional(build_network(m, SSD_ONLY))
 
 
 def test_ssd_reads_through_host_memory_cross_the_uplink() -> None:
@@ -118,11 +118,11 @@ def test_ssd_reads_through_host_memory_cross_the_uplink() -> None:
     uplink and down again: 2 GB / 1 GB/s = 2 s. GeForce boards take the host route anyway."""
     m = one_switch()
     m.sockets[0].ports[0].link.gbps = 1.0
-    assert models.proportional(build_network(m, SSD_ONLY)).iteration_s == pytest.approx(0.5, rel=1e-6)
+    assert flow.proportional(build_network(m, SSD_ONLY)).iteration_s == pytest.approx(0.5, rel=1e-6)
     host = SSD_ONLY.model_copy(update={"ssd_reads": "host"})
-    assert models.proportional(build_network(m, host)).iteration_s == pytest.approx(2.0, rel=1e-6)
+    assert flow.proportional(build_network(m, host)).iteration_s == pytest.approx(2.0, rel=1e-6)
     for port in m.sockets[0].ports[0].switch.ports[:2]:
         port.device.model = "NVIDIA Corporation GA102 [GeForce RTX 3090]"
     net = build_network(m, SSD_ONLY)
-    assert models.proportional(net).iteration_s == pytest.approx(2.0, rel=1e-6)
+    assert flow.proportional(net).iteration_s == pytest.approx(2.0, rel=1e-6)
     assert any("GeForce" in n for n in net.notes)

@@ -10,8 +10,8 @@ import itertools
 import pytest
 
 from moment.planner.plan import resolve_layout
-from moment.planner.report import score
-from moment.planner.workload import Hotness, Workload
+from moment.planner.scoring import score
+from moment.planner.workload import HotnessCurve, Workload
 from moment.topology.profile_io import resolve_profile
 
 MEASURED_S = {"classic-a": 15.9, "classic-b": 26.7, "classic-c": 14.9, "classic-d": 24.1}
@@ -46,5 +46,5 @@ def test_the_ranking_holds_for_skewed_hotness(zipf_s: float) -> None:
     socket link, which the SSD reads of every GPU cross in both layouts alike."""
     machine = resolve_profile("moment-machine-a")
     base = Workload.model_validate(machine.workload or {})
-    times = predicted(base.model_copy(update={"hotness": Hotness(zipf_s=zipf_s)}))
+    times = predicted(base.model_copy(update={"hotness": HotnessCurve(zipf_s=zipf_s)}))
     assert kendall_tau(times, MEASURED_S) == 1.0, times

@@ -9,7 +9,7 @@ import yaml
 
 from moment.cli import main
 from moment.errors import ProfileError
-from moment.planner import models
+from moment.planner import flow
 from moment.planner.network import build_network
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import bundled_profiles, machine_from_dict
@@ -31,16 +31,16 @@ def test_a_slow_uplink_is_a_slow_prediction_on_both_engines(gbps: float) -> None
     need = net.demand_gb * len(net.gpus)
     # Every byte of every GPU crosses the one slow uplink, the other way round for nothing.
     expected = need / gbps
-    times = {engine: models.paper(net, engine=engine).iteration_s for engine in models.ENGINES}
+    times = {engine: flow.paper(net, engine=engine).iteration_s for engine in flow.ENGINES}
     for engine, t in times.items():
         assert t == pytest.approx(expected, rel=1e-4), engine
-    assert models.proportional(net).iteration_s == pytest.approx(expected, rel=1e-4)
+    assert flow.proportional(net).iteration_s == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_link_too_slow_for_the_old_ceiling_still_gets_a_time() -> None:
     machine = machine_from_dict(with_uplink(1e-9), "slow.yaml")
     net = build_network(machine, load_workload(machine.workload))
-    t = models.paper(net, engine="ortools").iteration_s
+    t = flow.paper(net, engine="ortools").iteration_s
     assert t == pytest.approx(net.demand_gb * len(net.gpus) / 1e-9, rel=1e-4)
 
 
@@ -49,9 +49,9 @@ def test_plan_uses_the_engine_it_is_given(monkeypatch: pytest.MonkeyPatch, capsy
 
     def counting(arcs, source, sink):
         calls.append(1)
-        return models.networkx_max_flow(arcs, source, sink)
+        return flow.networkx_max_flow(arcs, source, sink)
 
-    monkeypatch.setitem(models.ENGINES, "networkx", counting)
+    monkeypatch.setitem(flow.ENGINES, "networkx", counting)
     assert main(["plan", "--profile", "moment-machine-b", "--engine", "networkx", "--top", "1", "--json"]) == 0
     assert calls
 
@@ -81,8 +81,8 @@ def test_uplink_rates_glop_misreports_still_get_a_proportional_time(gbps: float)
     """GLOP called these LPs ABNORMAL (presolve) or INFEASIBLE (warm second pass) at first."""
     machine = machine_from_dict(with_uplink(gbps), "slow.yaml")
     net = build_network(machine, load_workload(machine.workload))
-    t = models.proportional(net).iteration_s
+    t = flow.proportional(net).iteration_s
     if gbps < 5:  # the uplink is the bottleneck: every byte crosses it
         assert t == pytest.approx(net.demand_gb * len(net.gpus) / gbps, rel=1e-4)
     else:
-        assert t == pytest.approx(models.paper(net).iteration_s, rel=1e-4)
+        assert t == pytest.approx(flow.paper(net).iteration_s, rel=1e-4)

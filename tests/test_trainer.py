@@ -23,7 +23,9 @@ from moment.planner.planfile import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
-from trainer import checkpoint, launch, loop
+from moment import hw
+from trainer import checkpoint, launch, loop, prefetch, shm
+from trainer.dist import DistEnv
 from trainer.config import TrainConfig, from_args
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import param_digest
@@ -317,7 +319,7 @@ def test_models_consume_one_block_per_layer(placed: Path) -> None:
     p = open_placed(placed)
     sampler = NeighborSampler(p.array("indptr"), p.array("indices"), (6, 4, 3), seed=3)
     batch = sampler.sample(torch.arange(0, 2000, 10))
-    with TieredFeatureStore(placed) as store:
+    with TieredFeatureStore(p) as store:
         x = store.get(batch.nodes).float()
     for model in ("sage", "gat"):
         net = build_model(TrainConfig(data="d", model=model, hidden=16, heads=2, fanouts=(6, 4, 3)), 32, CLASSES)
@@ -337,12 +339,12 @@ def test_any_bipartite_pyg_conv_plugs_in(monkeypatch: pytest.MonkeyPatch, placed
 
 
 def test_prefetcher_raises_worker_errors_and_stops_early() -> None:
-    def prepare(seeds: torch.Tensor) -> loop.Prepared:
+    def prepare(seeds: torch.Tensor) -> prefetch.Prepared:
         if int(seeds[0]) == 3:
             raise RuntimeError("boom")
-        return loop.Prepared(None, seeds.float(), seeds)  # type: ignore[arg-type]
+        return prefetch.Prepared(None, seeds.float(), seeds)  # type: ignore[arg-type]
 
-    pf = loop.Prefetcher(iter(torch.arange(10).split(1)), prepare, 2, torch.device("cpu"))
+    pf = prefetch.Prefetcher(iter(torch.arange(10).split(1)), prepare, 2, torch.device("cpu"))
     got = []
     with pytest.raises(RuntimeError, match="boom"):
         for item in pf:
@@ -350,7 +352,7 @@ def test_prefetcher_raises_worker_errors_and_stops_early() -> None:
     assert got == [0, 1, 2]
     pf.close()
     endless = (torch.tensor([0]) for _ in iter(int, 1))
-    pf = loop.Prefetcher(endless, prepare, 2, torch.device("cpu"))
+    pf = prefetch.Prefetcher(endless, prepare, 2, torch.device("cpu"))
     assert int(next(iter(pf)).y) == 0
     pf.close()  # returns although the producer is blocked on a full queue
 
@@ -373,18 +375,18 @@ def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
 
 
 def test_plan_rank_gpu_helpers(placed: Path, plan_file: Path) -> None:
-    assert loop._parse_bdf("0000:1b:00.0") == (0, 0x1B, 0) and loop._parse_bdf("3b:02.1") == (0, 0x3B, 2)
-    assert loop._parse_bdf("gpu0") is None
+    assert hw.parse_bdf("0000:1b:00.0") == (0, 0x1B, 0) and hw.parse_bdf("3b:02.1") == (0, 0x3B, 2)
+    assert hw.parse_bdf("gpu0") is None
     doc = read_plan(plan_file)
     p = open_placed(placed)
     assert p.num_nodes > 0
     # Host-memory tiers: one copy per socket, written by the socket's first local rank.
     ranks = [r.model_copy(update={"socket": s}) for r, s in zip(doc.ranks, ["cpu0", "cpu1", "cpu0", "cpu1"])]
     two = doc.model_copy(update={"ranks": ranks})
-    assert [loop.socket_of(two, r) for r in range(5)] == ["cpu0", "cpu1", "cpu0", "cpu1", "node"]
-    assert [loop.socket_writer(two, loop.DistEnv(r, 4, r, True)) for r in range(4)] == [True, True, False, False]
-    assert loop.socket_of(None, 0) == "node" and loop.socket_writer(None, loop.DistEnv(1, 2, 1, True)) is False
-    assert loop._pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
+    assert [shm.socket_of(two, r) for r in range(5)] == ["cpu0", "cpu1", "cpu0", "cpu1", "node"]
+    assert [shm.socket_writer(two, DistEnv(r, 4, r, True)) for r in range(4)] == [True, True, False, False]
+    assert shm.socket_of(None, 0) == "node" and shm.socket_writer(None, DistEnv(1, 2, 1, True)) is False
+    assert hw.pin_to_socket("cpu999") is None  # no such NUMA node: nothing done, no error
 
 
 @pytest.mark.gpu

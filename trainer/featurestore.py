@@ -11,14 +11,10 @@ range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). T
 * ``cpu``: the CPU cache bin, one host tensor.
 
 Host memory is shared by the processes of a socket with ``host_shm=PATH`` (a file in a memory
-file system, e.g. /dev/shm; the trainer names one per socket, so each socket reads its own
-copy, as the planner models): the file holds the GPU and CPU bins (they are the first new ids,
-so the file is the id range [0, first SSD id)), and the CPU tier — on a CPU device the ``gpu``
-tier too — is a view of one shared mapping of it. Every process that names the same path
-uses one copy: the first to come writes it (under a temporary name, then linked into place, so
-nobody maps a half-written file), the others map it. Any process may unlink the file once all
-have mapped it; the memory lives until the last mapping goes. torchrun's workers are not
-children of each other, so a named file is what they can share.
+file system, e.g. /dev/shm; see :mod:`trainer.shm` for the protocol): the file holds the GPU and
+CPU bins (they are the first new ids, so the file is the id range [0, first SSD id)), and the CPU
+tier — on a CPU device the ``gpu`` tier too — is a view of one shared mapping of it. Every
+process that names the same path uses one copy: the first to come writes it, the others map it.
 * ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
   the device is CUDA, so the host→device copy is asynchronous; in GPU memory when the reader is
@@ -35,8 +31,6 @@ time (it reuses its staging buffers).
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,59 +38,28 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import FeatureStore, TensorAttr
 
 from moment.contracts.tiers import TIERS
-from placement.placed import PlacedBin, PlacedError, open_placed
+from placement.placed import Placed, PlacedBin, PlacedError
 from trainer.readers import FileReader, KvikioReader, ReadRequest, make_reader
+from trainer.shm import map_shared
+from trainer.staging import Staging
 
 GPU, CPU, SSD = range(len(TIERS))
-# Staging buffers start at a page boundary so that O_DIRECT reads into them are aligned.
-PAGE = 4096
 
 Reader = FileReader | KvikioReader
-
-
-class _Staging:
-    """A byte buffer reused across calls (grown by doubling), page-aligned; before it is
-    reused it waits for the asynchronous copies that read it in the previous call (work on
-    ``cuda``'s current stream: the stream the store's copies and gathers are queued on)."""
-
-    def __init__(self, device: torch.device, pin: bool, cuda: torch.device | None) -> None:
-        self.device, self.pin, self.cuda = device, pin, cuda
-        self._buf = torch.empty(0, dtype=torch.uint8, device=device)
-        self._event: torch.cuda.Event | None = None
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        if self._event is not None:
-            self._event.synchronize()
-            self._event = None
-        if nbytes + PAGE > self._buf.numel():
-            size = max(nbytes + PAGE, 2 * self._buf.numel())
-            self._buf = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pin)
-            if self.device.type == "cuda":
-                # Fresh memory from the caching allocator may still be read by queued kernels, and
-                # kvikio writes it outside the stream's order: let those kernels finish first.
-                torch.cuda.current_stream(self.device).synchronize()
-        skew = -self._buf.data_ptr() % PAGE
-        return self._buf[skew : skew + nbytes]
-
-    def release(self) -> None:
-        """Mark the end of this call's use: the next take waits for the work queued so far."""
-        if self.cuda is not None:
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(self.cuda))
 
 
 class TieredFeatureStore:
     """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
 
-    def __init__(self, placed_dir: str | Path, device: str | torch.device = "cpu",
+    def __init__(self, placed: Placed, device: str | torch.device = "cpu",
                  reader: Reader | None = None, pin_memory: bool | None = None,
                  host_shm: str | Path | None = None, io: str = "auto") -> None:
-        """``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``, closed with
-        the store)."""
-        self.placed = open_placed(placed_dir)  # refuses a missing or truncated bin, naming it
+        """``placed``: the opened placed dataset (``open_placed`` refuses a missing or truncated
+        bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``,
+        closed with the store)."""
+        self.placed = placed
         self.device = _indexed(torch.device(device))
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
         self.dim = self.placed.feature_dim
@@ -121,8 +84,8 @@ class TieredFeatureStore:
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
         cuda = self.device if self.device.type == "cuda" else None
-        self._host_stage = _Staging(torch.device("cpu"), self.pin, cuda)
-        self._dev_stage = _Staging(self.device, False, cuda) if self.reader.on_device else None
+        self._host_stage = Staging(torch.device("cpu"), self.pin, cuda)
+        self._dev_stage = Staging(self.device, False, cuda) if self.reader.on_device else None
         self.reset_stats()
 
     # Set-up ##################################################################
@@ -158,17 +121,10 @@ class TieredFeatureStore:
         first = np.cumsum(counts) - counts
         rows, gpu_rows = int(counts.sum()), int(sum(b.count for b in bins if b.tier == "gpu"))
         self._offset[host] = np.where(self._tier[host] == CPU, first - gpu_rows, first)
-        nbytes = rows * self.row_bytes
         if rows == 0:
             empty = torch.empty((0, self.dim), dtype=self.dtype)
             return self._load(GPU, self.device), empty
-        if not path.exists():
-            _publish(path, [b.path for b in bins], nbytes)
-        size = path.stat().st_size
-        if size != nbytes:
-            raise PlacedError(f"{path}: holds {size} bytes, but the GPU and CPU bins of {self.placed.root} are "
-                              f"{nbytes} bytes: a file of another placement; remove it")
-        shared = torch.from_file(str(path), shared=True, size=rows * self.dim, dtype=self.dtype).view(rows, self.dim)
+        shared = map_shared(path, [b.path for b in bins], rows, self.dim, self.dtype, self.placed.root)
         gpu, cpu = shared[:gpu_rows], shared[gpu_rows:]
         return (gpu if self.device.type == "cpu" else self._load(GPU, self.device)), cpu
 
@@ -351,34 +307,6 @@ def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
 
 
-class SharedMemoryFull(PlacedError):
-    """The memory file system has no room for the host tiers (the caller may fall back to
-    private copies)."""
-
-
-def _publish(path: Path, sources: list[Path], nbytes: int) -> None:
-    """Concatenate ``sources`` into ``path`` atomically: written under a temporary name, then
-    hard-linked into place (when another process won the race, its file is kept)."""
-    free = shutil.disk_usage(path.parent).free
-    if free < nbytes:
-        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
-                               f"{nbytes / 2**30:.2f} GiB")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            for src in sources:
-                with open(src, "rb") as f:
-                    shutil.copyfileobj(f, out, length=16 << 20)
-        if tmp.stat().st_size != nbytes:
-            raise PlacedError(f"{', '.join(map(str, sources))}: shorter than the manifest says: truncated while in use")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _read_whole(path: Path, dst: torch.Tensor) -> None:
     """Fill a host tensor from a raw file (no intermediate copy)."""
     view = memoryview(dst.numpy()).cast("B")
@@ -388,50 +316,3 @@ def _read_whole(path: Path, dst: torch.Tensor) -> None:
             if not got:
                 raise PlacedError(f"{path}: shorter than its manifest says: truncated while in use")
             view = view[got:]
-
-
-class PygFeatureStore(FeatureStore):
-    """PyG's ``FeatureStore`` over a :class:`TieredFeatureStore`: one read-only tensor, attribute
-    ``attr_name`` of group ``None`` (a homogeneous graph), indexed by new ids. Lets PyG loaders
-    (``NeighborLoader((feature_store, graph_store), ...)``) fetch features from the tiers."""
-
-    def __init__(self, store: TieredFeatureStore, attr_name: str = "x") -> None:
-        super().__init__()
-        self.store = store
-        self.attr_name = attr_name
-
-    def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
-        raise NotImplementedError("the tiered feature store is read-only: features come from a placed dataset")
-
-    def _remove_tensor(self, attr: TensorAttr) -> bool:
-        raise NotImplementedError("the tiered feature store is read-only: features come from a placed dataset")
-
-    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
-        self._check(attr)
-        index, n = attr.index, self.store.placed.num_nodes
-        if index is None:
-            return self.store.get(torch.arange(n))
-        if isinstance(index, slice):
-            return self.store.get(torch.arange(*index.indices(n)))
-        if isinstance(index, int):
-            return self.store.get(torch.tensor([index]))[0]
-        index = torch.as_tensor(index)
-        if index.dtype == torch.bool:
-            index = index.nonzero().view(-1)
-        return self.store.get(index)
-
-    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
-        if not self._matches(attr):
-            return None
-        return (self.store.placed.num_nodes, self.store.dim)
-
-    def get_all_tensor_attrs(self) -> list[TensorAttr]:
-        return [TensorAttr(group_name=None, attr_name=self.attr_name)]
-
-    def _matches(self, attr: TensorAttr) -> bool:
-        return attr.group_name is None and attr.attr_name == self.attr_name
-
-    def _check(self, attr: TensorAttr) -> None:
-        if not self._matches(attr):
-            raise KeyError(f"no tensor for group {attr.group_name!r}, attribute {attr.attr_name!r} "
-                           f"(this store holds group None, attribute {self.attr_name!r})")

@@ -1,7 +1,7 @@
 """Launching training: the torchrun command ``moment train`` runs (or prints, with --dry-run).
 
 One process per GPU of the plan (``plan.json`` "ranks"); each process finds its GPU and socket
-from the plan itself (see ``trainer.loop``). ``check_inputs`` opens the plan and the placed
+from the plan itself (see ``trainer.dist``). ``check_inputs`` opens the plan and the placed
 dataset first, so a bad input is one line from the CLI rather than one error per rank plus
 torchrun's own report.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from moment.errors import UsageError
-from moment.planner.planfile import read_plan
+from moment.contracts.plan import read_plan
 from placement.placed import open_placed
 from trainer.config import TrainConfig, from_args
 from trainer.models import LAYERS
@@ -118,7 +118,7 @@ def build_torchrun_command(
         if max_restarts:
             # A store of its own for each attempt: torchrun would keep its agent's store, whose
             # keys a restarted group cannot tell from the killed group's across nodes (see
-            # trainer.loop._attempt_prefix).
+            # trainer.dist.attempt_prefix).
             cmd = ["env", f"{SHARE_STORE_OFF}=1", *cmd]
         cmd += ["--nnodes", str(nnodes or 1)]
         cmd += ["--rdzv-backend", rdzv_backend or "c10d"]

@@ -3,15 +3,8 @@
 The loop composes small parts: ``TrainConfig`` (what to run), ``NeighborSampler`` (which
 vertices), ``TieredFeatureStore`` (their features, from GPU/CPU caches and SSD bins),
 ``build_model`` (the GNN), ``checkpoint`` (resume), ``metrics`` (what happened). Distributed
-set-up is all in :func:`setup`:
-
-* ranks come from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``MASTER_ADDR``/``MASTER_PORT``; ``env://``); without it the run is a single process and no
-  process group is made;
-* on CUDA, local rank r uses the GPU the plan gives rank r: the CUDA device whose PCI address is
-  the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK``; the process is
-  pinned to the CPUs of that GPU's socket (NUMA node) when the plan names one and the machine
-  has that node.
+set-up (ranks, devices, the process group) is :mod:`trainer.dist`; the node-shared host memory
+is :mod:`trainer.shm`; prefetching is :mod:`trainer.prefetch`.
 
 Per epoch every rank takes the same number of batches, of the same sizes (``epoch_batches``:
 one shuffled permutation, strided over ranks, the uneven remainder dropped), so DDP's
@@ -28,19 +21,12 @@ run does (bit for bit on CPU).
 from __future__ import annotations
 
 import gc
-import hashlib
-import inspect
 import os
-import queue
-import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,175 +38,24 @@ from torch.nn.parallel import DistributedDataParallel
 
 from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
-from moment.planner.planfile import PlanDoc, read_plan
+from moment.contracts.plan import PlanDoc, read_plan
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig, from_args
-from trainer.featurestore import SharedMemoryFull, TieredFeatureStore
+from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
+from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
+from trainer.prefetch import Prefetcher, Prepared
 from trainer.preflight import train_split_problem
-from placement.sampler import NeighborSampler, SampledBatch, derive_seed, num_batches
-
-# How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
-# held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB
-# take minutes), longer than NCCL's default 10 minutes.
-COLLECTIVE_TIMEOUT = timedelta(minutes=60)
+from trainer.shm import per_socket
+from placement.sampler import NeighborSampler, derive_seed, num_batches
 
 # derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
 _TRAIN_STREAM, _EVAL_STREAM = 2, 3
 
 
-# -- distributed set-up ----------------------------------------------------------------------
-
-
-@dataclass
-class DistEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    launched: bool  # started by torchrun (a process group is expected)
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        env = os.environ
-        launched = "RANK" in env and "WORLD_SIZE" in env
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)), launched)
-
-
-def _parse_bdf(text: str) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of '0000:1b:00.0' or '1b:00.0'; None for anything else."""
-    m = re.fullmatch(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?", text.strip())
-    if not m:
-        return None
-    return int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)
-
-
-def _cuda_index_of(bdf: str | None) -> int | None:
-    want = _parse_bdf(bdf) if bdf else None
-    if want is None:
-        return None
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        got = tuple(getattr(p, f"pci_{part}_id", None) for part in ("domain", "bus", "device"))  # torch < 2.7 lacks them
-        if got == want:
-            return i
-    return None
-
-
-def _node_cpus(node: int) -> set[int]:
-    """CPUs of NUMA node ``node`` (empty when the machine has no such node)."""
-    try:
-        text = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip()
-    except OSError:
-        return set()
-    cpus: set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def _pin_to_socket(socket: Any) -> str | None:
-    """Best effort: restrict this process to the CPUs of ``socket`` ('cpu1' or 1); what was done."""
-    m = re.search(r"(\d+)$", str(socket))
-    if m is None or not hasattr(os, "sched_setaffinity"):
-        return None
-    cpus = _node_cpus(int(m.group(1))) & os.sched_getaffinity(0)
-    if not cpus:
-        return None
-    try:
-        os.sched_setaffinity(0, cpus)
-    except OSError:
-        return None
-    return f"{len(cpus)} CPUs of node {m.group(1)}"
-
-
-def select_device(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
-    """This rank's device (and socket pinning on CUDA); a line saying what was chosen and why."""
-    if not cfg.resolved_device().startswith("cuda"):
-        return torch.device("cpu"), "cpu"
-    if cfg.device.startswith("cuda:"):  # an explicit device wins over the plan
-        device = torch.device(cfg.device)
-        torch.cuda.set_device(device)
-        return device, str(device)
-    entry = plan.rank(env.local_rank) if plan else None
-    # Pinned before CUDA starts its threads (they inherit the affinity).
-    pinned = _pin_to_socket(entry.socket) if entry and entry.socket is not None else None
-    index = _cuda_index_of(entry.bdf) if entry else None
-    why = f"plan {entry.gpu} at {entry.bdf}" if entry and index is not None else "LOCAL_RANK"
-    if index is None:
-        index = env.local_rank % max(torch.cuda.device_count(), 1)
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
-    return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")
-
-
-def setup(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
-    """Device per rank, then the process group (env:// from torchrun); none for a lone process."""
-    device, where = select_device(cfg, env, plan)
-    if env.launched and not dist.is_initialized():
-        backend = cfg.resolved_backend()
-        kwargs: dict[str, Any] = {"timeout": COLLECTIVE_TIMEOUT}
-        if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
-            kwargs["device_id"] = device  # binds the communicator to this GPU at once (torch >= 2.3)
-        store, rank, world = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
-        prefix = _attempt_prefix(env)
-        if prefix is not None:
-            store = dist.PrefixStore(prefix, store)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, **kwargs)
-    return device, where
-
-
-def _attempt() -> str:
-    """This node's torchrun attempt: run id and restart count (the same for all ranks of a node)."""
-    env = os.environ
-    return f"{env.get('TORCHELASTIC_RUN_ID', '')}:{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-def _attempt_prefix(env: DistEnv) -> str | None:
-    """Store keys of this attempt, where torchrun keeps one store across restarts.
-
-    torchrun (c10d rendezvous) shares its agent's store with the workers and keeps it across
-    restarts, so a restarted group rendezvousing on plain keys can read the killed group's
-    addresses before its peers overwrite them (gloo: connection refused; nccl: a stale unique
-    id; pytorch#135712). On one node the restart count names the attempt; across nodes the
-    counts differ (pytorch#108158), so there ``moment train`` gives each attempt a store of its
-    own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and a bare torchrun is warned."""
-    environ = os.environ
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None  # each attempt has a fresh store
-    if environ.get("GROUP_WORLD_SIZE", "1") == "1":
-        return f"moment/{_attempt()}"
-    if int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and env.rank == 0:
-        print("warning: torchrun keeps one store across restarts on several nodes: a restarted group may "
-              "fail to connect; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (moment train does)", file=sys.stderr)
-    return None
-
-
-def _comm_device(device: torch.device) -> torch.device:
-    return device if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
-    """Element-wise sum over ranks (the values themselves for a lone process)."""
-    if not dist.is_initialized():
-        return [float(v) for v in values]
-    t = torch.tensor(list(values), dtype=torch.float64, device=_comm_device(device))
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def all_gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (pickled; small things only), in rank order."""
-    if not dist.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-# -- batches and prefetching -----------------------------------------------------------------
+# -- batches ---------------------------------------------------------------------------------
 
 
 def epoch_batches(sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int,
@@ -236,81 +71,6 @@ def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
     """A sampler sharing ``base``'s CSR (wherever it lives) with its own seed and call count."""
     on_gpu = isinstance(base.indptr, torch.Tensor) and base.indptr.is_cuda
     return NeighborSampler(base.indptr, base.indices, base.fanouts, base.device, seed=seed, csr_on_device=on_gpu)
-
-
-@dataclass
-class Prepared:
-    """A batch ready to train on: blocks, features of ``batch.nodes``, labels of the seeds."""
-
-    batch: SampledBatch
-    x: torch.Tensor
-    y: torch.Tensor
-    ready: torch.cuda.Event | None = None  # recorded on the copy stream (CUDA)
-
-
-class Prefetcher:
-    """Prepares up to ``depth`` batches ahead in a background thread (bounded queue).
-
-    On CUDA the thread works on its own stream, so sampling and host→GPU copies overlap the
-    training kernels; the consumer's stream waits on each batch's event before using it. An
-    exception in the thread is re-raised in the consumer."""
-
-    _DONE = object()
-
-    def __init__(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared], depth: int,
-                 device: torch.device) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._device = device
-        self._thread = threading.Thread(target=self._work, args=(seeds, prepare), name="moment-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared]) -> None:
-        try:
-            stream = None
-            if self._device.type == "cuda":
-                torch.cuda.set_device(self._device)  # the current device is per thread
-                stream = torch.cuda.Stream(self._device)
-            for s in seeds:
-                if stream is None:
-                    item = prepare(s)
-                else:
-                    with torch.cuda.stream(stream):
-                        item = prepare(s)
-                        item.ready = torch.cuda.Event()
-                        item.ready.record(stream)
-                if not self._put(item):
-                    return
-            self._put(self._DONE)
-        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which raises it
-            self._put(exc)
-
-    def __iter__(self) -> Iterator[Prepared]:
-        while True:
-            item = self._queue.get()
-            if item is self._DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            if item.ready is not None:
-                current = torch.cuda.current_stream(self._device)
-                current.wait_event(item.ready)
-                for t in (item.x, item.y, *(b.edge_index for b in item.batch.blocks)):
-                    t.record_stream(current)  # the allocator must not reuse them early
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def make_prepare(sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray,
@@ -414,59 +174,13 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
         raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: cannot resume: {why}")
 
 
-def socket_of(plan: PlanDoc | None, local_rank: int) -> str:
-    """The socket the plan puts ``local_rank``'s GPU on ("node" without one): host-memory tiers
-    are shared per socket, so each GPU reads the copy in its own socket's memory."""
-    entry = plan.rank(local_rank) if plan else None
-    return entry.socket if entry and entry.socket else "node"
-
-
-def socket_writer(plan: PlanDoc | None, env: DistEnv) -> bool:
-    """Whether this rank is the first local rank of its socket (it writes the socket's copy)."""
-    mine = socket_of(plan, env.local_rank)
-    return all(socket_of(plan, r) != mine for r in range(env.local_rank))
-
-
-def _shm_path(cfg: TrainConfig, placed: Placed, socket: str) -> Path:
-    """The socket-shared host-tier file of this run: named after the placement (its manifest),
-    the torchrun job and the socket, so runs of other placements or jobs never map it."""
-    manifest = (placed.root / "placed.json").read_bytes()
-    job = f"{_attempt()}:{os.environ.get('MASTER_PORT', '')}:{socket}"
-    key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
-    return Path(cfg.shm_dir) / f"moment-host-{key}"
-
-
-def open_store(cfg: TrainConfig, env: DistEnv, placed: Placed, plan: PlanDoc | None,
-               device: torch.device) -> tuple[TieredFeatureStore, str]:
-    """This rank's feature store, and how it holds the host-memory tiers.
-
-    With several ranks the CPU cache (and on CPU ranks the GPU cache) is one copy per socket, as
-    the planner models it: the socket's first local rank (pinned to the socket's cores, so its
-    pages land in the socket's memory) writes it to a file in ``cfg.shm_dir`` (a memory file
-    system) while the others wait, the socket's ranks map the same file, and once all have
-    mapped it the writer unlinks it (the memory lives while mapped, and a crash leaves nothing
-    behind). Without room there, or with ``shm_dir`` empty, each rank loads its own copy."""
-    writer = socket_writer(plan, env)
-    path = _shm_path(cfg, placed, socket_of(plan, env.local_rank)) if dist.is_initialized() and cfg.shm_dir else None
-    if path is not None and not path.parent.is_dir():
-        if env.rank == 0:
-            print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)
-        path = None
-    store = None
-    if path is not None and writer:
-        try:
-            store = TieredFeatureStore(cfg.data, device=device, host_shm=path, io=cfg.io)
-        except SharedMemoryFull as exc:
-            print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
-    if path is not None:
-        dist.barrier()  # the file is whole (or was not made) before the other ranks look
-    if store is None:
-        shared = path is not None and path.exists()
-        store = TieredFeatureStore(cfg.data, device=device, host_shm=path if shared else None, io=cfg.io)
-    if path is not None:
-        dist.barrier()  # every local rank has mapped it
-        if writer:
-            path.unlink(missing_ok=True)
+def open_store(placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv,
+               plan: PlanDoc | None) -> tuple[TieredFeatureStore, str]:
+    """This rank's feature store (SSD reads by ``io``), and how it holds the host-memory tiers:
+    with several ranks one copy per socket in ``shm_dir`` (:func:`trainer.shm.per_socket`), else
+    (or without room there) a private copy."""
+    store = per_socket(lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io), shm_dir, placed,
+                       plan, env)
     host = store.cpu.numel() * store.cpu.element_size()
     if device.type == "cpu":
         host += store.gpu.numel() * store.gpu.element_size()
@@ -491,7 +205,7 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
-        self.store, self.host_tiers = open_store(cfg, env, data.placed, plan, device)
+        self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
@@ -566,7 +280,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
         torch.use_deterministic_algorithms(True, warn_only=True)  # warn where a kernel has no such mode
     run = group = None
     try:
-        device, where = setup(cfg, env, plan)
+        device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
         run = Run(cfg, env, data, plan, device)
         run.metrics.print_config(all_gather(f"{where}; cache bins in host memory: {run.host_tiers}"))

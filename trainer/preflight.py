@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moment.contracts.checkpoint import DataIdentity
-from moment.contracts.plan import PlanDoc
+from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
-from moment.planner.planfile import read_plan
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig

@@ -227,6 +227,10 @@ class FileReader(_Reader):
         self._files.clear()
         self._pool.shutdown()
 
+    def opens_direct(self, file: FileRef) -> bool:
+        """Whether ``file`` is open for O_DIRECT reads (the file system accepted the flag)."""
+        return self._open(file).direct_fd is not None
+
     def _open(self, file: FileRef) -> _File:
         key = file if isinstance(file, int) else str(file)
         if key in self._files:
@@ -362,11 +366,11 @@ class KvikioReader(_Reader):
     def _handle(self, name: str) -> Any:
         if name not in self._files:
             self._files[name] = self._kvikio.CuFile(name, "r")
-            self.modes[name] = _kvikio_mode(self._kvikio)
+            self.modes[name] = kvikio_mode(self._kvikio)
         return self._files[name]
 
 
-def _kvikio_mode(kvikio: Any) -> str:
+def kvikio_mode(kvikio: Any) -> str:
     """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
     file (its AUTO setting, older versions), "kvikio-auto"."""
     defaults = kvikio.defaults

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rich.markup import escape
+
 from moment.cli.args import Parser, non_negative, positive, registry_choices
 from moment.cli.output import RichProgress, err, out
 from moment.errors import UsageError
@@ -33,17 +35,41 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0, help="the same seed gives the same dataset (default 0)")
     s.add_argument("--out", required=True, help="dataset directory to create")
     s.set_defaults(func=cmd_dataset_synth)
-    i = dsub.add_parser("import", help="import plain arrays (edge list or CSR + features .npy)")
-    i.add_argument("--features", required=True, help="N×d .npy (float32/float16)")
-    i.add_argument("--edges", help="E×2 .npy edge list (src, dst)")
-    i.add_argument("--indptr", help="CSR indptr .npy (with --indices)")
-    i.add_argument("--indices", help="CSR indices .npy (with --indptr)")
-    i.add_argument("--labels", required=True, help="N .npy of class ids")
-    i.add_argument("--train", help="train vertex ids .npy (default: a random 1%%)")
-    i.add_argument("--val", help="validation vertex ids .npy")
-    i.add_argument("--test", help="test vertex ids .npy")
-    i.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
-    i.add_argument("--seed", type=int, default=0, help="seed of the random default train split (default 0)")
+    from placement.importers import IMPORTERS
+
+    i = dsub.add_parser(
+        "import",
+        help="import a dataset from disk: plain .npy arrays, IGB, or OGB (papers100M) files",
+        description="Read the files users have on disk and write a moment dataset; the CSR is built out of core "
+                    "within --memory. Formats: " + "; ".join(f"{k}: {v.help}" for k, v in IMPORTERS.items()) + ".",
+        epilog="IGB splits (IGB ships none), over the L labelled vertices, from one torch.randperm(L) seeded with "
+               "--seed: mlperf (seed 42): train = first int(0.6 L), val = next int(0.005 L) (MLPerf's "
+               "split_seeds.py), test = next int(0.005 L); igb (seed 0): 60/20/20 (int(0.6 L), int(0.2 L), the "
+               "rest), shuffled; fraction:F (seed 0): train round(F L), val and test round(F L / 2) each.",
+    )
+    i.add_argument("--format", choices=tuple(IMPORTERS), default="npy", help="what --root or the files hold "
+                   "(default npy)")
+    i.add_argument("--root", help="igb: the directory holding <size>/processed; ogb: the one holding raw/ and split/")
+    i.add_argument("--size", help="igb: tiny, small, medium, large or full")
+    i.add_argument("--classes", type=int, help="igb: 19 (default) or 2983 label classes")
+    i.add_argument("--split", help="igb: mlperf, igb (default) or fraction:F; ogb: the split directory "
+                   "(default: the only one, e.g. time)")
+    i.add_argument("--labelled", type=int, help="igb: only the first N vertices are labelled, the rest is padding "
+                   "(default: all; full: IGB's published counts)")
+    i.add_argument("--features", help="npy: N×d .npy (float32/float16)")
+    i.add_argument("--edges", help="npy: E×2 .npy edge list (src, dst)")
+    i.add_argument("--indptr", help="npy: CSR indptr .npy (with --indices)")
+    i.add_argument("--indices", help="npy: CSR indices .npy (with --indptr)")
+    i.add_argument("--labels", help="npy: N .npy of class ids")
+    i.add_argument("--train", help="npy: train vertex ids .npy (default: a random 1%%)")
+    i.add_argument("--val", help="npy: validation vertex ids .npy")
+    i.add_argument("--test", help="npy: test vertex ids .npy")
+    i.add_argument("--feature-dtype", choices=("float32", "float16"), help="convert the features (default: keep)")
+    i.add_argument("--undirected", action="store_true", help="add the reverse of every edge (duplicates kept)")
+    i.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
+    i.add_argument("--memory", help="RAM budget of the CSR build, e.g. 4GB (default: half the available memory)")
+    i.add_argument("--dry-run", action="store_true", help="print the schema and the RAM and disk needed; write nothing")
+    i.add_argument("--seed", type=int, help="seed of the drawn splits (npy: default 0; igb: the convention's)")
     i.add_argument("--out", required=True, help="dataset directory to create")
     i.set_defaults(func=cmd_dataset_import)
 
@@ -109,14 +135,28 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_dataset_import(args: argparse.Namespace) -> int:
-    from placement import importer
+    from placement.importers import COMMON, IMPORTERS, csr, run
 
-    if bool(args.edges) == bool(args.indptr or args.indices) or bool(args.indptr) != bool(args.indices):
+    imp = IMPORTERS[args.format]
+    given = {key: getattr(args, key) for key in (*COMMON, "features", "edges", "indptr", "indices", "labels", "train",
+                                                 "val", "test", "seed", "root", "size", "classes", "split", "labelled")}
+    if args.memory is not None:
+        try:
+            given["memory"] = csr.parse_memory(args.memory)
+        except ValueError as exc:
+            raise UsageError(f"--memory: {exc}") from None
+    if args.format == "npy" and (bool(args.edges) == bool(args.indptr or args.indices)
+                                 or bool(args.indptr) != bool(args.indices)):
         raise UsageError("give either --edges, or --indptr with --indices")
-    ds = importer.import_arrays(args.out, features=args.features, edges=args.edges, indptr=args.indptr,
-                                indices=args.indices, labels=args.labels, train=args.train, val=args.val,
-                                test=args.test, undirected=args.undirected, seed=args.seed)
-    out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
+
+    def log(line: str) -> None:
+        (err if line.startswith("warning:") else out).print(escape(line))
+
+    with RichProgress(err) as progress:
+        ds = run(imp.name, args.out, given, progress=None if args.dry_run else progress, log=log)
+    if ds is not None:
+        out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
+                  f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices")
     return 0
 
 

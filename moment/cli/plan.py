@@ -156,7 +156,8 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
 
 def cmd_score(args: argparse.Namespace) -> int:
     from moment.planner.plan import resolve_layout
-    from moment.planner.report import bin_targets, busiest_links_table, links_table, print_layout, print_prediction, score
+    from moment.planner.report import busiest_links_table, print_layout, print_prediction
+    from moment.planner.scoring import bin_targets, links_table, score
 
     machine, workload = _machine_and_workload(args)
     name, layout = resolve_layout(machine, args.layout)

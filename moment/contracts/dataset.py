@@ -88,10 +88,14 @@ class ImportProvenance(_Typed):
     """Which files ``moment dataset import`` read, and how."""
 
     kind: Literal["import"]
-    files: dict[Literal["features", "labels", "edges", "indptr", "indices"], str]
+    files: dict[Literal["features", "labels", "edges", "indptr", "indices", "train", "val", "test"], str]
     given_splits: list[Literal["train", "val", "test"]]
     undirected: bool
     seed: int
+    format: Literal["npy", "igb", "ogb"] = "npy"  # which importer read them
+    self_loops: bool = False  # every vertex given exactly one self-loop
+    split: str | None = None  # the split convention (igb, mlperf, fraction:F) or the shipped split read
+    labelled: int | None = None  # vertices labelled (IGB-full: a prefix; the rest is padding, imported as -1)
 
 
 class DatasetManifest(Contract):

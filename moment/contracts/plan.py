@@ -20,6 +20,7 @@ by ``moment plan`` reads back equal, field for field.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -226,3 +227,11 @@ def _check_ranks(ranks: list[Rank]) -> None:
         if r.gpu in first:
             raise _invalid(("ranks", i, "gpu"), f"{r.gpu} already has rank {first[r.gpu]}")
         first[r.gpu] = i
+
+
+def read_plan(path: str | Path) -> PlanDoc:
+    """Load a plan.json; one line naming the file and field for a missing, broken or foreign file.
+
+    Here, beside the contract, so the stages that only read a plan (the trainer) load neither
+    the planner's search nor its presentation."""
+    return PlanDoc.read(path)

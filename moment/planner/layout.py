@@ -101,7 +101,7 @@ def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
     return have + extra
 
 
-def placement(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> dict[str, Device]:
+def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> dict[str, Device]:
     """Check ``layout`` (port id -> device id) against the profile; return port id -> device.
 
     ``devices`` lists the devices the layout may use (default: the profile's movable ones).
@@ -126,7 +126,7 @@ def placement(machine: Machine, layout: dict[str, str], devices: list[Device] | 
 
 def apply_layout(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> Machine:
     """A copy of ``machine`` with every movable device taken out and ``layout`` installed."""
-    placed = placement(machine, layout, devices)
+    placed = assign_devices(machine, layout, devices)
     m = machine.model_copy(deep=True)
     for port in slot_space(m).positions:
         port.device = placed[port.id].model_copy() if port.id in placed else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
-from moment.planner.layout import DEFAULT_SSD
+from moment.planner.layout import DEFAULT_SSD, slot_space
 from moment.planner.workload import Workload
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
@@ -271,6 +271,11 @@ def _socket_paths(sockets: list[str], links: list[tuple[str, str]]) -> dict[tupl
             frontier = nxt
         out.update({(start, end): keys for end, keys in route.items()})
     return out
+
+
+def skeleton_for(machine: Machine) -> Skeleton:
+    """The machine's graph with every slot position left for a layout to fill."""
+    return Skeleton(machine, movable={p.id for p in slot_space(machine).positions})
 
 
 def build_network(machine: Machine, workload: Workload) -> Network:

@@ -13,7 +13,7 @@ import yaml
 from moment.errors import UsageError
 from moment.planner import search
 from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
-from moment.planner.report import Scored, score
+from moment.planner.scoring import Scored, score
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
 from moment.yamlio import load_yaml, yaml_problem

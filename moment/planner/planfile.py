@@ -25,18 +25,20 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from moment import __version__
 from moment.contracts import first_error
-from moment.contracts.plan import FORMAT, PlanDoc
+from moment.contracts.plan import FORMAT, PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
-from moment.planner.plan import PlanOutcome
-from moment.planner.report import bin_targets, links_table
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
 from moment.topology.profile_io import bundled_profiles, dump_profile, load_profile
+
+if TYPE_CHECKING:
+    from moment.planner.plan import PlanOutcome
 
 __all__ = ["FORMAT", "PlanDoc", "plan_document", "plan_profile", "profile_hash", "read_plan", "save_plan", "write_plan"]
 
@@ -67,6 +69,8 @@ def plan_profile(doc: PlanDoc, given: Machine | None = None) -> tuple[Machine | 
 def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) -> PlanDoc:
     """The plan of ``outcome``'s best layout; validated as a reader would (a profile whose device
     ids cannot be bin names, for instance, is refused here rather than by ``moment place``)."""
+    from moment.planner.scoring import bin_targets, links_table  # only a plan's writer scores: readers stay light
+
     best = outcome.best
     record = best.to_dict()
     ranks = [
@@ -107,8 +111,3 @@ def save_plan(machine: Machine, workload: Workload, outcome: PlanOutcome, path: 
     doc = plan_document(machine, workload, outcome)
     write_plan(doc, path)
     return doc
-
-
-def read_plan(path: str | Path) -> PlanDoc:
-    """Load a plan.json; one line naming the file and field for a missing, broken or foreign file."""
-    return PlanDoc.read(path)

@@ -1,112 +1,15 @@
-"""What a plan says about one layout, for people (rich tables) and scripts (plain dicts)."""
+"""What a plan says about one layout, for people: rich tables and one-line summaries of a
+:class:`~moment.planner.scoring.Scored` (the records themselves are in :mod:`moment.planner.scoring`)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from moment.planner import models
-from moment.planner.layout import apply_layout, placement
-from moment.planner.search import skeleton_for
-from moment.planner.network import Network
+from moment.planner.scoring import Scored, links_table
 from moment.planner.workload import Workload
-from moment.topology.model import Device, Machine
-
-
-@dataclass
-class Scored:
-    """One layout, predicted by both models."""
-
-    name: str
-    layout: dict[str, str]
-    machine: Machine  # the profile with this layout installed
-    net: Network
-    prop: models.Prediction
-    paper: models.Prediction
-
-    @property
-    def explanation(self) -> str | None:
-        return models.explain_difference(self.net, self.paper, self.prop)
-
-    def imbalance(self) -> float:
-        times = [t for t in self.prop.per_gpu_s.values() if t > 0]
-        return max(times) / min(times) if times else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The per-layout record of ``plan --json``/``score --json`` and plan.json."""
-        slots = []
-        for port, socket in self.machine.iter_ports():
-            if port.id in self.layout and port.device is not None:
-                slots.append({
-                    "port": port.id,
-                    "slot": port.slot.name if port.slot else None,
-                    "device": port.device.id,
-                    "kind": port.device.kind,
-                    "bdf": port.device.bdf,
-                    "socket": socket.id,
-                })
-        return {
-            "name": self.name,
-            "layout": dict(self.layout),
-            "slots": slots,
-            "predicted_iteration_s": self.prop.iteration_s,
-            "gbps_per_gpu": [round(x, 4) for x in self.prop.gbps_per_gpu(self.net)],
-            "bottleneck": [self.net.labels[e] for e in self.prop.bottleneck],
-            "bottleneck_edges": list(self.prop.bottleneck),
-            "imbalance": round(self.imbalance(), 4),
-            "paper_iteration_s": self.paper.iteration_s,
-            "paper_gbps_per_gpu": [round(x, 4) for x in self.paper.gbps_per_gpu(self.net)],
-            "paper_bottleneck": [self.net.labels[e] for e in self.paper.bottleneck],
-            "models_differ": self.explanation,
-        }
-
-
-def score(machine: Machine, name: str, layout: dict[str, str], workload: Workload,
-          devices: list[Device] | None = None, engine: str = "ortools") -> Scored:
-    """Both models' predictions for one layout of ``machine``."""
-    placed = placement(machine, layout, devices)
-    net = skeleton_for(machine).network(placed, workload)
-    prop = models.proportional(net)
-    paper = models.paper(net, engine=engine, upper_s=prop.iteration_s * 1.001 + 1e-9)
-    return Scored(name, layout, apply_layout(machine, layout, devices), net, prop, paper)
-
-
-def links_table(s: Scored) -> list[dict[str, Any]]:
-    """Every finite link with its load, busiest first (plan.json's per-link utilisation)."""
-    rows = []
-    for key, (_, _, cap) in s.net.edges.items():
-        if cap == models.INF:
-            continue
-        rows.append({
-            "edge": key,
-            "label": s.net.labels[key],
-            "capacity_gbps": cap,
-            "load_gb": round(s.prop.edge_load_gb.get(key, 0.0), 6),
-            "utilisation": round(s.prop.utilisation.get(key, 0.0), 6),
-        })
-    return sorted(rows, key=lambda r: -r["utilisation"])
-
-
-def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
-    """Share of all feature reads each bin should serve (stage 3's targets) and its size: the
-    caches' from the workload (one copy per GPU / per socket), an SSD's its capacity."""
-    where = {p.device.id: (p.id, sock.id, p.device) for p, sock in s.machine.iter_ports() if p.device is not None}
-    out = []
-    for b in s.net.bins:
-        if b.tier == "gpu":
-            port, socket, capacity = None, None, workload.gpu_cache_rows() * workload.row_bytes / 1e9
-        elif b.tier == "cpu":
-            port, socket, capacity = None, None, workload.cpu_cache_rows() * workload.row_bytes / 1e9
-        else:
-            port, socket, dev = where[b.id]
-            capacity = dev.capacity_gb
-        out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port,
-                    "socket": socket, "capacity_gb": capacity})
-    return out
 
 
 def busiest_links_table(s: Scored, limit: int = 8) -> Table:

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from moment.errors import UsageError
-from moment.planner import models
+from moment.planner import flow
 from moment.planner.bounds import LayoutBound
 from moment.planner.layout import SlotSpace, pick_devices, slot_space
-from moment.planner.network import Skeleton, device_link_gbps
+from moment.planner.network import Skeleton, device_link_gbps, skeleton_for
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine, Port
 
@@ -34,7 +34,7 @@ class SlotClass:
 @dataclass
 class Candidate:
     layout: dict[str, str]  # port id -> device id
-    prediction: models.Prediction | None = None
+    prediction: flow.Prediction | None = None
     counts: tuple = ()
     weight: int = 1  # raw layouts this one stands for
 
@@ -124,13 +124,8 @@ def _materialise(classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...
     return layout
 
 
-def evaluate(skeleton: Skeleton, placed: dict[str, Device], workload: Workload) -> models.Prediction:
-    return models.proportional(skeleton.network(placed, workload))
-
-
-def skeleton_for(machine: Machine) -> Skeleton:
-    """The machine's graph with every slot position left for a layout to fill."""
-    return Skeleton(machine, movable={p.id for p in slot_space(machine).positions})
+def evaluate(skeleton: Skeleton, placed: dict[str, Device], workload: Workload) -> flow.Prediction:
+    return flow.proportional(skeleton.network(placed, workload))
 
 
 def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10) -> SearchResult:
@@ -169,7 +164,7 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
             if lb >= kth * (1 - 1e-9) and (lb > best_t * (1 + 1e-6) or len(done) >= limit + TIE_LIMIT):
                 break
         placed = {p: pool[d] for p, d in cand.layout.items()}
-        cand.prediction = models.proportional(skeleton.network(placed, workload), second_pass=False)
+        cand.prediction = flow.proportional(skeleton.network(placed, workload), second_pass=False)
         best_t = min(best_t, cand.prediction.iteration_s)
         done.append(cand)
     tied = [c for c in done if c.prediction.iteration_s <= best_t * (1 + 1e-6)]  # type: ignore[union-attr]
@@ -210,7 +205,7 @@ def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
     for g in placements.values():
         layout = _materialise(classes, g, (0,) * len(classes), gpus, [])
         placed = {p: d for p, d in zip(layout, gpus)}
-        reps: dict[str, models.SsdClass] = {}
+        reps: dict[str, flow.SsdClass] = {}
         for i, (c, gi) in enumerate(zip(classes, g)):
             room = len(c.ports) - gi
             if c.ssd_ok and room > 0 and template is not None:
@@ -219,11 +214,11 @@ def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
                 placed[port_id] = rep
                 link = skeleton.positions[port_id].link
                 rate = min(rep.read_gbps or 3.0, device_link_gbps(link, rep) or math.inf)
-                reps[rep.id] = models.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=f"up:{port_id}")
+                reps[rep.id] = flow.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=f"up:{port_id}")
         if n_ssds and not reps:
             continue
         net = skeleton.network(placed, workload)
-        pred = models.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds)
+        pred = flow.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds)
         s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
         found.append(Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s)))
         found[-1].prediction = pred

@@ -36,7 +36,7 @@ from moment.yamlio import load_yaml, yaml_problem
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-class Hotness(BaseModel):
+class HotnessCurve(BaseModel):
     """Share of feature reads caught by the hottest ``x`` of the vertices.
 
     Either a measured ``curve`` of ``[x, share]`` points (increasing), or the Zipf-like default
@@ -49,7 +49,7 @@ class Hotness(BaseModel):
     source: str = "Zipf-like default share(x) = x^(1-s), s = 0.8 (not measured)"
 
     @model_validator(mode="after")
-    def _monotone(self) -> Hotness:
+    def _monotone(self) -> HotnessCurve:
         if self.curve:
             pts = [(0.0, 0.0), *self.curve, (1.0, 1.0)]
             for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -113,7 +113,7 @@ class Workload(BaseModel):
         description="direct: SSD → GPU DMA (GPUDirect Storage, kvikio; the paper's runtime), peer to peer under a "
                     "shared switch, for GPUs that can; host: through a buffer in host memory (posix reads, kvikio's "
                     "compat mode)")
-    hotness: Hotness = Field(default_factory=Hotness)
+    hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
     hidden: int = 256
 
@@ -132,7 +132,7 @@ class Workload(BaseModel):
     def vertices_per_batch(self) -> float:
         """Feature rows one GPU reads per iteration: the measured unique count, else the expected
         number of distinct vertices among the batch's draws when a vertex is drawn as often as
-        the hotness curve says (:meth:`Hotness.expected_unique`)."""
+        the hotness curve says (:meth:`HotnessCurve.expected_unique`)."""
         if self.unique_per_batch:
             return self.unique_per_batch
         return self.hotness.expected_unique(self.sampled_per_batch(), self.nodes)

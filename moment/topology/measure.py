@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError, UsageError
+from moment.hw import cuda_bus_ids, parse_bdf
 
 
 @dataclass
@@ -181,22 +182,6 @@ def _synchronize(torch: Any, *devices: int) -> None:
         torch.cuda.synchronize(d)
 
 
-def cuda_bus_ids() -> list[str]:
-    """PCI address of each CUDA device, in CUDA order (to match the profile's GPUs)."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return []
-        out = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
-        return out
-    except (ImportError, AttributeError, RuntimeError):
-        return []
-
-
 def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float],
                        peer: dict[tuple[str, str], float]):
     """A copy of the profile with measured figures in place of table values.
@@ -244,10 +229,11 @@ class Measured:
 
 
 def profile_gpus(machine: Any, bus_ids: Sequence[str]) -> dict[int, str]:
-    """CUDA index → the profile's GPU id, matched by PCI address (a GPU the profile does not know
-    is left out)."""
-    by_bdf = {d.bdf: d.id for d in machine.devices() if d.kind == "gpu" and d.bdf}
-    return {i: by_bdf[b] for i, b in enumerate(bus_ids) if b in by_bdf}
+    """CUDA index → the profile's GPU id, matched by PCI address as the trainer matches them
+    (:func:`moment.hw.parse_bdf`); a GPU the profile does not know is left out."""
+    by_bdf = {parse_bdf(d.bdf): d.id for d in machine.devices() if d.kind == "gpu" and d.bdf}
+    by_bdf.pop(None, None)
+    return {i: by_bdf[key] for i, b in enumerate(bus_ids) if (key := parse_bdf(b)) in by_bdf}
 
 
 def measure(files: Sequence[str], machine: Any | None, read_size: int = 4096, queue_depth: int = 32,

@@ -12,19 +12,26 @@ is written beside ``out`` and renamed into place once complete, like ``synthesiz
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from moment.errors import UsageError
-from placement.dataset import (FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, read_npy_header,
-                               write_manifest)
 from moment.progress import Progress
+from placement.dataset import (
+    FEATURE_DTYPES,
+    FILES,
+    SPLITS,
+    Dataset,
+    DatasetError,
+    open_dataset,
+    read_npy_header,
+    write_manifest,
+)
+from placement.importers import csr
 from placement.synth import check_free_space, staging
-
-Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations)
 
 
 def import_arrays(
@@ -38,15 +45,22 @@ def import_arrays(
     val: str | Path | None = None,
     test: str | Path | None = None,
     undirected: bool = False,
+    self_loops: bool = False,
     seed: int = 0,
     feature_dtype: str | None = None,
+    memory: int | None = None,
     fractions: tuple[float, float, float] = (0.01, 0.005, 0.005),
     chunk: int = 1 << 21,
     progress: Progress | None = None,
-) -> Dataset:
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> Dataset | None:
     """Validate the arrays, then write them as a dataset directory at ``out`` and open it.
 
-    ``undirected`` adds the reverse of every edge (self-loops once). Splits not given are drawn at
+    ``undirected`` adds the reverse of every edge (self-loops once); ``self_loops`` gives every
+    vertex exactly one self-loop; ``memory`` is the CSR build's budget in bytes
+    (placement.importers.csr). ``dry_run`` checks the inputs and logs the schema and the disk
+    needed, writing nothing (returns None). Splits not given are drawn at
     random (``fractions`` of the labelled vertices, ``seed``) from labelled vertices in no given split.
     ``feature_dtype`` converts the features (e.g. float64 → float32); by default they keep theirs.
     ``chunk`` is the number of edges (or feature values) handled at once.
@@ -68,12 +82,20 @@ def import_arrays(
     source = _EdgeList(edges, n) if edges is not None else _Csr(indptr, indices, n, chunk)
     splits = {name: _read_split(path, name, n) for name, path in zip(SPLITS, (train, val, test)) if path is not None}
     _check_splits(splits, labs, labels)
-    index_dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
-    counts = _count(source, n, undirected, chunk, progress)
-    num_edges = int(counts.sum())
-    check_free_space(out, 8 * (2 * n + 1) + num_edges * index_dtype.itemsize + n * dim * dtype.itemsize)
+    memory = memory or csr.default_memory()
+    planned = csr.Layout.plan(n, memory)
+    layout = csr.Layout(chunk=min(chunk, planned.chunk), window=planned.window)
+    most = source.size * (2 if undirected else 1) + (n if self_loops else 0)  # an upper bound on the edges
+    need = csr.disk_need(n, most, most > layout.window) + 8 * n + n * dim * dtype.itemsize
+    if dry_run:
+        log(f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}; {labels}: {classes} classes; "
+            f"{source.size:,} edges in, up to {most:,} out")
+        log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB. dry run: nothing written")
+        return None
+    check_free_space(out, need)
     with staging(out) as tmp:
-        _fill(tmp, source, counts, index_dtype, undirected, chunk, progress)
+        num_edges = csr.build(tmp, source, n, undirected=undirected, self_loops=self_loops, memory=memory,
+                              progress=progress, layout=layout)
         _write_features(tmp, feats, features, dtype, chunk, progress)
         _write_labels(tmp, labs, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
@@ -154,7 +176,7 @@ class _EdgeList:
                                f"got {self.array.dtype.name} of shape {self.array.shape}")
         self.size = self.array.shape[0]
 
-    def chunks(self, chunk: int) -> Edges:
+    def chunks(self, chunk: int) -> csr.Edges:
         for a in range(0, self.array.shape[0], chunk):
             part = np.asarray(self.array[a : a + chunk], dtype=np.int64)
             _check_range(part, self.n, self.path, "edges", a)
@@ -183,7 +205,7 @@ class _Csr:
             if (steps < 0).any():
                 raise DatasetError(f"{indptr}: indptr decreases at vertex {a + int(np.argmax(steps < 0))}")
 
-    def chunks(self, chunk: int) -> Edges:
+    def chunks(self, chunk: int) -> csr.Edges:
         """Whole rows, about ``chunk`` edges at a time (one row may be longer)."""
         v = 0
         while v < self.n:
@@ -204,54 +226,6 @@ def _check_range(ids: np.ndarray, n: int, path: str | Path, what: str, offset: i
         row = offset + (at // ids.shape[1] if ids.ndim == 2 else at)
         value = int(ids.ravel()[at])
         raise DatasetError(f"{path}: {what}[{row}] holds {value}, not a vertex id (N = {n} from the features)")
-
-
-def _directed(src: np.ndarray, dst: np.ndarray, undirected: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The chunk's edges plus, if undirected, their reverses (a self-loop is not doubled)."""
-    if not undirected:
-        return src, dst
-    keep = src != dst
-    return np.concatenate([src, dst[keep]]), np.concatenate([dst, src[keep]])
-
-
-def _count(source: _EdgeList | _Csr, n: int, undirected: bool, chunk: int, progress: Progress | None) -> np.ndarray:
-    """In-edges per destination (first pass); validates every id on the way."""
-    counts = np.zeros(n, dtype=np.int64)
-    done = _report(progress, "count", 0, source.size)
-    for src, dst in source.chunks(chunk):
-        ids, k = np.unique(_directed(src, dst, undirected)[1], return_counts=True)  # no N-sized temporary
-        counts[ids] += k
-        done = _report(progress, "count", done + src.size, source.size)
-    return counts
-
-
-def _fill(tmp: Path, source: _EdgeList | _Csr, counts: np.ndarray, dtype: np.dtype, undirected: bool, chunk: int,
-          progress: Progress | None) -> None:
-    """indptr from the counts, then every source put in its destination's row, in input order."""
-    indptr = np.lib.format.open_memmap(tmp / FILES["indptr"], mode="w+", dtype=np.int64, shape=(counts.size + 1,))
-    indptr[0] = 0
-    np.cumsum(counts, out=indptr[1:])
-    cursor = np.array(indptr[:-1])
-    indices = _create(tmp / FILES["indices"], dtype, (int(indptr[-1]),))
-    done = _report(progress, "fill", 0, source.size)
-    for src, dst in source.chunks(chunk):
-        _place(indices, cursor, *_directed(src, dst, undirected))
-        done = _report(progress, "fill", done + src.size, source.size)
-
-
-def _place(indices: np.ndarray, cursor: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
-    """Write each source at its destination's cursor (in chunk order) and advance the cursors."""
-    if not dst.size:
-        return
-    # dst·size + position is unique, so a plain (fast) sort of it is a stable sort by destination;
-    # it fits int64 while N·size < 2^63, i.e. for any N below 2^40 at the default chunk
-    key = dst * dst.size + np.arange(dst.size)
-    key.sort()
-    order, dst = key % dst.size, key // dst.size
-    pos = cursor[dst] + np.arange(dst.size) - np.searchsorted(dst, dst, side="left")
-    indices[pos] = src[order]
-    last = np.flatnonzero(np.append(dst[1:] != dst[:-1], True))
-    cursor[dst[last]] = pos[last] + 1
 
 
 def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dtype, chunk: int,
@@ -343,16 +317,13 @@ def _provenance(files: dict[str, str | Path | None], splits: dict[str, np.ndarra
     }
 
 
-def _create(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """An .npy file to fill in place (a plain array when empty: an empty file cannot be mapped)."""
-    if 0 in shape:
-        np.save(path, np.empty(shape, dtype))
-        return np.empty(shape, dtype)
-    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
-
-
 def _report(progress: Progress | None, stage: str, done: int, total: int) -> int:
     """Tell the progress callback; returns ``done`` so a loop can carry it."""
     if progress:
         progress(stage, done, total)
     return done
+
+
+def run(out: Path, **options: Any) -> Dataset | None:
+    """The registry's entry point (placement.importers)."""
+    return import_arrays(out, **options)

@@ -1,0 +1,60 @@
+"""``moment dataset import --format NAME``: one module per on-disk format, one registry entry each.
+
+Every importer takes the options shared by all formats (``--feature-dtype``, ``--undirected``,
+``--self-loops``, ``--memory``, ``--dry-run``) and its own (``options``). Adding a format is one
+module with a ``run`` and one line in :data:`IMPORTERS` (plus its own options in the CLI parser).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moment.errors import UsageError
+
+if TYPE_CHECKING:
+    from placement.dataset import Dataset
+
+COMMON = ("feature_dtype", "undirected", "self_loops", "memory", "dry_run")
+
+
+@dataclass(frozen=True)
+class Importer:
+    name: str
+    help: str
+    options: tuple[str, ...]  # its own options (argument names), besides COMMON
+    required: tuple[str, ...]
+    module: str  # placement.importers.<module>.run(out, progress=, log=, **common, **options), imported on use
+
+
+IMPORTERS: dict[str, Importer] = {
+    i.name: i
+    for i in (
+        Importer("npy", "plain .npy arrays: --features, --labels, and --edges (E×2) or --indptr with --indices",
+                 ("features", "labels", "edges", "indptr", "indices", "train", "val", "test", "seed"),
+                 ("features", "labels"), "arrays"),
+        Importer("igb", "IGB homogeneous (IGB260M): --root R --size tiny|small|medium|large|full "
+                 "[--classes 19|2983] [--split mlperf|igb|fraction:F]",
+                 ("root", "size", "classes", "split", "seed", "labelled"), ("root", "size"), "igb"),
+        Importer("ogb", "OGB binary raw layout (ogbn-papers100M's papers100M-bin): --root R [--split NAME]",
+                 ("root", "split"), ("root",), "ogb"),
+    )
+}
+
+
+def run(fmt: str, out: str | Path, given: dict[str, Any], **extra: Any) -> Dataset | None:
+    """Run importer ``fmt`` with the options the user gave (None/False: not given); an option of
+    another format, or a missing required one, is a usage error naming it."""
+    imp = IMPORTERS[fmt]
+    flag = lambda key: "--" + key.replace("_", "-")  # noqa: E731
+    for key, value in given.items():
+        if value not in (None, False) and key not in imp.options and key not in COMMON:
+            raise UsageError(f"{flag(key)} is not an option of --format {fmt} ({imp.help})")
+    missing = [flag(key) for key in imp.required if given.get(key) is None]
+    if missing:
+        raise UsageError(f"--format {fmt} needs {', '.join(missing)} ({imp.help})")
+    kw = {k: v for k, v in given.items() if v is not None and (k in imp.options or k in COMMON)}
+    module = importlib.import_module(f"placement.importers.{imp.module}")
+    return module.run(Path(out), **kw, **extra)

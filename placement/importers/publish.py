@@ -1,0 +1,213 @@
+"""What every format importer shares: from the arrays it found to a published dataset directory.
+
+An importer (igb, ogb) only finds the arrays and says how to read them (:class:`Found`);
+:func:`write_dataset` prints the schema and the RAM and disk the import needs (all a ``--dry-run``
+does), checks free space, then writes into a staging directory renamed into place once complete
+(like ``moment dataset synth``): the CSR out of core (placement.importers.csr), the features
+block by block (converted on request, NaN/inf and float16 overflow refused naming the row), the
+labels as int64 (-1: unlabelled), the splits, and the manifest last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moment.errors import UsageError
+from moment.progress import Progress
+from placement.dataset import FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, write_manifest
+from placement.importers import csr
+from placement.importers.readers import ArrayFile, EdgeArray, rows
+from placement.synth import check_free_space, staging
+
+Log = Callable[[str], None]
+BLOCK = 64 << 20  # bytes of features or labels handled at once
+
+
+@dataclass
+class Found:
+    """An importer's finding: which arrays to read and how (nothing is read yet)."""
+
+    fmt: str
+    features: ArrayFile  # N × d
+    labels: ArrayFile  # N or N × 1, integer or float (NaN: unlabelled)
+    edges: EdgeArray
+    splits: Callable[[], dict[str, np.ndarray]]  # drawn or read once the labels are written
+    split: str | None  # the convention or shipped split, for the manifest
+    given_splits: list[str]
+    files: dict[str, str]
+    seed: int
+    labelled: int | None = None  # only rows 0..labelled-1 are labelled; the rest is padding (-1)
+    classes: int | None = None  # the declared number of classes; None: the largest label + 1
+    notes: list[str] = field(default_factory=list)  # schema lines for the dry run
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.features.shape[0]
+
+
+def write_dataset(out: str | Path, found: Found, *, feature_dtype: str | None = None, undirected: bool = False,
+                  self_loops: bool = False, memory: int | None = None, dry_run: bool = False,
+                  progress: Progress | None = None, log: Log = print) -> Dataset | None:
+    """Import what ``found`` describes into ``out`` (None with ``dry_run``: only the schema and needs)."""
+    out = Path(out)
+    n, dim, dtype = _check_features(found, feature_dtype)
+    _check_labels_shape(found.labels, n, found.features)
+    memory = memory or csr.default_memory()
+    layout = csr.Layout.plan(n, memory)
+    most = found.edges.size * (2 if undirected else 1) + (n if self_loops else 0)
+    windows = -(-most // layout.window) if most else 1
+    disk = {
+        "csr": csr.disk_need(n, most, windows > 1),
+        "features": n * dim * dtype.itemsize,
+        "labels and splits": 16 * n,
+    }
+    for line in found.notes:
+        log(line)
+    log(f"will write: {n:,} vertices × {dim} {dtype.name} features, up to {most:,} edges "
+        f"({'undirected: reverses added' if undirected else 'directed'}"
+        f"{', a self-loop per vertex' if self_loops else ''}), labels int64 (-1: unlabelled)")
+    log(f"RAM: budget {memory / 1e9:.2f} GB (--memory): {8 * n / 1e9:.2f} GB of degree counters, chunks of "
+        f"{layout.chunk:,} edges, CSR placed in {windows} window(s) of ≤ {layout.window:,} neighbours"
+        + (", edges spread into scratch files first" if windows > 1 else ""))
+    log("disk: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
+        + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)")
+    for warning in found.warnings:
+        log(f"warning: {warning}")
+    if dry_run:
+        log("dry run: nothing written")
+        return None
+    check_free_space(out, sum(disk.values()))
+    with staging(out) as tmp:
+        num_edges = csr.build(tmp, found.edges, n, undirected=undirected, self_loops=self_loops, memory=memory,
+                              progress=progress, layout=layout)
+        _write_features(tmp, found.features, dtype, progress)
+        classes, labelled = _write_labels(tmp, found, progress)
+        splits = found.splits()
+        _check_splits(tmp, splits, n)
+        for name in SPLITS:
+            np.save(tmp / FILES[name], splits[name].astype(np.int64))
+        write_manifest(tmp, {
+            "name": out.absolute().name,
+            "num_nodes": n,
+            "num_edges": num_edges,
+            "feature_dim": dim,
+            "feature_dtype": dtype.name,
+            "num_classes": classes,
+            "directed": not undirected,
+            "source": {
+                "kind": "import", "format": found.fmt, "files": found.files, "given_splits": found.given_splits,
+                "undirected": undirected, "self_loops": self_loops, "seed": found.seed, "split": found.split,
+                "labelled": labelled,
+            },
+        })
+    return open_dataset(out)
+
+
+def _check_features(found: Found, feature_dtype: str | None) -> tuple[int, int, np.dtype]:
+    f = found.features
+    if len(f.shape) != 2 or f.dtype.kind != "f" or f.fortran:
+        raise DatasetError(f"{f.label}: features must be a row-major N×d float array, got {f.dtype.name} of shape "
+                           f"{f.shape}{' in Fortran order' if f.fortran else ''}")
+    if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
+        raise UsageError(f"--feature-dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
+    dtype = np.dtype(feature_dtype or f.dtype.name)
+    if dtype.name not in FEATURE_DTYPES:
+        raise DatasetError(f"{f.label}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
+                           "(ask for a conversion with --feature-dtype)")
+    return f.shape[0], f.shape[1], dtype
+
+
+def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
+    if labels.shape not in ((n,), (n, 1)) or labels.dtype.kind not in "iuf":
+        raise DatasetError(f"{labels.label}: labels must be N or N×1 numbers with N = {n:,} (the rows of "
+                           f"{features.label}), got {labels.dtype.name} of shape {labels.shape}")
+
+
+def _write_features(tmp: Path, f: ArrayFile, dtype: np.dtype, progress: Progress | None) -> None:
+    """Block by block; a non-finite value, or one that overflows float16, is refused naming its row."""
+    n, dim = f.shape
+    count = max(1, BLOCK // (dim * max(4, f.dtype.itemsize)))
+    with open(tmp / FILES["features"], "wb") as fh:
+        np.lib.format.write_array_header_2_0(fh, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                  "fortran_order": False, "shape": (n, dim)})
+        for a, block in rows(f, count):
+            with np.errstate(over="ignore"):
+                part = block.astype(dtype, copy=False)
+            if not np.isfinite(part).all():
+                row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
+                if np.isfinite(block[row, col]):
+                    raise DatasetError(f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}), "
+                                       f"which does not fit in {dtype.name}")
+                raise DatasetError(f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}): "
+                                   "NaN and inf features are refused")
+            fh.write(np.ascontiguousarray(part).data)
+            if progress:
+                progress("features", a + len(part), n)
+
+
+def _write_labels(tmp: Path, found: Found, progress: Progress | None) -> tuple[int, int]:
+    """labels.npy as int64, -1 where unlabelled (NaN, or past the labelled prefix); returns
+    (number of classes, labelled vertices)."""
+    lab, n = found.labels, found.num_nodes
+    top, labelled = -1, 0
+    prefix = n if found.labelled is None else found.labelled
+    with open(tmp / FILES["labels"], "wb") as fh:
+        np.lib.format.write_array_header_2_0(fh, {"descr": "<i8", "fortran_order": False, "shape": (n,)})
+        for a, block in rows(lab, BLOCK // 8):
+            block = block.reshape(-1)
+            if block.dtype.kind == "f":
+                unlabelled = np.isnan(block)  # NaN → -1 before any cast (NaN cast to int is garbage)
+                values = np.where(unlabelled, -1, block)
+                if (values != np.round(values)).any():
+                    i = int(np.argmax(values != np.round(values)))
+                    raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a whole class number")
+                ints = values.astype(np.int64)
+            else:
+                ints = block.astype(np.int64)
+            ints[max(0, prefix - a) :] = -1  # past the labelled prefix: padding, not class 0
+            bad = ints < -1
+            if found.classes is not None:
+                bad |= ints >= found.classes
+            if bad.any():
+                i = int(np.argmax(bad))
+                also = f" (--classes {found.classes})" if found.classes is not None else ""
+                raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a class{also}")
+            if ints.size:
+                top = max(top, int(ints.max()))
+            labelled += int((ints >= 0).sum())
+            fh.write(ints.data)
+            if progress:
+                progress("labels", a + len(ints), n)
+    if top < 0:
+        raise DatasetError(f"{lab.label}: no vertex is labelled")
+    return (found.classes or top + 1), labelled
+
+
+def _check_splits(tmp: Path, splits: dict[str, Any], n: int) -> None:
+    """In range, disjoint, labelled, and a non-empty train split (one line naming the split)."""
+    labels = np.load(tmp / FILES["labels"], mmap_mode="r")
+    seen = np.zeros(n, dtype=bool)
+    for name in SPLITS:
+        ids = splits[name]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise DatasetError(f"{name} split: vertex {int(ids[(ids < 0) | (ids >= n)][0])} is not a vertex id "
+                               f"(N = {n:,})")
+        ids = np.sort(ids)
+        twice = ids[np.flatnonzero(ids[1:] == ids[:-1])] if ids.size > 1 else ids[:0]
+        if twice.size:
+            raise DatasetError(f"{name} split: lists vertex {int(twice[0])} twice")
+        if seen[ids].any():
+            raise DatasetError(f"{name} split: vertex {int(ids[seen[ids]][0])} is in an earlier split too "
+                               "(splits are disjoint)")
+        seen[ids] = True
+        unlabelled = ids[np.asarray(labels[ids]) < 0]
+        if unlabelled.size:
+            raise DatasetError(f"{name} split: vertex {int(unlabelled[0])} is unlabelled")
+    if not splits["train"].size:
+        raise DatasetError("train split is empty (no vertex to train on)")

@@ -1,0 +1,199 @@
+"""Arrays as users have them on disk, read in chunks with plain reads: never memory-mapped, never whole.
+
+Three kinds: a real .npy file; a *headerless* raw file (IGB large/full name theirs ``.npy`` although
+they are bare float32: the row count comes from the file size); and a member of an .npz archive,
+which may be DEFLATE-compressed (ogbn-papers100M's ``data.npz``) and is then inflated as a stream,
+one chunk at a time. Plain reads rather than memory maps keep resident memory at one chunk however
+large the file (pages of a map count as resident while they stay mapped). Errors are one line
+naming the file (and the member).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from moment.contracts.dataset import DatasetError
+from placement.dataset import read_npy_header
+
+SKIP = 1 << 24  # bytes inflated and dropped at once when a compressed member is read from an offset
+
+
+@dataclass(frozen=True)
+class ArrayFile:
+    """Where an array's bytes are: a file (or an .npz member), its shape, dtype and data offset."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    fortran: bool = False
+    member: str | None = None  # the .npz member ("edge_index.npy"), None for a file of its own
+    raw: bool = False  # headerless: shape and dtype inferred, not read
+
+    @property
+    def label(self) -> str:
+        """How errors name it: ``data.npz:edge_index`` or the file's path."""
+        return f"{self.path}:{self.member.removesuffix('.npy')}" if self.member else str(self.path)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def describe(self) -> str:
+        kind = "raw (no .npy header)" if self.raw else ".npz member" if self.member else ".npy"
+        order = ", Fortran order" if self.fortran else ""
+        return f"{self.label}: {kind}, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}{order}"
+
+    @contextmanager
+    def stream(self, start: int = 0) -> Iterator[BinaryIO]:
+        """A binary stream positioned at item ``start`` (a compressed member inflates up to it)."""
+        skip = self.offset + start * self.dtype.itemsize
+        if self.member is None:
+            with open(self.path, "rb") as fh:
+                fh.seek(skip)
+                yield fh
+            return
+        with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
+            while skip > 0:
+                got = len(fh.read(min(SKIP, skip)))
+                if not got:
+                    raise DatasetError(f"{self.label}: truncated member (ends before item {start})")
+                skip -= got
+            yield fh
+
+    def read(self, fh: BinaryIO, count: int) -> np.ndarray:
+        """The next ``count`` items of a stream, in native byte order."""
+        if self.member is None:
+            out = np.fromfile(fh, dtype=self.dtype, count=count)
+        else:
+            out = np.frombuffer(fh.read(count * self.dtype.itemsize), dtype=self.dtype)
+        if out.size != count:
+            raise DatasetError(f"{self.label}: truncated: ended {count - out.size} values early")
+        return out if self.dtype.isnative else out.astype(self.dtype.newbyteorder("="))
+
+    def read_at(self, start: int, count: int) -> np.ndarray:
+        """``count`` items from item ``start`` (files only: random access into a member would re-inflate)."""
+        assert self.member is None
+        with open(self.path, "rb") as fh:
+            data = os.pread(fh.fileno(), count * self.dtype.itemsize, self.offset + start * self.dtype.itemsize)
+        out = np.frombuffer(data, dtype=self.dtype)
+        return out if self.dtype.isnative else out.astype(self.dtype.newbyteorder("="))
+
+
+def npy(path: str | Path, what: str) -> ArrayFile:
+    """A real .npy file (header checked: missing, not .npy, pickled and truncated files are named)."""
+    h = read_npy_header(path, what)
+    return ArrayFile(Path(path), h.shape, h.dtype, h.offset, h.fortran)
+
+
+def npy_or_raw(path: str | Path, what: str, dtype: str, row: int = 1) -> ArrayFile:
+    """An .npy file, or else a headerless raw file of ``dtype`` with ``row`` values per row (its row
+    count from its size, which must be a whole number of rows)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(len(np.lib.format.MAGIC_PREFIX))
+            size = os.fstat(fh.fileno()).st_size
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing ({what})") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable ({what}: {exc.strerror})") from None
+    if magic == np.lib.format.MAGIC_PREFIX:
+        return npy(path, what)
+    step = np.dtype(dtype).itemsize * row
+    if size == 0 or size % step:
+        raise DatasetError(f"{path}: {what} has no .npy header, and its {size:,} bytes are not a whole number "
+                           f"of rows of {row} {dtype} values ({step} bytes): not an IGB raw file")
+    shape = (size // step, row) if row > 1 else (size // step,)
+    return ArrayFile(path, shape, np.dtype(dtype), 0, raw=True)
+
+
+def npz_member(path: str | Path, key: str, what: str, required: bool = True) -> ArrayFile | None:
+    """Member ``key`` of an .npz archive, its header read from the (possibly compressed) stream.
+
+    Nothing is unpickled: an object array is refused by its header."""
+    path = Path(path)
+    name = f"{key}.npy"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if name not in names:
+                if not required:
+                    return None
+                have = ", ".join(n.removesuffix(".npy") for n in names) or "nothing"
+                raise DatasetError(f"{path}: no member {key!r} ({what}); it holds {have}")
+            info = zf.getinfo(name)
+            with zf.open(name) as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(fh)
+                offset = fh.tell()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing ({what})") from None
+    except zipfile.BadZipFile as exc:
+        raise DatasetError(f"{path}: not an .npz archive ({what}: {exc})") from None
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}:{key}: not a readable .npy member ({what}: {str(exc).splitlines()[0]})") from None
+    if dtype.hasobject:
+        raise DatasetError(f"{path}:{key}: {what} holds Python objects (pickled data), not numbers")
+    arr = ArrayFile(path, tuple(shape), dtype, offset, fortran, member=name)
+    if info.file_size < offset + arr.nbytes:
+        raise DatasetError(f"{arr.label}: truncated: {info.file_size} bytes, expected {offset + arr.nbytes}")
+    return arr
+
+
+class EdgeArray:
+    """An edge list as E×2 (pairs, IGB) or 2×E (a row of sources, a row of destinations, OGB), read
+    in chunks as int64 (src, dst) with every id checked against N."""
+
+    def __init__(self, arr: ArrayFile, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
+        if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
+            raise DatasetError(f"{arr.label}: {what} must be an E×2 or 2×E integer array, "
+                               f"got {arr.dtype.name} of shape {arr.shape}")
+        self.arr, self.n, self.what = arr, num_nodes, what
+        e2 = arr.shape[1] == 2 if arr.shape != (2, 2) else pairs
+        self.size = arr.shape[0] if e2 else arr.shape[1]
+        self.interleaved = e2 != arr.fortran  # (E, 2) in C order or (2, E) in Fortran order: src, dst, src, ...
+
+    def chunks(self, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        e = self.size
+        if self.interleaved:
+            with self.arr.stream() as fh:
+                for a in range(0, e, chunk):
+                    pairs = self.arr.read(fh, 2 * min(chunk, e - a)).reshape(-1, 2).astype(np.int64)
+                    yield self._checked(pairs[:, 0], pairs[:, 1], a)
+            return
+        with self.arr.stream() as fs, self.arr.stream(e) as fd:
+            for a in range(0, e, chunk):
+                m = min(chunk, e - a)
+                yield self._checked(self.arr.read(fs, m).astype(np.int64), self.arr.read(fd, m).astype(np.int64), a)
+
+    def _checked(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+        for ids in (src, dst):
+            if ids.size and (ids.min() < 0 or ids.max() >= self.n):
+                i = int(np.argmax((ids < 0) | (ids >= self.n)))
+                raise DatasetError(f"{self.arr.label}: edge {at + i} ({int(src[i])} → {int(dst[i])}) names vertex "
+                                   f"{int(ids[i])}, not a vertex id (N = {self.n:,} from the features)")
+        return src, dst
+
+
+def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, block) of an N×d (or N) array, ``count`` rows at a time, front to back."""
+    width = math.prod(arr.shape[1:])
+    with arr.stream() as fh:
+        for a in range(0, arr.shape[0], count):
+            m = min(count, arr.shape[0] - a)
+            yield a, arr.read(fh, m * width).reshape((m, *arr.shape[1:]))

@@ -1,0 +1,89 @@
+"""Preparing the next batches while the current one trains: a background thread samples and
+fetches features ``depth`` batches ahead (on CUDA on a stream of its own)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from placement.sampler import SampledBatch
+
+
+@dataclass
+class Prepared:
+    """A batch ready to train on: blocks, features of ``batch.nodes``, labels of the seeds."""
+
+    batch: SampledBatch
+    x: torch.Tensor
+    y: torch.Tensor
+    ready: torch.cuda.Event | None = None  # recorded on the copy stream (CUDA)
+
+
+class Prefetcher:
+    """Prepares up to ``depth`` batches ahead in a background thread (bounded queue).
+
+    On CUDA the thread works on its own stream, so sampling and host→GPU copies overlap the
+    training kernels; the consumer's stream waits on each batch's event before using it. An
+    exception in the thread is re-raised in the consumer."""
+
+    _DONE = object()
+
+    def __init__(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared], depth: int,
+                 device: torch.device) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._device = device
+        self._thread = threading.Thread(target=self._work, args=(seeds, prepare), name="moment-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared]) -> None:
+        try:
+            stream = None
+            if self._device.type == "cuda":
+                torch.cuda.set_device(self._device)  # the current device is per thread
+                stream = torch.cuda.Stream(self._device)
+            for s in seeds:
+                if stream is None:
+                    item = prepare(s)
+                else:
+                    with torch.cuda.stream(stream):
+                        item = prepare(s)
+                        item.ready = torch.cuda.Event()
+                        item.ready.record(stream)
+                if not self._put(item):
+                    return
+            self._put(self._DONE)
+        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which raises it
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[Prepared]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item.ready is not None:
+                current = torch.cuda.current_stream(self._device)
+                current.wait_event(item.ready)
+                for t in (item.x, item.y, *(b.edge_index for b in item.batch.blocks)):
+                    t.record_stream(current)  # the allocator must not reuse them early
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

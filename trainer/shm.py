@@ -1,0 +1,131 @@
+"""Node-shared host memory: one copy per socket of the cache bins held in host memory.
+
+The ranks of a socket share the CPU cache (and on CPU ranks the GPU cache), as the planner models
+it: the bins are concatenated into one file in a memory file system (``--shm-dir``, e.g.
+/dev/shm) that every rank of the socket maps. torchrun's workers are not children of each other,
+so a named file is what they can share. The protocol, all of it here:
+
+* naming (:func:`shm_path`): after the placement (its manifest), the torchrun job and the socket,
+  so runs of other placements or jobs never map it;
+* who writes (:func:`socket_writer`): the socket's first local rank, pinned to the socket's cores
+  so the pages land in the socket's memory;
+* writing (:func:`publish`): under a temporary name, then linked into place, so nobody maps a
+  half-written file; refused (:class:`SharedMemoryFull`) without room, and the ranks fall back
+  to private copies;
+* mapping (:func:`map_shared`) and the barriers around it (:func:`per_socket`): the others wait
+  while the writer writes; once all have mapped the file the writer unlinks it (the memory lives
+  while mapped, and a crash leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from moment.planner.planfile import PlanDoc
+from placement.placed import Placed, PlacedError
+from trainer.dist import DistEnv, attempt
+
+T = TypeVar("T")
+
+
+class SharedMemoryFull(PlacedError):
+    """The memory file system has no room for the host tiers (the caller may fall back to
+    private copies)."""
+
+
+def socket_of(plan: PlanDoc | None, local_rank: int) -> str:
+    """The socket the plan puts ``local_rank``'s GPU on ("node" without one): host-memory tiers
+    are shared per socket, so each GPU reads the copy in its own socket's memory."""
+    entry = plan.rank(local_rank) if plan else None
+    return entry.socket if entry and entry.socket else "node"
+
+
+def socket_writer(plan: PlanDoc | None, env: DistEnv) -> bool:
+    """Whether this rank is the first local rank of its socket (it writes the socket's copy)."""
+    mine = socket_of(plan, env.local_rank)
+    return all(socket_of(plan, r) != mine for r in range(env.local_rank))
+
+
+def shm_path(shm_dir: str | Path, placed: Placed, socket: str) -> Path:
+    """The socket-shared host-tier file of this run: named after the placement (its manifest),
+    the torchrun job and the socket, so runs of other placements or jobs never map it."""
+    manifest = (placed.root / "placed.json").read_bytes()
+    job = f"{attempt()}:{os.environ.get('MASTER_PORT', '')}:{socket}"
+    key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
+    return Path(shm_dir) / f"moment-host-{key}"
+
+
+def per_socket(open_store: Callable[[Path | None], T], shm_dir: str, placed: Placed, plan: PlanDoc | None,
+               env: DistEnv) -> T:
+    """``open_store(path)`` on every rank with one shared file per socket (``open_store(None)``:
+    a private copy). With a process group and ``shm_dir`` set, the socket's writer opens first
+    (writing the file) while the others wait at a barrier; then the others open (mapping it); a
+    second barrier, and the writer unlinks it. Without room there, each rank loads its own copy."""
+    writer = socket_writer(plan, env)
+    path = shm_path(shm_dir, placed, socket_of(plan, env.local_rank)) if dist.is_initialized() and shm_dir else None
+    if path is not None and not path.parent.is_dir():
+        if env.rank == 0:
+            print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)
+        path = None
+    store = None
+    if path is not None and writer:
+        try:
+            store = open_store(path)
+        except SharedMemoryFull as exc:
+            print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
+    if path is not None:
+        dist.barrier()  # the file is whole (or was not made) before the other ranks look
+    if store is None:
+        shared = path is not None and path.exists()
+        store = open_store(path if shared else None)
+    if path is not None:
+        dist.barrier()  # every local rank has mapped it
+        if writer:
+            path.unlink(missing_ok=True)
+    return store
+
+
+def map_shared(path: Path, sources: Sequence[Path], rows: int, dim: int, dtype: torch.dtype,
+               owner: Path) -> torch.Tensor:
+    """A (rows, dim) tensor on a shared mapping of ``path``, which holds ``sources`` back to back
+    (the bins of ``owner``, a placed dataset); written there first if nobody has yet."""
+    nbytes = rows * dim * torch.empty(0, dtype=dtype).element_size()
+    if not path.exists():
+        publish(path, sources, nbytes)
+    size = path.stat().st_size
+    if size != nbytes:
+        raise PlacedError(f"{path}: holds {size} bytes, but the GPU and CPU bins of {owner} are "
+                          f"{nbytes} bytes: a file of another placement; remove it")
+    return torch.from_file(str(path), shared=True, size=rows * dim, dtype=dtype).view(rows, dim)
+
+
+def publish(path: Path, sources: Sequence[Path], nbytes: int) -> None:
+    """Concatenate ``sources`` into ``path`` atomically: written under a temporary name, then
+    hard-linked into place (when another process won the race, its file is kept)."""
+    free = shutil.disk_usage(path.parent).free
+    if free < nbytes:
+        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
+                               f"{nbytes / 2**30:.2f} GiB")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            for src in sources:
+                with open(src, "rb") as f:
+                    shutil.copyfileobj(f, out, length=16 << 20)
+        if tmp.stat().st_size != nbytes:
+            raise PlacedError(f"{', '.join(map(str, sources))}: shorter than the manifest says: truncated while in use")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
