@@ -1,9 +1,10 @@
 """The one progress-callback type every long-running stage takes (synth, import, place).
 
 A :class:`Progress` is told ``(stage, done, total)`` whenever a stage advances; the first call
-for a stage starts it (``total`` 0: not known yet; ``done`` above 0: a resumed stage). Loops inside one stage take the narrower
-:data:`Update`, ``(done, total)``, which :func:`stage_update` makes from a ``Progress``. The CLI
-draws one rich bar per stage (``moment.cli.output.RichProgress``); tests pass a plain function.
+for a stage starts it (``total`` 0: not known yet; ``done`` above 0: a resumed stage). Loops
+inside one stage take the narrower :data:`Update`, ``(done, total)``, which
+:func:`stage_update` makes from a ``Progress``. The CLI draws one rich bar per stage
+(``moment.cli.output.RichProgress``); tests pass a plain function.
 """
 
 from __future__ import annotations

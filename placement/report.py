@@ -30,6 +30,6 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
     console.print(table)
     whose = ("predicted for this dataset" if pred["source"] == "dataset"
              else "the plan's prediction, for its own workload")
-    console.print(f"reads served per tier, achieved vs predicted ({whose}; {pred['iteration_s']:.4g} s per iteration on "
-                  f"{pred['profile']}, layout {pred['layout']}): "
+    console.print(f"reads served per tier, achieved vs predicted ({whose}; {pred['iteration_s']:.4g} s per iteration "
+                  f"on {pred['profile']}, layout {pred['layout']}): "
                   + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got))
