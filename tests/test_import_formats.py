@@ -157,6 +157,42 @@ def test_ogb_binary_layout_streams_the_compressed_npz(tmp_path: Path, monkeypatc
     assert ds.meta["source"]["split"] == "time" and ds.meta["directed"] is False
 
 
+def _gz(path: Path, rows: np.ndarray, fmt: str) -> None:
+    with gzip.open(path, "wt") as fh:
+        fh.write("".join(",".join(fmt % v for v in np.atleast_1d(row)) + "\n" for row in rows))
+
+
+def test_ogb_csv_layout_matches_a_direct_reading(tmp_path: Path, monkeypatch) -> None:
+    """ogbn-arxiv's layout: raw/*.csv.gz, counts in num-*-list.csv.gz; parsed in small batches of lines."""
+    rng = np.random.default_rng(4)
+    n, e = 120, 700
+    edges, feats = rng.integers(0, n, (e, 2)), rng.standard_normal((n, 5)).astype(np.float32)
+    labels = rng.integers(0, 40, n)
+    raw = tmp_path / "ogbn_arxiv" / "raw"
+    raw.mkdir(parents=True)
+    _gz(raw / "edge.csv.gz", edges, "%d")
+    _gz(raw / "node-feat.csv.gz", feats, "%.9g")  # round-trips float32
+    _gz(raw / "node-label.csv.gz", labels, "%d")
+    _gz(raw / "num-node-list.csv.gz", np.array([n]), "%d")
+    _gz(raw / "num-edge-list.csv.gz", np.array([e]), "%d")
+    (tmp_path / "ogbn_arxiv" / "split" / "time").mkdir(parents=True)
+    for name, ids in (("train", [3, 1, 4]), ("valid", [15, 9]), ("test", [26, 5])):
+        _gz(tmp_path / "ogbn_arxiv" / "split" / "time" / f"{name}.csv.gz", np.array(ids), "%d")
+    monkeypatch.setattr(readers, "CSV_LINES", 7)
+    ds = run("ogb", tmp_path / "ds", {"root": str(tmp_path / "ogbn_arxiv")}, log=lambda _: None)
+    check_dataset(ds)
+    assert _rows(ds) == _csr(edges[:, 0], edges[:, 1], n)
+    assert np.array_equal(ds.features(), feats) and ds.labels().tolist() == labels.tolist()
+    assert (ds.split("train").tolist(), ds.split("val").tolist(), ds.split("test").tolist()) == ([1, 3, 4], [9, 15],
+                                                                                                  [5, 26])
+    lines = [f"{s},{d}\n" for s, d in edges]
+    lines[50] = "1,2,3\n"  # line 51
+    with gzip.open(raw / "edge.csv.gz", "wt") as fh:
+        fh.write("".join(lines))
+    with pytest.raises(DatasetError, match=r"edge\.csv\.gz: line 51: 3 value\(s\) \(expected 2 value"):
+        run("ogb", tmp_path / "ds2", {"root": str(tmp_path / "ogbn_arxiv")}, log=lambda _: None)
+
+
 @pytest.mark.parametrize("pairs", [True, False])
 def test_edge_streams_give_the_same_csr_for_every_chunk_size(tmp_path: Path, pairs: bool) -> None:
     n, e = 12, 30

@@ -7,6 +7,7 @@ import pytest
 from moment.errors import UsageError
 from moment.planner import search
 from moment.planner.bounds import LayoutBound
+from moment.planner.flow.milp import MILP_SOLVERS
 from moment.planner.layout import slot_space
 from moment.planner.workload import Workload, load_workload
 from moment.topology.profile_io import resolve_profile
@@ -108,3 +109,25 @@ def test_milp_on_a_large_machine_beats_random_layouts() -> None:
         ssel = rng.sample([p.id for p in space.ssd_slots() if p.id not in gsel], 16)
         placed = dict(zip(gsel + ssel, space.gpus + space.ssds))
         assert search.evaluate(skeleton, placed, workload).iteration_s >= best * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("solver", list(MILP_SOLVERS))
+@pytest.mark.parametrize(("machine", "gpus", "ssds"), [
+    ("one-switch", 2, 3), ("one-switch", 1, 2), ("moment-machine-b", 1, 2),
+])
+def test_each_milp_solver_finds_the_brute_force_best(solver: str, machine: str, gpus: int, ssds: int) -> None:
+    """SCIP (ortools) and CBC (PuLP) pick a layout brute force ranks best, at its time."""
+    m = one_switch(extra_slots=True) if machine == "one-switch" else resolve_profile(machine)
+    workload = SSD_ONLY if machine == "one-switch" else load_workload(m.workload)
+    milp = search.search_milp(m, workload, gpus, ssds, keep=1, solver=solver)
+    brute = search.brute_force(m, workload, gpus, ssds)
+    best = brute.ranked[0].prediction.iteration_s
+    assert milp.ranked[0].prediction.iteration_s == pytest.approx(best, rel=1e-6)
+    tied = [_slots(c.layout) for c in brute.ranked if c.prediction.iteration_s <= best * (1 + 1e-6)]
+    assert _slots(milp.ranked[0].layout) in tied
+
+
+def _slots(layout: dict[str, str]) -> tuple[set[str], set[str]]:
+    """The slots holding GPUs and those holding SSDs (devices of a kind are alike here)."""
+    gpus = {port for port, dev in layout.items() if dev.startswith("gpu")}
+    return gpus, set(layout) - gpus

@@ -23,10 +23,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from moment.contracts import Contract, Strict
+from moment.contracts import Contract, Strict, first_error
 from moment.contracts.tiers import Tier
 from moment.planner.workload import Workload
 from moment.topology.model import DeviceKind
@@ -115,9 +115,20 @@ class Rank(_Part):
     port: str | None
 
 
+# A flow model beyond these two (moment.planner.flow.FLOW_MODELS) writes its figures as
+# <model>_iteration_s, <model>_gbps_per_gpu and <model>_bottleneck: typed here, by suffix.
+MODEL_FIGURES = {"_iteration_s": TypeAdapter(float), "_gbps_per_gpu": TypeAdapter(list[float]),
+                 "_bottleneck": TypeAdapter(list[str])}
+MODEL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
 class LayoutRecord(_Part):
-    """Both models' prediction for one layout (``Scored.to_dict``): report-only, except that
-    the trainer sets its measured time beside ``predicted_iteration_s``."""
+    """Every flow model's prediction for one layout (``Scored.to_dict``): report-only, except
+    that the trainer sets its measured time beside ``predicted_iteration_s``. The primary
+    (proportional) model's figures are unprefixed, the paper model's ``paper_``; another model's
+    are extra keys named for it (:data:`MODEL_FIGURES`), and any other key is refused."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     name: str
     layout: dict[str, str]  # port id -> device id
@@ -131,6 +142,19 @@ class LayoutRecord(_Part):
     paper_gbps_per_gpu: list[float]
     paper_bottleneck: list[str]
     models_differ: str | None
+
+    @model_validator(mode="after")
+    def _other_models(self) -> LayoutRecord:
+        for key, value in (self.model_extra or {}).items():
+            suffix = next((s for s in MODEL_FIGURES if key.endswith(s)), None)
+            if suffix is None or not MODEL_NAME.match(key[: -len(suffix)]):
+                raise ValueError(f"unknown field {key!r} (another flow model's figures are named "
+                                 f"<model>{', <model>'.join(MODEL_FIGURES)})")
+            try:
+                MODEL_FIGURES[suffix].validate_python(value, strict=True)
+            except ValidationError as exc:
+                raise ValueError(f"{key}: {first_error(exc)}") from None
+        return self
 
 
 class LinkLoad(_Part):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moment.planner.network import Skeleton, device_link_gbps
+from moment.planner.network import Skeleton, device_link_gbps, is_socket, socket_node, switch_node
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine
 
@@ -39,18 +39,18 @@ class LayoutBound:
         self.cuts: dict[str, _Cut] = {}
         for port, socket in machine.iter_ports():
             if port.switch is not None:
-                self.cuts[f"W:{port.switch.id}"] = _Cut(port.link.bandwidth_gbps() or float("inf"), False, 0)
+                self.cuts[switch_node(port.switch.id)] = _Cut(port.link.bandwidth_gbps() or float("inf"), False, 0)
         for s in machine.sockets:
             cap = sum(link.bandwidth_gbps() for link in machine.socket_links if s.id in link.between)
             if len(machine.sockets) > 1:
-                self.cuts[f"S:{s.id}"] = _Cut(cap, True, 0)
+                self.cuts[socket_node(s.id)] = _Cut(cap, True, 0)
         anc = {}
         for port_id, pos in skeleton.positions.items():
             chain, node = [], pos.parent
             while True:
                 if node in self.cuts:
                     chain.append(node)
-                if node.startswith("S:"):
+                if is_socket(node):
                     break
                 node = skeleton.parent[node][0]
             anc[port_id] = chain

@@ -5,7 +5,8 @@ end (where its data leaves), ``G:<gpu>`` a GPU as consumer, ``B:<bin>`` storage 
 cache (a copy in every GPU: edges ``local:<gpu>``), the CPU cache (a copy in every socket's
 memory: edges ``dram:<socket>``; each GPU reads its own socket's copy), each SSD. Every PCIe link is two directed edges (``up:``/``down:``
 + port id), PCIe being full duplex; ``upi:a>b`` likewise. Splitting a GPU into ``D:`` and ``G:``
-keeps data from relaying through a GPU. Capacities are GB/s.
+keeps data from relaying through a GPU. Capacities are GB/s. These names are spelled and parsed
+only by the helpers below (``socket_node``, ``up_edge``, ``edge_kind`` ...).
 
 The machine's fixed part (sockets, switches, their links, fixed devices) is walked once into a
 :class:`Skeleton`; a layout only adds the devices in slots, which keeps the search fast.
@@ -28,6 +29,81 @@ DEFAULT_DRAM_GBPS = 100.0  # per socket, when the profile has no figure
 DEFAULT_SSD_GBPS = 3.0  # per SSD at the feature read size, when the profile has no figure
 GPU_CACHE = "gpu-cache"  # the bin of the replicated GPU cache (every GPU holds it)
 CPU_CACHE = "cpu-cache"  # the bin of the CPU cache (a copy in every socket's memory)
+
+
+# --- names of nodes and edges: the one place that spells or parses them --------------------
+
+
+def socket_node(socket_id: str) -> str:
+    return f"S:{socket_id}"
+
+
+def switch_node(switch_id: str) -> str:
+    return f"W:{switch_id}"
+
+
+def device_node(device_id: str) -> str:
+    """A device's PCIe end, where its data leaves (a GPU's consumer side is :func:`gpu_node`)."""
+    return f"D:{device_id}"
+
+
+def gpu_node(gpu_id: str) -> str:
+    return f"G:{gpu_id}"
+
+
+def bin_node(bin_id: str) -> str:
+    return f"B:{bin_id}"
+
+
+def is_socket(node: str) -> bool:
+    return node.startswith("S:")
+
+
+def node_id(node: str) -> str:
+    """The socket, switch, device or bin id a node is named for (``S:cpu1`` → ``cpu1``)."""
+    return node.split(":", 1)[1]
+
+
+def up_edge(port_id: str) -> str:
+    """A PCIe link towards the root complex (``down_edge``: away from it)."""
+    return f"up:{port_id}"
+
+
+def down_edge(port_id: str) -> str:
+    return f"down:{port_id}"
+
+
+def socket_edge(a: str, b: str) -> str:
+    """The inter-socket link from socket ``a`` to socket ``b``."""
+    return f"upi:{a}>{b}"
+
+
+def read_edge(ssd_id: str) -> str:
+    """An SSD's own read rate."""
+    return f"read:{ssd_id}"
+
+
+def dram_edge(socket_id: str) -> str:
+    """The CPU cache's copy in a socket's memory."""
+    return f"dram:{socket_id}"
+
+
+def cache_edge(gpu_id: str) -> str:
+    """A GPU reading its own copy of the GPU cache."""
+    return f"local:{gpu_id}"
+
+
+LINK_EDGES = ("up", "down", "upi")  # the kinds of edge that are links between devices, not reads
+
+
+def edge_kind(key: str) -> str:
+    """``up``, ``down``, ``upi``, ``read``, ``dram`` or ``local``."""
+    return key.partition(":")[0]
+
+
+def edge_target(key: str) -> str:
+    """What an edge is named for: a port (``up``/``down``), a device, a socket, a socket pair."""
+    return key.partition(":")[2]
 
 
 @dataclass(frozen=True)
@@ -86,14 +162,14 @@ class Skeleton:
         movable = movable or set()
         switch_of = {p.id: sw.id for sw in machine.switches() for p in sw.ports}
         for port, socket in machine.iter_ports():
-            above = f"W:{switch_of[port.id]}" if port.id in switch_of else f"S:{socket.id}"
+            above = switch_node(switch_of[port.id]) if port.id in switch_of else socket_node(socket.id)
             where = port.slot.name if port.slot else port.id
             pos = _Position(port.id, above, port.link, where, port.kind == "integrated")
             if port.switch is not None:
                 cap = port.link.bandwidth_gbps()
                 if cap is None:
                     self.notes.append(f"uplink of {port.switch.id} ({port.id}) has no known bandwidth: treated as unlimited")
-                self._link(pos, f"W:{port.switch.id}", f"W:{port.switch.id}", cap, f"uplink of {port.switch.id}")
+                self._link(pos, switch_node(port.switch.id), switch_node(port.switch.id), cap, f"uplink of {port.switch.id}")
             elif port.id in movable:
                 self.positions[port.id] = pos
             elif port.device is not None and port.device.kind in ("gpu", "nvme"):
@@ -103,7 +179,7 @@ class Skeleton:
         for link in machine.socket_links:
             a, b = link.between
             for x, y in ((a, b), (b, a)):
-                self._add(f"upi:{x}>{y}", f"S:{x}", f"S:{y}", link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
+                self._add(socket_edge(x, y), socket_node(x), socket_node(y), link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
         # Switch ports whose ACS sends peer requests up to the root complex: no turn at that switch.
         self.redirect = {port.id for port, _ in machine.iter_ports() if port.acs_redirect}
         self.socket_path = _socket_paths(self.sockets, [link.between for link in machine.socket_links])
@@ -120,8 +196,8 @@ class Skeleton:
         parent = self.parent if parent is None else parent
         parent[up_tail] = (pos.parent, pos.port_id)
         for key, tail, head, way in (
-            (f"up:{pos.port_id}", up_tail, pos.parent, "up"),
-            (f"down:{pos.port_id}", pos.parent, down_head, "down"),
+            (up_edge(pos.port_id), up_tail, pos.parent, "up"),
+            (down_edge(pos.port_id), pos.parent, down_head, "down"),
         ):
             edges[key] = (tail, head, INF if cap is None else cap)
             labels[key] = f"{what} ({pos.where}) {way}"
@@ -137,32 +213,32 @@ class Skeleton:
             cap = None if pos.integrated else device_link_gbps(pos.link, dev)
             if cap is None and not pos.integrated:
                 notes.append(f"link of {dev.id} ({pos.where}) has no known bandwidth: treated as unlimited")
-            node = f"D:{dev.id}"
-            head = f"G:{dev.id}" if dev.kind == "gpu" else node
+            node = device_node(dev.id)
+            head = gpu_node(dev.id) if dev.kind == "gpu" else node
             self._link(pos, node, head, cap, f"link of {dev.id}", edges, labels, parent)
             (gpus if dev.kind == "gpu" else ssds).append(dev)
         if self.machine.nvlinks:
             notes.append("NVLink carries no feature reads: each GPU reads its own cache copy, host memory and SSDs")
-        bins: list[Bin] = [Bin(GPU_CACHE, "gpu", f"B:{GPU_CACHE}"), Bin(CPU_CACHE, "cpu", f"B:{CPU_CACHE}")]
+        bins: list[Bin] = [Bin(GPU_CACHE, "gpu", bin_node(GPU_CACHE)), Bin(CPU_CACHE, "cpu", bin_node(CPU_CACHE))]
         self._check_cache(gpus, workload)
         for g in gpus:  # the replicated cache: each GPU reads its own copy, no link crossed
-            edges[f"local:{g.id}"] = (f"B:{GPU_CACHE}", f"G:{g.id}", INF)
-            labels[f"local:{g.id}"] = f"{g.id} cache"
+            edges[cache_edge(g.id)] = (bin_node(GPU_CACHE), gpu_node(g.id), INF)
+            labels[cache_edge(g.id)] = f"{g.id} cache"
         for s, gbps in self.dram.items():  # one copy per socket
             if gbps is None:
                 notes.append(f"{s} DRAM bandwidth unknown: {DEFAULT_DRAM_GBPS:g} GB/s assumed")
-            edges[f"dram:{s}"] = (f"B:{CPU_CACHE}", f"S:{s}", gbps or DEFAULT_DRAM_GBPS)
-            labels[f"dram:{s}"] = f"{s} DRAM"
+            edges[dram_edge(s)] = (bin_node(CPU_CACHE), socket_node(s), gbps or DEFAULT_DRAM_GBPS)
+            labels[dram_edge(s)] = f"{s} DRAM"
         if any(d.model == DEFAULT_SSD.model for d in ssds):
             notes.append(f"the profile has no SSD of its own: {DEFAULT_SSD.model}, "
                          f"{DEFAULT_SSD.read_gbps:g} GB/s read, assumed (see moment/planner/layout.py)")
         for d in ssds:
-            bins.append(Bin(d.id, "ssd", f"B:{d.id}"))
+            bins.append(Bin(d.id, "ssd", bin_node(d.id)))
             if d.read_gbps is None:
                 notes.append(f"{d.id} read bandwidth unknown: {DEFAULT_SSD_GBPS:g} GB/s assumed")
-            edges[f"read:{d.id}"] = (f"B:{d.id}", f"D:{d.id}", d.read_gbps or DEFAULT_SSD_GBPS)
-            labels[f"read:{d.id}"] = f"{d.id} reads"
-        ancestry = {n: _ancestry(n, parent) for n in [f"D:{d.id}" for d in gpus + ssds]}
+            edges[read_edge(d.id)] = (bin_node(d.id), device_node(d.id), d.read_gbps or DEFAULT_SSD_GBPS)
+            labels[read_edge(d.id)] = f"{d.id} reads"
+        ancestry = {n: _ancestry(n, parent) for n in [device_node(d.id) for d in gpus + ssds]}
         direct = {g.id: workload.ssd_reads == "direct" and can_p2p(g) for g in gpus}
         if ssds and workload.ssd_reads == "direct" and not all(direct.values()):
             notes.append("GeForce GPUs cannot take SSD data peer to peer: their reads go through host memory")
@@ -172,14 +248,14 @@ class Skeleton:
         paths: dict[tuple[str, str], list[list[str]]] = {}
         for b in bins:
             for g in gpus:
-                target = ancestry[f"D:{g.id}"]
+                target = ancestry[device_node(g.id)]
                 if b.tier == "gpu":
-                    alts = [[f"local:{g.id}"]]
+                    alts = [[cache_edge(g.id)]]
                 elif b.tier == "cpu":  # from the copy in the GPU's own socket
-                    alts = [[f"dram:{target[-1][1][2:]}", *_downs(target)]]
+                    alts = [[dram_edge(node_id(target[-1][1])), *_downs(target)]]
                 else:
                     route = self._tree_path if direct[g.id] else self._host_path
-                    alts = [[f"read:{b.id}", *route(ancestry[f"D:{b.id}"], target)]]
+                    alts = [[read_edge(b.id), *route(ancestry[device_node(b.id)], target)]]
                 paths[(b.id, g.id)] = alts
         return Network(
             edges=edges,
@@ -211,15 +287,15 @@ class Skeleton:
         depth_in_b = {up: i for i, (_, up) in enumerate(b)}
         keys = []
         for port_id, up in a:
-            keys.append(f"up:{port_id}")
+            keys.append(up_edge(port_id))
             if up in depth_in_b and not {port_id, b[depth_in_b[up]][0]} & self.redirect:
                 return keys + _downs(b[: depth_in_b[up] + 1])
-        return keys + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
+        return keys + self.socket_path[(node_id(a[-1][1]), node_id(b[-1][1]))] + _downs(b)
 
     def _host_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
         """Up from the SSD to its socket's memory, across to the GPU's socket, down to the GPU:
         the route of a read through a host buffer, whatever switch the two share."""
-        return [f"up:{p}" for p, _ in a] + self.socket_path[(a[-1][1][2:], b[-1][1][2:])] + _downs(b)
+        return [up_edge(p) for p, _ in a] + self.socket_path[(node_id(a[-1][1]), node_id(b[-1][1]))] + _downs(b)
 
 
 # PCI device ids of GeForce boards that name no "GeForce" in a profile (an nvidia-smi or NCCL
@@ -237,7 +313,7 @@ def can_p2p(gpu: Device) -> bool:
 
 
 def _downs(steps: list[tuple[str, str]]) -> list[str]:
-    return [f"down:{p}" for p, _ in reversed(steps)]
+    return [down_edge(p) for p, _ in reversed(steps)]
 
 
 def _ancestry(node: str, parent: dict[str, tuple[str, str]]) -> list[tuple[str, str]]:
@@ -266,7 +342,7 @@ def _socket_paths(sockets: list[str], links: list[tuple[str, str]]) -> dict[tupl
             for here in frontier:
                 for there in neighbours[here]:
                     if there not in route:
-                        route[there] = route[here] + [f"upi:{here}>{there}"]
+                        route[there] = route[here] + [socket_edge(here, there)]
                         nxt.append(there)
             frontier = nxt
         out.update({(start, end): keys for end, keys in route.items()})

@@ -60,10 +60,11 @@ def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: i
 
 
 def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
-         method: str = "auto", engine: str = "ortools") -> PlanOutcome:
-    """The search's best layouts, each scored by both models (``engine``: the paper model's max flow)."""
+         method: str = "auto", engine: str = "ortools", milp_solver: str = "ortools") -> PlanOutcome:
+    """The search's best layouts, each scored by every flow model (``engine``: the paper model's max
+    flow; ``milp_solver``: the ``milp`` search's solver)."""
     t0 = time.perf_counter()
-    result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method)
+    result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method, milp_solver=milp_solver)
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")

@@ -8,6 +8,8 @@ import re
 from rich.console import Console
 from rich.table import Table
 
+from moment.planner.flow import FLOW_MODELS, PRIMARY
+from moment.planner.network import down_edge, edge_kind, edge_target, up_edge
 from moment.planner.scoring import Scored, links_table
 from moment.planner.workload import Workload
 
@@ -31,7 +33,7 @@ def edge_notes(s: Scored) -> tuple[dict[str, str], set[str]]:
     T = s.prop.iteration_s
     port_of = {p.device.id: p.id for p, _ in s.machine.iter_ports() if p.device is not None}
     for key, load in s.prop.edge_load_gb.items():
-        kind, _, ident = key.partition(":")
+        kind, ident = edge_kind(key), edge_target(key)
         if kind in ("up", "down"):
             target = ident
         elif kind == "upi":
@@ -57,16 +59,17 @@ def print_layout(console: Console, s: Scored) -> None:
     for col in ("device", "slot", "port", "socket", "link GB/s"):
         table.add_column(col)
     for row in s.to_dict()["slots"]:
-        cap = s.net.edges.get(f"down:{row['port']}", (None, None, None))[2] if row["kind"] == "gpu" else s.net.edges.get(f"up:{row['port']}", (None, None, None))[2]
+        key = down_edge(row["port"]) if row["kind"] == "gpu" else up_edge(row["port"])  # the way its data flows
+        cap = s.net.edges.get(key, (None, None, None))[2]
         table.add_row(row["device"], row["slot"] or "-", row["port"], row["socket"], f"{cap:.3g}" if cap else "-")
     console.print(table)
 
 
 def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
     d = s.to_dict()
+    times = ", ".join(f"{p.iteration_s:.4f} s ({FLOW_MODELS[m].title})" for m, p in s.predictions.items())
     console.print(
-        f"[bold]{s.name}[/]: predicted iteration {d['predicted_iteration_s']:.4f} s "
-        f"(proportional share), {d['paper_iteration_s']:.4f} s (paper's max flow); "
+        f"[bold]{s.name}[/]: predicted iteration {times}; "
         f"per GPU {', '.join(f'{x:.3g}' for x in d['gbps_per_gpu'])} GB/s; imbalance {d['imbalance']:.3f}"
     )
     if d["bottleneck"]:
@@ -99,12 +102,14 @@ def bottleneck_summary(s: Scored, limit: int = 3) -> str:
 
 def ranking_table(title: str, rows: list[Scored], best_s: float) -> Table:
     table = Table(title=title)
-    for col in ("layout", "GPUs", "SSDs", "s/iter", "vs best", "paper", "bottleneck"):
-        table.add_column(col, justify="right" if col in ("s/iter", "vs best", "paper") else "left")
+    others = [m for m in FLOW_MODELS if m != PRIMARY]  # a column of times per other flow model
+    for col in ("layout", "GPUs", "SSDs", "s/iter", "vs best", *others, "bottleneck"):
+        table.add_column(col, justify="right" if col in ("s/iter", "vs best", *others) else "left")
     for s in rows:
         table.add_row(
             s.name, _spread(s, "gpu"), _spread(s, "nvme"), f"{s.prop.iteration_s:.4f}",
-            f"{s.prop.iteration_s / best_s:.2f}×", f"{s.paper.iteration_s:.4f}", bottleneck_summary(s),
+            f"{s.prop.iteration_s / best_s:.2f}×", *(f"{s.predictions[m].iteration_s:.4f}" for m in others),
+            bottleneck_summary(s),
         )
     return table
 

@@ -1,4 +1,4 @@
-"""The planner's result for one layout: both flow models' predictions (:class:`Scored`), and the
+"""The planner's result for one layout: every flow model's prediction (:class:`Scored`), and the
 plain records plan.json and ``--json`` carry (per-layout record, link loads, bin targets).
 
 No presentation here (that is :mod:`moment.planner.report`), so the stages that act on a plan
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moment.planner.flow import Prediction, explain_difference, paper, proportional
+from moment.planner.flow import FLOW_MODELS, PRIMARY, Prediction
 from moment.planner.layout import apply_layout, assign_devices
 from moment.planner.network import INF, Network, skeleton_for
 from moment.planner.workload import Workload
@@ -19,18 +19,28 @@ from moment.topology.model import Device, Machine
 
 @dataclass
 class Scored:
-    """One layout, predicted by both models."""
+    """One layout, predicted by every flow model of :data:`~moment.planner.flow.FLOW_MODELS`."""
 
     name: str
     layout: dict[str, str]
     machine: Machine  # the profile with this layout installed
     net: Network
-    prop: Prediction
-    paper: Prediction
+    predictions: dict[str, Prediction]  # flow model name -> its prediction, in registry order
+
+    @property
+    def prop(self) -> Prediction:
+        """The primary (proportional-share) prediction: layouts are ranked by it, bin targets are its."""
+        return self.predictions[PRIMARY]
 
     @property
     def explanation(self) -> str | None:
-        return explain_difference(self.net, self.paper, self.prop)
+        """Why the other models' times differ from the primary one's (None where they agree)."""
+        why = []
+        for name, pred in self.predictions.items():
+            explain = FLOW_MODELS[name].explain if name != PRIMARY else None
+            if explain is not None and (text := explain(self.net, pred, self.prop)):
+                why.append(text)
+        return "; ".join(why) or None
 
     def imbalance(self) -> float:
         times = [t for t in self.prop.per_gpu_s.values() if t > 0]
@@ -49,7 +59,7 @@ class Scored:
                     "bdf": port.device.bdf,
                     "socket": socket.id,
                 })
-        return {
+        record: dict[str, Any] = {
             "name": self.name,
             "layout": dict(self.layout),
             "slots": slots,
@@ -58,21 +68,26 @@ class Scored:
             "bottleneck": [self.net.labels[e] for e in self.prop.bottleneck],
             "bottleneck_edges": list(self.prop.bottleneck),
             "imbalance": round(self.imbalance(), 4),
-            "paper_iteration_s": self.paper.iteration_s,
-            "paper_gbps_per_gpu": [round(x, 4) for x in self.paper.gbps_per_gpu(self.net)],
-            "paper_bottleneck": [self.net.labels[e] for e in self.paper.bottleneck],
-            "models_differ": self.explanation,
         }
+        for name, pred in self.predictions.items():  # the other models' figures, prefixed with their names
+            if name != PRIMARY:
+                record[f"{name}_iteration_s"] = pred.iteration_s
+                record[f"{name}_gbps_per_gpu"] = [round(x, 4) for x in pred.gbps_per_gpu(self.net)]
+                record[f"{name}_bottleneck"] = [self.net.labels[e] for e in pred.bottleneck]
+        record["models_differ"] = self.explanation
+        return record
 
 
 def score(machine: Machine, name: str, layout: dict[str, str], workload: Workload,
           devices: list[Device] | None = None, engine: str = "ortools") -> Scored:
-    """Both models' predictions for one layout of ``machine``."""
+    """Every flow model's prediction for one layout of ``machine`` (``engine``: the max-flow
+    engine of the models that run one)."""
     placed = assign_devices(machine, layout, devices)
     net = skeleton_for(machine).network(placed, workload)
-    prop = proportional(net)
-    slow = paper(net, engine=engine, upper_s=prop.iteration_s * 1.001 + 1e-9)
-    return Scored(name, layout, apply_layout(machine, layout, devices), net, prop, slow)
+    predictions: dict[str, Prediction] = {}
+    for key, model in FLOW_MODELS.items():
+        predictions[key] = model.predict(net, engine, predictions)
+    return Scored(name, layout, apply_layout(machine, layout, devices), net, predictions)
 
 
 def links_table(s: Scored) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from moment.errors import UsageError
 from moment.planner import flow
 from moment.planner.bounds import LayoutBound
 from moment.planner.layout import SlotSpace, pick_devices, slot_space
-from moment.planner.network import Skeleton, device_link_gbps, skeleton_for
+from moment.planner.network import Skeleton, device_link_gbps, skeleton_for, up_edge
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine, Port
 
@@ -182,9 +182,11 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
 TIE_LIMIT = 300
 
 
-def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10) -> SearchResult:
+def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10,
+                solver: str = "ortools") -> SearchResult:
     """For large machines: enumerate only the distinct GPU placements; for each, a MILP picks how
-    many SSDs go in each slot class (and the read shares) to minimise T.
+    many SSDs go in each slot class (and the read shares) to minimise T (``solver``: a name of
+    :data:`~moment.planner.flow.milp.MILP_SOLVERS`).
 
     Exact for the proportional model: SSDs of one class share every link above their own slot, so
     a class behaves like one bin whose read rate and own link scale with its count.
@@ -214,11 +216,11 @@ def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
                 placed[port_id] = rep
                 link = skeleton.positions[port_id].link
                 rate = min(rep.read_gbps or 3.0, device_link_gbps(link, rep) or math.inf)
-                reps[rep.id] = flow.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=f"up:{port_id}")
+                reps[rep.id] = flow.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=up_edge(port_id))
         if n_ssds and not reps:
             continue
         net = skeleton.network(placed, workload)
-        pred = flow.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds)
+        pred = flow.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds, milp_solver=solver)
         s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
         found.append(Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s)))
         found[-1].prediction = pred
@@ -236,13 +238,13 @@ ENUMERATION_LIMIT = 20_000  # class-count layouts; beyond this "auto" switches t
 
 
 def plan_search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10,
-                method: str = "auto") -> SearchResult:
+                method: str = "auto", milp_solver: str = "ortools") -> SearchResult:
     """The front door: ``enumerate`` (every distinct layout, bound-pruned), ``milp`` (GPU placements
-    enumerated, SSD counts by MILP), or ``auto``: enumeration while the space is small."""
+    enumerated, SSD counts by MILP on ``milp_solver``), or ``auto``: enumeration while the space is small."""
     if method == "auto":
         method = "enumerate" if _space_size(machine, n_gpus, n_ssds, ENUMERATION_LIMIT) <= ENUMERATION_LIMIT else "milp"
     if method == "milp":
-        return search_milp(machine, workload, n_gpus, n_ssds, keep)
+        return search_milp(machine, workload, n_gpus, n_ssds, keep, solver=milp_solver)
     return search(machine, workload, n_gpus, n_ssds, keep)
 
 

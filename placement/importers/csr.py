@@ -95,10 +95,13 @@ def count(source: EdgeSource, num_nodes: int, undirected: bool, self_loops: bool
     done = 0
     for src, dst in source.chunks(chunk):
         for _, d, _ in _parts(src, dst, undirected, self_loops):
-            if num_nodes <= 4 * d.size:
-                counts += np.bincount(d, minlength=num_nodes)
-            elif d.size:
-                ids, k = np.unique(d, return_counts=True)  # no N-sized temporary per chunk
+            if not d.size:
+                continue
+            lo, hi = int(d.min()), int(d.max()) + 1
+            if hi - lo <= 4 * d.size:  # a counter per vertex of the chunk's range: no N-sized temporary
+                counts[lo:hi] += np.bincount(d - lo, minlength=hi - lo)
+            else:
+                ids, k = np.unique(d, return_counts=True)
                 counts[ids] += k
         done += src.size
         _report(progress, "count", done, source.size)
@@ -183,9 +186,10 @@ def _place_spread(tmp: Path, out, source: EdgeSource, cuts: list[tuple[int, int]
             path = scratch / f"{w}.bin"
             pairs = np.fromfile(path, dtype=record).reshape(-1, 2)
             path.unlink()
-            _write_window(out, cut, ends, pairs[:, 0].astype(dtype), pairs[:, 1].astype(key_dtype), dtype,
-                          self_loops)
+            src, keys = pairs[:, 0].astype(dtype), pairs[:, 1].astype(key_dtype)
             del pairs
+            _write_window(out, cut, ends, src, keys, dtype, self_loops)
+            del src, keys
             done += cut[1] - cut[0]
             _report(progress, "fill", done, ends.size)
     finally:
@@ -227,7 +231,10 @@ def _write_window(out, cut: tuple[int, int], ends: np.ndarray, src: np.ndarray, 
         raise DatasetError(f"the edges changed between two reads ({n} neighbours for vertices {a}..{b - 1}, "
                            f"{int(ends[b - 1]) - base} counted): is the input being written to?")
     # (key - 3a)·n + position is unique, so a plain in-place sort of it is a stable sort by key
-    order = (keys.astype(np.int64) - 3 * a) * n
+    order = keys.astype(np.int64)
+    del keys
+    order -= 3 * a
+    order *= n
     order += np.arange(n, dtype=np.int64)
     order.sort()
     order %= n

@@ -83,7 +83,9 @@ def find(root: str | Path, size: str, classes: int = 19, split: str = "igb", see
     t, v, s = conventions.sizes(split, count)
     notes.append(f"labels: {classes} classes, {count:,} labelled vertices"
                  + (f" (a prefix: rows {count:,}.. are padding → -1)" if count < n else ""))
-    notes.append(f"split {split}: {t:,} train, {v:,} val, {s:,} test (seeded; see `moment dataset import --help`)")
+    notes.append(f"split {split}: {t:,} train, {v:,} val, {s:,} test (seeded; see `moment dataset import --help`); "
+                 f"drawing it takes {16 * count / 1e9:.2f} GB of RAM after the CSR build (a permutation of the "
+                 "labelled vertices), outside --memory")
     return Found(
         fmt="igb", features=feats, labels=labs, edges=edges,
         splits=lambda: conventions.draw(split, count, seed), split=split, given_splits=[],

@@ -8,8 +8,10 @@ the CSR passes and the feature file. ``ROOT/raw/node-label.npz`` holds ``node_la
 float, NaN where unlabelled → -1). The split is shipped: ``ROOT/split/<name>/{train,valid,test}.csv.gz``
 (one vertex id per line; ``time`` for papers100M). ``processed/`` (pickled torch files) is never read.
 
-The CSV raw layout of the smaller ogbn datasets (arxiv, products: ``raw/edge.csv.gz`` …) is not
-read here yet.
+The CSV raw layout of the smaller ogbn datasets (ogbn-arxiv, ogbn-products) is read too:
+``raw/edge.csv.gz`` (E lines ``src,dst``), ``raw/node-feat.csv.gz``, ``raw/node-label.csv.gz``, with
+N and E from ``raw/num-node-list.csv.gz`` and ``raw/num-edge-list.csv.gz``, parsed a batch of lines
+at a time. Single-graph, single-label datasets only (not ogbn-proteins' 112 tasks, not ogbn-mag).
 """
 
 from __future__ import annotations
@@ -24,19 +26,38 @@ import numpy as np
 from moment.errors import UsageError
 from placement.dataset import Dataset, DatasetError
 from placement.importers.publish import Found, write_dataset
-from placement.importers.readers import EdgeArray, npz_member
+from placement.importers.readers import ArrayFile, CsvArray, EdgeArray, csv_count, csv_width, npz_member
 
 SPLIT_FILES = {"train": "train.csv.gz", "val": "valid.csv.gz", "test": "test.csv.gz"}
 
 
 def find(root: str | Path, split: str | None = None) -> Found:
-    """Locate and check OGB's members (headers and sizes, read from the compressed streams)."""
+    """Locate and check OGB's files (headers and sizes; compressed members read as streams)."""
     check_split_name(split)
     root = Path(root)
     raw = root / "raw"
-    if not (raw / "data.npz").exists():
-        hint = " (the CSV layout of ogbn-arxiv/products is not supported yet)" if (raw / "edge.csv.gz").exists() else ""
-        raise DatasetError(f"{raw / 'data.npz'}: missing (--root is the directory holding raw/ and split/){hint}")
+    if (raw / "data.npz").exists():
+        feats, labs, edges, files, notes = _binary(raw)
+    elif (raw / "edge.csv.gz").exists():
+        feats, labs, edges, files, notes = _csv(raw)
+    else:
+        raise DatasetError(f"{raw / 'data.npz'}: missing, and no {raw / 'edge.csv.gz'} either (--root is the "
+                           "directory holding raw/ and split/)")
+    n = feats.shape[0]
+    name = split or _only_split(root)
+    folder = root / "split" / name
+    notes.append(f"split: {folder} (shipped)")
+    return Found(
+        fmt="ogb", features=feats, labels=labs, edges=edges,
+        splits=lambda: {key: read_ids(folder / file, n) for key, file in SPLIT_FILES.items()},
+        split=name, given_splits=["train", "val", "test"],
+        files={**files, **{key: str((folder / file).absolute()) for key, file in SPLIT_FILES.items()}},
+        seed=0, notes=notes,
+    )
+
+
+def _binary(raw: Path) -> tuple[ArrayFile, ArrayFile, EdgeArray, dict[str, str], list[str]]:
+    """papers100M-bin: raw/data.npz and raw/node-label.npz, members streamed."""
     data = raw / "data.npz"
     feats = npz_member(data, "node_feat", "features")
     assert feats is not None
@@ -45,24 +66,32 @@ def find(root: str | Path, split: str | None = None) -> Found:
     labs = npz_member(raw / "node-label.npz", "node_label", "labels")
     assert labs is not None
     listed = npz_member(data, "num_nodes_list", "node count", required=False)
-    notes = [a.describe() for a in (feats, edges.arr, labs)]
     if listed is not None:
         with listed.stream() as fh:
             total = int(listed.read(fh, listed.size).sum())
         if total != n:
             raise DatasetError(f"{listed.label}: says {total:,} vertices, but node_feat has {n:,} rows")
-    name = split or _only_split(root)
-    folder = root / "split" / name
-    notes.append(f"split: {folder} (shipped)")
-    return Found(
-        fmt="ogb", features=feats, labels=labs, edges=edges,
-        splits=lambda: {key: read_ids(folder / file, n) for key, file in SPLIT_FILES.items()},
-        split=name, given_splits=["train", "val", "test"],
-        files={"features": f"{data.absolute()}:node_feat", "edges": f"{data.absolute()}:edge_index",
-               "labels": f"{(raw / 'node-label.npz').absolute()}:node_label",
-               **{key: str((folder / file).absolute()) for key, file in SPLIT_FILES.items()}},
-        seed=0, notes=notes,
-    )
+    files = {"features": f"{data.absolute()}:node_feat", "edges": f"{data.absolute()}:edge_index",
+             "labels": f"{(raw / 'node-label.npz').absolute()}:node_label"}
+    return feats, labs, edges, files, [a.describe() for a in (feats, edges.arr, labs)]
+
+
+def _csv(raw: Path) -> tuple[CsvArray, CsvArray, EdgeArray, dict[str, str], list[str]]:
+    """The CSV raw layout (ogbn-arxiv, ogbn-products): counts from num-*-list.csv.gz, rows parsed in batches."""
+    n, e = csv_count(raw / "num-node-list.csv.gz"), csv_count(raw / "num-edge-list.csv.gz")
+    feats = CsvArray(raw / "node-feat.csv.gz", (n, csv_width(raw / "node-feat.csv.gz")), np.dtype(np.float32))
+    width = csv_width(raw / "node-label.csv.gz")
+    if width != 1:
+        raise DatasetError(f"{raw / 'node-label.csv.gz'}: {width} labels per vertex (a multi-task dataset): "
+                           "moment imports one class per vertex")
+    labs = CsvArray(raw / "node-label.csv.gz", (n, 1), np.dtype(np.float64))
+    edges = EdgeArray(CsvArray(raw / "edge.csv.gz", (e, 2), np.dtype(np.int64)), n, "edges", pairs=True)
+    files = {"features": str(feats.path.absolute()), "labels": str(labs.path.absolute()),
+             "edges": str(edges.arr.path.absolute())}
+    notes = [a.describe() for a in (feats, edges.arr, labs)]
+    notes.append("OGB adds the reverse edges when it loads some datasets (master.csv add_inverse_edge: "
+                 "ogbn-products): pass --undirected for the same graph")
+    return feats, labs, edges, files, notes
 
 
 def run(out: Path, *, root: str, split: str | None = None, **common: Any) -> Dataset | None:

@@ -10,9 +10,12 @@ naming the file (and the member).
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from moment.contracts.dataset import DatasetError
 from placement.dataset import read_npy_header
 
 SKIP = 1 << 24  # bytes inflated and dropped at once when a compressed member is read from an offset
+CSV_LINES = 1 << 15  # lines of a CSV parsed at once
 
 
 @dataclass(frozen=True)
@@ -197,3 +201,115 @@ def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
         for a in range(0, arr.shape[0], count):
             m = min(count, arr.shape[0] - a)
             yield a, arr.read(fh, m * width).reshape((m, *arr.shape[1:]))
+
+
+@dataclass(frozen=True)
+class CsvArray:
+    """A gzip-compressed CSV array (OGB's CSV raw layout: ``edge.csv.gz``, ``node-feat.csv.gz``): one
+    row per line, read a batch of lines at a time. Its shape comes from OGB's count files, not a scan."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool = False
+    member: None = None
+    raw: bool = False
+
+    @property
+    def label(self) -> str:
+        return str(self.path)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def describe(self) -> str:
+        return f"{self.label}: gzip CSV, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}"
+
+    @contextmanager
+    def stream(self, start: int = 0) -> Iterator[_Lines]:
+        assert start == 0  # read front to back only (edges are pairs on one line)
+        try:
+            fh = gzip.open(self.path, "rt")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise DatasetError(f"{self.path}: missing") from None
+        with fh:
+            yield _Lines(_guarded(fh, self.path))
+
+    def read(self, fh: _Lines, count: int) -> np.ndarray:
+        """The next ``count`` values (count / row width lines), parsed."""
+        width = math.prod(self.shape[1:])
+        out = np.empty(count, dtype=self.dtype)
+        for at in range(0, count, CSV_LINES * width):  # a few MB of Python strings at a time
+            lines = list(itertools.islice(fh.lines, min(CSV_LINES, (count - at) // width)))
+            try:
+                part = np.loadtxt(lines, dtype=self.dtype, delimiter=",", ndmin=2) if lines else out[:0]
+            except ValueError:
+                part = None
+            if part is None or part.size != min(CSV_LINES * width, count - at) or part.shape[-1] != width:
+                i, why = _bad_line(lines, width, self.dtype)
+                raise DatasetError(f"{self.path}: line {fh.done + i + 1}: {why} (expected {width} value(s) a line, "
+                                   f"{self.shape[0]:,} lines)")
+            part = part.reshape(-1)
+            out[at : at + part.size] = part
+            fh.done += len(lines)
+        return out
+
+
+def _bad_line(lines: list[str], width: int, dtype: np.dtype) -> tuple[int, str]:
+    """The first line of a batch that does not parse as ``width`` values (or the end of the file)."""
+    for i, line in enumerate(lines):
+        try:
+            values = np.loadtxt([line], dtype=dtype, delimiter=",", ndmin=2)
+        except ValueError as exc:
+            return i, str(exc).splitlines()[0]
+        if values.shape[1] != width:
+            return i, f"{values.shape[1]} value(s)"
+    return len(lines), "the file ends early"
+
+
+def _guarded(lines: Iterator[str], path: Path) -> Iterator[str]:
+    """Lines of a gzip stream; a damaged stream is one line naming the file (not a zlib traceback)."""
+    try:
+        yield from lines
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: not a readable gzip text file ({exc})") from None
+
+
+class _Lines:
+    """A text stream and how many lines were parsed from it (for errors naming the line)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines, self.done = lines, 0
+
+
+def csv_count(path: Path) -> int:
+    """The single number of an OGB count file (``num-node-list.csv.gz``: one graph, one line)."""
+    try:
+        with gzip.open(path, "rt") as fh:
+            values = np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing") from None
+    except (OSError, EOFError, zlib.error, ValueError) as exc:
+        raise DatasetError(f"{path}: not a gzip-compressed count ({str(exc).splitlines()[0]})") from None
+    if values.size != 1:
+        raise DatasetError(f"{path}: holds {values.size} graphs' counts; only single-graph datasets are imported")
+    return int(values[0])
+
+
+def csv_width(path: Path) -> int:
+    """Values on the first line of a gzip CSV."""
+    try:
+        with gzip.open(path, "rt") as fh:
+            first = fh.readline()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DatasetError(f"{path}: not a readable gzip file ({exc})") from None
+    if not first.strip():
+        raise DatasetError(f"{path}: empty")
+    return first.count(",") + 1

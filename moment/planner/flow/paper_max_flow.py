@@ -8,11 +8,12 @@ on one of :data:`~moment.planner.flow.engines.ENGINES`.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from moment.errors import MomentError
 from moment.planner.flow.engines import ENGINES
-from moment.planner.flow.prediction import Prediction, check_tiers, finish
-from moment.planner.network import INF, Network
+from moment.planner.flow.prediction import FlowModel, Prediction, check_tiers, finish
+from moment.planner.network import INF, LINK_EDGES, Network, edge_kind, gpu_node
 
 def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], list[str | None]]:
     G, D = len(net.gpus), net.demand_gb
@@ -28,7 +29,7 @@ def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], l
         arcs.append((u, v, INF if cap >= INF or (t >= INF and cap > 0) else cap * t))
         keys.append(key)
     for g in net.gpus:
-        arcs.append((f"G:{g}", "sink", D))
+        arcs.append((gpu_node(g), "sink", D))
         keys.append(None)
     return arcs, keys
 
@@ -81,10 +82,19 @@ def explain_difference(net: Network, paper_p: Prediction, prop: Prediction) -> s
     if prop.iteration_s <= paper_p.iteration_s * 1.01:
         return None
     slower = prop.iteration_s / paper_p.iteration_s - 1
-    links = [e for e in prop.bottleneck if e.split(":", 1)[0] in ("up", "down", "upi", "nv")]
+    links = [e for e in prop.bottleneck if edge_kind(e) in LINK_EDGES]
     names = " and ".join(net.labels[e] for e in links[:2]) or "a shared link"
     return (
         f"proportional share is {slower:.0%} slower: random sampling makes every GPU read every bin, so "
         f"{names} fill(s) with traffic the paper's max flow routes around (it lets each GPU read only the "
         f"bins near it)"
     )
+
+
+def _predict(net: Network, engine: str, known: Mapping[str, Prediction]) -> Prediction:
+    """The proportional time, where known, is the bisection's first bracket (never faster than this)."""
+    first = known.get("proportional")
+    return paper(net, engine=engine, upper_s=first.iteration_s * 1.001 + 1e-9 if first else None)
+
+
+MODEL = FlowModel("paper", "paper's max flow", _predict, explain=explain_difference)

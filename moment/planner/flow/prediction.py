@@ -1,8 +1,11 @@
-"""What a flow model answers for one layout, and the bookkeeping every model shares."""
+"""What a flow model is (:class:`FlowModel`) and answers for one layout (:class:`Prediction`), and
+the bookkeeping every model shares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from moment.errors import MomentError
 from moment.planner.network import INF, Network
@@ -46,3 +49,23 @@ def finish(net: Network, model: str, t: float, share: dict[str, float], load: di
     }
     bottleneck = sorted((k for k, u in util.items() if u >= TIGHT), key=lambda k: -util[k])
     return Prediction(model, t, share, load, util, per_gpu, bottleneck)
+
+
+class Predict(Protocol):
+    """How :func:`~moment.planner.scoring.score` runs a flow model: on the layout's network, with
+    the max-flow engine asked for (a model without a max flow ignores it) and the predictions of
+    the models before it in the registry (a model may take a bound from them)."""
+
+    def __call__(self, net: Network, engine: str, known: Mapping[str, Prediction]) -> Prediction: ...
+
+
+@dataclass(frozen=True)
+class FlowModel:
+    """One entry of :data:`moment.planner.flow.FLOW_MODELS`."""
+
+    name: str  # the registry key; plan.json and --json prefix the model's figures with it (paper_iteration_s)
+    title: str  # how a report names its time ("paper's max flow")
+    predict: Predict
+    # Why its time differs from the primary model's, in one sentence (None where they agree):
+    # called as explain(net, own prediction, primary prediction).
+    explain: Callable[[Network, Prediction, Prediction], str | None] | None = None

@@ -8,11 +8,13 @@ SSDs go in each slot class (the layout search's ``milp`` method).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from moment.errors import MomentError
-from moment.planner.flow.prediction import Prediction, check_tiers, finish
-from moment.planner.network import INF, Network
+from moment.planner.flow.milp import MILP_SOLVERS
+from moment.planner.flow.prediction import FlowModel, Prediction, check_tiers, finish
+from moment.planner.network import INF, Network, read_edge
 
 THETA_MAX = 1e9  # iterations per second beyond which an answer counts as "no time at all"
 
@@ -45,13 +47,14 @@ class SsdClass:
 
 
 def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, SsdClass] | None = None,
-                 n_ssds: int = 0) -> Prediction:
+                 n_ssds: int = 0, milp_solver: str = "ortools") -> Prediction:
     """Min T such that every GPU reads share x_b of its bytes from bin b (same x for all GPUs).
 
     Solved as "max θ = 1/T" with u_b = x_b·θ, which keeps every constraint linear even when the
     number of SSDs per slot class is a variable too (``ssd_classes``: a MILP choosing how many
     of ``n_ssds`` SSDs go in each class, each class's representative bin scaled by its count).
-    The LP runs on GLOP, the MILP on SCIP. A second pass keeps θ and minimises the total of
+    The LP runs on GLOP, the MILP on ``milp_solver`` (:data:`~moment.planner.flow.milp.MILP_SOLVERS`:
+    ortools' SCIP, or CBC through PuLP). A second pass keeps θ and minimises the total of
     load/capacity, so that among equally fast answers the one that spreads traffic and uses
     short paths is reported (the search ranks with the first pass and details what it keeps).
     Coefficients are summed per edge before they reach the solver: one row per link, one column
@@ -63,7 +66,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
     if not ssd_classes:
         check_tiers(net)
     D, G = net.demand_gb, len(net.gpus)
-    solver = pywraplp.Solver.CreateSolver("SCIP" if ssd_classes else "GLOP")
+    solver = MILP_SOLVERS[milp_solver]() if ssd_classes else pywraplp.Solver.CreateSolver("GLOP")
     inf = solver.infinity()
     theta = solver.NumVar(0.0, THETA_MAX, "theta")
     u = {b.id: solver.NumVar(0.0, inf, f"u[{b.id}]") for b in net.bins}
@@ -84,7 +87,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
             row = solver.Constraint(-inf, 0.0)  # G·D·u ≤ n·rate
             row.SetCoefficient(u[bin_id], G * D)
             row.SetCoefficient(count[bin_id], -cls.rate_gbps)
-            skip |= {f"read:{bin_id}", cls.uplink}
+            skip |= {read_edge(bin_id), cls.uplink}
     # (gpu, path, variable) for every route; a variable per path only where there is a choice.
     routes: list[tuple[str, list[str], object]] = []
     for (b, g), alts in net.paths.items():
@@ -132,7 +135,7 @@ def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, 
     value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
     for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it
-        load[f"read:{bin_id}"] = load[cls.uplink] = G * D * u[bin_id].solution_value() / th
+        load[read_edge(bin_id)] = load[cls.uplink] = G * D * u[bin_id].solution_value() / th
     gpu_edges: dict[str, set[str]] = defaultdict(set)
     for g, path, var in routes:
         if value[var] > 1e-12:
@@ -183,3 +186,10 @@ def _minimise_load(solver, objective, spread: dict) -> bool:
         objective.SetCoefficient(var, c)
     objective.SetMinimization()
     return _solved(solver)
+
+
+def _predict(net: Network, engine: str, known: Mapping[str, Prediction]) -> Prediction:
+    return proportional(net)
+
+
+MODEL = FlowModel("proportional", "proportional share", _predict)
