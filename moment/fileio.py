@@ -1,8 +1,13 @@
-"""Files users exchange: written atomically, read back with one-line errors.
+"""Files users exchange: written atomically, read back with one-line errors; the durability and
+free-space primitives every output uses.
 
-Every file moment writes for someone else (profiles, plans, manifests, hotness) goes through
-``atomic_file``: a temporary file beside the target, fsync, rename — a reader sees the old file
-or the whole new one, never half. ``read_json`` is the one way such a JSON document is read.
+Every file moment writes for someone else (profiles, plans, manifests, hotness, checkpoints, the
+trainer's shared host-memory file) goes through ``atomic_file``: a temporary file beside the
+target, fsync, rename (or link, to keep a file another process published first), fsync of the
+directory — a reader sees the old file or the whole new one, never half, and a crash after the
+call cannot undo it. Output directories (:mod:`moment.outputs`, which also holds the one
+free-space check) are published with the same ``fsync_tree``/``fsync_dir``. ``read_json`` is the
+one way such a JSON document is read.
 """
 
 from __future__ import annotations
@@ -24,9 +29,33 @@ def _umask() -> int:
     return mask
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every directory, before a rename publishes them."""
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
 @contextlib.contextmanager
-def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
-    """Write ``path`` through a temporary file that replaces it only once complete."""
+def atomic_file(path: str | Path, binary: bool = False, replace: bool = True) -> Iterator[IO[Any]]:
+    """Write ``path`` through a temporary file that replaces it only once complete.
+
+    ``replace=False``: an existing ``path`` is kept (another process published it first: the
+    temporary file is linked into place, which fails rather than replaces)."""
     path = Path(path)
     if path.is_dir():
         raise MomentError(f"{path}: a directory, expected a file name")
@@ -41,7 +70,13 @@ def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO[Any]]:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            os.unlink(tmp)
+        fsync_dir(path.parent)
     except OSError as exc:  # disk full, read-only, a directory in the way: name the file meant
         Path(tmp).unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None

@@ -12,6 +12,9 @@ The rules (README, "Placement"):
   an old output at ``OUT`` moves to ``OUT.partial/old``; ``data`` becomes ``OUT``; the old one is
   removed file by file — only files its validated manifest lists, never anything else. A kill at
   any step is finished by the next run.
+
+Before any work, :func:`check_free_space` (the one free-space check; the trainer's shared host
+memory uses :func:`short_of_space` under it) refuses a run that cannot fit.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from moment import faults
 from moment.errors import MomentError
+from moment.fileio import fsync_dir, fsync_tree
 
 MARKER = ".moment-staging.json"
 
@@ -46,32 +50,12 @@ class Kind:
     error: type[MomentError] = MomentError  # what a refusal raises
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file under ``root``, then every directory, before a rename publishes them."""
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def check_free_space(needs: dict[Path, int], error: type[MomentError] = MomentError) -> None:
-    """Enough free space on every file system the run writes to, before any byte is written.
+def short_of_space(needs: dict[Path, int], headroom: bool = True) -> list[tuple[Path, Path, float, int]]:
+    """The file systems without room for what is to be written there, as (first target, existing
+    directory probed, bytes wanted, bytes free).
 
     ``needs`` maps target paths (existing or not) to bytes; targets on one file system are added
-    up, with 2% + 64 MiB of headroom (file system overhead, the manifest, scratch)."""
+    up; ``headroom`` adds 2% + 64 MiB (file system overhead, manifests, scratch)."""
     by_fs: dict[int, tuple[Path, Path, int]] = {}
     for target, need in needs.items():
         probe = Path(target).absolute()
@@ -80,12 +64,21 @@ def check_free_space(needs: dict[Path, int], error: type[MomentError] = MomentEr
         dev = probe.stat().st_dev
         first, where, total = by_fs.get(dev, (Path(target), probe, 0))
         by_fs[dev] = (first, where, total + need)
+    short = []
     for target, probe, need in by_fs.values():
         free = shutil.disk_usage(probe).free
-        want = need * 1.02 + (64 << 20)
+        want = need * 1.02 + (64 << 20) if headroom else need
         if free < want:
-            raise error(f"{target}: needs {want / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free "
-                        f"({(want - free) / 1e9:.2f} GB short)")
+            short.append((target, probe, want, free))
+    return short
+
+
+def check_free_space(needs: dict[Path, int], error: type[MomentError] = MomentError) -> None:
+    """Enough free space on every file system the run writes to (:func:`short_of_space`, with
+    headroom), before any byte is written; else ``error`` naming the target and the shortfall."""
+    for target, probe, want, free in short_of_space(needs):
+        raise error(f"{target}: needs {want / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free "
+                    f"({(want - free) / 1e9:.2f} GB short)")
 
 
 def check_out(out: Path, kind: Kind, replace: bool = True) -> bool:

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from moment import faults, outputs
 from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest
 
-__all__ = ["FEATURE_DTYPES", "FILES", "FORMAT", "Dataset", "DatasetError", "DatasetManifest", "FeatureShape",
-           "NpyHeader", "SPLITS", "check_dataset", "open_dataset", "read_npy_header", "write_manifest"]
+__all__ = ["DATASET", "FEATURE_DTYPES", "FILES", "FORMAT", "Dataset", "DatasetError", "DatasetManifest", "FeatureShape",
+           "NpyHeader", "SPLITS", "check_dataset", "check_free_space", "open_dataset", "read_npy_header", "staging",
+           "write_manifest"]
 
 SPLITS = ("train", "val", "test")
 CHUNK = 1 << 22  # entries per step of a full scan: tens of MB whatever the dataset's size
@@ -265,3 +270,48 @@ def write_manifest(root: Path, meta: dict[str, Any]) -> DatasetManifest:
     manifest = DatasetManifest.parse({"format": FORMAT, **meta}, path)
     manifest.write(path)
     return manifest
+
+
+# Writing a dataset directory (synth and import): moment.outputs' protocol for this kind ########
+
+
+def check_free_space(out: str | Path, needed_bytes: int) -> None:
+    """Refuse to start a write that cannot fit, rather than fail hours in with a full disk."""
+    outputs.check_free_space({Path(out): needed_bytes}, DatasetError)
+
+
+def _dataset_files(root: Path) -> list[Path]:
+    """A dataset's files that moment wrote: the arrays its validated manifest names, and the manifest."""
+    ds = open_dataset(root)
+    return [*(ds.path(key) for key in ds.meta["files"]), root / "dataset.json"]
+
+
+DATASET = outputs.Kind("dataset", "dataset.json", "moment dataset", open_dataset, _dataset_files, DatasetError)
+
+
+@contextmanager
+def staging(out: Path, replace: bool = False) -> Iterator[Path]:
+    """A locked staging directory (``OUT.partial/data``) that becomes ``out`` only once complete
+    and synced (moment.outputs). ``out`` must be absent or empty — or, with ``replace``, a
+    dataset, replaced whole. A killed run's staging is taken over: a half-written dataset is
+    thrown away (generation is not resumable), a half-published one finished first.
+    """
+    out = Path(out)
+    stage = outputs.Staging(out, DATASET)
+    if stage.resume():
+        if stage.old.exists():
+            stage.publish("dataset")
+            stage = outputs.Staging(out, DATASET)
+        elif stage.data.exists():
+            shutil.rmtree(stage.data)  # inside our own locked staging directory
+    outputs.check_out(out, DATASET, replace=replace)
+    stage.create()
+    stage.data.mkdir()
+    try:
+        yield stage.data
+        faults.point("dataset:written")
+    except BaseException:
+        shutil.rmtree(stage.data, ignore_errors=True)
+        stage.release()
+        raise
+    stage.publish("dataset")

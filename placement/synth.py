@@ -21,19 +21,18 @@ byte-identical for a seed whatever ``chunk_nodes`` is. Memory is one block plus 
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moment import faults, outputs
 from moment.errors import UsageError
 from moment.progress import Progress
-from placement.dataset import FEATURE_DTYPES, FILES, Dataset, DatasetError, open_dataset, write_manifest
+from placement.dataset import (FEATURE_DTYPES, FILES, Dataset, DatasetError, check_free_space, open_dataset, staging,
+                               write_manifest)
 
 RNG_BLOCK = 1 << 12  # vertices per random stream: chunk_nodes is rounded to a multiple of it
 EDGE_SLICE = 1 << 21  # edges sampled at once (~50 bytes each): bounds memory whatever the degrees
@@ -103,48 +102,6 @@ def estimate(
         "val": split[1],
         "test": split[2],
     }
-
-
-def check_free_space(out: str | Path, needed_bytes: int) -> None:
-    """Refuse to start a write that cannot fit, rather than fail hours in with a full disk."""
-    outputs.check_free_space({Path(out): needed_bytes}, DatasetError)
-
-
-def _dataset_files(root: Path) -> list[Path]:
-    """A dataset's files that moment wrote: the arrays its validated manifest names, and the manifest."""
-    ds = open_dataset(root)
-    return [*(ds.path(key) for key in ds.meta["files"]), root / "dataset.json"]
-
-
-DATASET = outputs.Kind("dataset", "dataset.json", "moment dataset", open_dataset, _dataset_files, DatasetError)
-
-
-@contextmanager
-def staging(out: Path, replace: bool = False) -> Iterator[Path]:
-    """A locked staging directory (``OUT.partial/data``) that becomes ``out`` only once complete
-    and synced (moment.outputs). ``out`` must be absent or empty — or, with ``replace``, a
-    dataset, replaced whole. A killed run's staging is taken over: a half-written dataset is
-    thrown away (generation is not resumable), a half-published one finished first.
-    """
-    out = Path(out)
-    stage = outputs.Staging(out, DATASET)
-    if stage.resume():
-        if stage.old.exists():
-            stage.publish("dataset")
-            stage = outputs.Staging(out, DATASET)
-        elif stage.data.exists():
-            shutil.rmtree(stage.data)  # inside our own locked staging directory
-    outputs.check_out(out, DATASET, replace=replace)
-    stage.create()
-    stage.data.mkdir()
-    try:
-        yield stage.data
-        faults.point("dataset:written")
-    except BaseException:
-        shutil.rmtree(stage.data, ignore_errors=True)
-        stage.release()
-        raise
-    stage.publish("dataset")
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,8 @@ def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.nd
         assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
         assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "cpu", "ssd"))
         script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
-                  f"from placement.placed import open_placed; s = S(open_placed({str(placed_dir)!r}), host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
+                  f"from placement.placed import open_placed as o; "
+                  f"s = S(o({str(placed_dir)!r}), host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
         assert (a.cpu[0] == 7).all() and (a.gpu[0] == 5).all()  # the other process wrote into this one's tiers
         with TieredFeatureStore(open_placed(placed_dir), host_shm=shm) as b:

@@ -16,10 +16,10 @@ import pytest
 from moment import faults, outputs
 from moment.cli import main
 from moment.errors import MomentError
-from placement.dataset import open_dataset
+from placement.dataset import DATASET, open_dataset
 from placement.place import PLACED, PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
-from placement.synth import DATASET, synthesize
+from placement.synth import synthesize
 
 OPTS = dict(gpu_cache="2%", cpu_cache="2%", epochs=1)
 

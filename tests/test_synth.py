@@ -12,8 +12,8 @@ import pytest
 from moment.errors import MomentError
 
 from moment.errors import UsageError
-from placement.dataset import FILES, Dataset, DatasetError, check_dataset, open_dataset
-from placement.synth import check_free_space, estimate, synthesize
+from placement.dataset import FILES, Dataset, DatasetError, check_dataset, check_free_space, open_dataset
+from placement.synth import estimate, synthesize
 
 N, DEGREE, DIM, CLASSES = 20_000, 10, 32, 16
 

@@ -21,7 +21,7 @@ import torch
 
 from moment.errors import UsageError
 from trainer.models import LAYERS, default_hidden
-from trainer.readers import IO_CHOICES, kvikio_refusal
+from trainer.readers import IO_CHOICES, io_help, io_refusal
 
 
 @dataclass
@@ -161,8 +161,7 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
                    help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
                         "(default /dev/shm; '' for a copy per rank)")
     p.add_argument("--io", choices=IO_CHOICES, default=d.io,
-                   help="how SSD bins are read: kvikio into GPU memory (GPUDirect Storage or its compat mode), posix "
-                        "preads into pinned host memory, or auto: kvikio on CUDA when installed (default)")
+                   help=io_help())
     return p
 
 
@@ -182,9 +181,8 @@ def from_args(argv: Sequence[str] | None = None, raising: bool = False) -> Train
     if args.device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
         p.error(f"--device {args.device}: every rank of the node would use that one GPU; "
                 "use --device cuda (each rank takes the GPU the plan gives it)")
-    if args.io == "kvikio":
-        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-        if (why := kvikio_refusal(cuda)) is not None:
-            p.error(f"--io {why}")
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    if (why := io_refusal(args.io, cuda)) is not None:
+        p.error(f"--io {why}")
     values = {k: v for k, v in vars(args).items() if v is not None}
     return TrainConfig(**values)

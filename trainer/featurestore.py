@@ -41,13 +41,11 @@ import torch
 
 from moment.contracts.tiers import TIERS
 from placement.placed import Placed, PlacedBin, PlacedError
-from trainer.readers import FileReader, KvikioReader, ReadRequest, make_reader
+from trainer.readers import Reader, ReadRequest, make_reader
 from trainer.shm import map_shared
 from trainer.staging import Staging
 
 GPU, CPU, SSD = range(len(TIERS))
-
-Reader = FileReader | KvikioReader
 
 
 class TieredFeatureStore:

@@ -18,8 +18,11 @@ parallel).
   is, through a synchronous POSIX path in the calling thread (``CuFile.pread`` releases the GIL),
   and its own pool has one thread unless ``KVIKIO_NTHREADS`` says otherwise.
 
-:func:`make_reader` picks the reader: ``io="auto"`` takes kvikio for a CUDA device when kvikio
-is installed, the file reader otherwise; ``"posix"`` and ``"kvikio"`` force one.
+:class:`Reader` is what the feature store needs of a reader; :data:`READERS` names each reader
+(``--io``'s choices and help come from it), and :func:`make_reader` picks one: ``io="auto"``
+takes a reader into GPU memory for a CUDA device when it can be made (kvikio installed), the file
+reader otherwise; a name forces that reader. Adding a reader (io_uring, say) is a class with the
+:class:`Reader` interface and one :data:`READERS` entry.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ import fcntl
 import importlib.util
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -58,6 +61,23 @@ class ReadRequest:
     file: FileRef
     rows: np.ndarray
     out: Any  # FileReader: a C-contiguous numpy array; KvikioReader: a contiguous CUDA tensor
+
+
+class Reader(Protocol):
+    """What the feature store asks of an SSD reader."""
+
+    on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
+    preads: int  # read calls issued so far
+    modes: dict[str, str]  # file → how its latest read went (e.g. "direct", "buffered", "kvikio-gds")
+
+    def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
+        """Serve all requests, reads in flight together; per request the seconds from the start
+        of the batch until its last row was in."""
+        ...
+
+    def close(self) -> None:
+        """Release files and threads."""
+        ...
 
 
 def coalesce(rows: np.ndarray, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -384,9 +404,6 @@ def kvikio_mode(kvikio: Any) -> str:
     return {"ON": "kvikio-compat", "OFF": "kvikio-gds"}.get(name, "kvikio-auto")
 
 
-IO_CHOICES = ("auto", "posix", "kvikio")
-
-
 def kvikio_refusal(cuda: bool) -> str | None:
     """Why ``io="kvikio"`` cannot work here, as a phrase starting with "kvikio"; None when it
     can. ``cuda``: the device is a GPU and CUDA is available. kvikio is looked up, not imported."""
@@ -397,20 +414,56 @@ def kvikio_refusal(cuda: bool) -> str | None:
     return None
 
 
-def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True,
-                io: str = "auto") -> FileReader | KvikioReader:
-    """The reader for ``device``: ``io="auto"``: kvikio for a CUDA device when CUDA and kvikio are
-    there, plain file reads otherwise; ``"posix"``: plain file reads; ``"kvikio"``: kvikio or an
-    error saying why not."""
+@dataclass(frozen=True)
+class ReaderKind:
+    """One ``--io`` choice: how to make the reader, what it does, why it cannot run here."""
+
+    make: Callable[[int, bool], Reader]  # (threads, direct) → a reader; ImportError when a module is missing
+    on_device: bool
+    about: str  # for the help text
+    refusal: Callable[[bool], str | None] = lambda cuda: None  # (device is CUDA) → why not, or None
+
+
+READERS: dict[str, ReaderKind] = {
+    "posix": ReaderKind(lambda threads, direct: FileReader(threads=threads, direct=direct), False,
+                        "preads into pinned host memory"),
+    "kvikio": ReaderKind(lambda threads, direct: KvikioReader(threads=threads), True,
+                         "into GPU memory (GPUDirect Storage or its compat mode)", kvikio_refusal),
+}
+IO_CHOICES = ("auto", *READERS)
+
+
+def io_help() -> str:
+    """``--io``'s help text, from :data:`READERS`."""
+    kinds = ", ".join(f"{name} {kind.about}" for name, kind in READERS.items())
+    return f"how SSD bins are read: {kinds}, or auto: into GPU memory on CUDA when the reader is installed (default)"
+
+
+def io_refusal(io: str, cuda: bool) -> str | None:
+    """Why reader ``io`` cannot work here (a phrase starting with its name), or None; ``cuda``:
+    the device is a GPU and CUDA is available. "auto" always works."""
+    return None if io == "auto" else READERS[io].refusal(cuda)
+
+
+def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto") -> Reader:
+    """The reader for ``device``: ``io="auto"``: a reader into GPU memory (kvikio) for a CUDA
+    device when CUDA is there and the reader can be made, plain file reads otherwise; a name of
+    :data:`READERS`: that reader, or an error saying why not."""
     if io not in IO_CHOICES:
         raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    if io == "kvikio" and (why := kvikio_refusal(cuda)) is not None:
+    if (why := io_refusal(io, cuda)) is not None:
         raise ValueError(f"{why} (device {device})")
-    if cuda and io != "posix":
+    if io != "auto":
         try:
-            return KvikioReader(threads=threads)
+            return READERS[io].make(threads, direct)
         except ImportError as exc:
-            if io == "kvikio":
-                raise ValueError(f"kvikio cannot be imported: {exc}") from None
-    return FileReader(threads=threads, direct=direct)
+            raise ValueError(f"{io} cannot be imported: {exc}") from None
+    for kind in sorted(READERS.values(), key=lambda k: not k.on_device):  # GPU readers first
+        if kind.on_device and not cuda:
+            continue
+        try:
+            return kind.make(threads, direct)
+        except ImportError:
+            continue
+    raise ValueError(f"no reader can run on device {device}")

@@ -30,6 +30,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from moment.fileio import atomic_file
+from moment.outputs import short_of_space
 from moment.planner.planfile import PlanDoc
 from placement.placed import Placed, PlacedError
 from trainer.dist import DistEnv, attempt
@@ -109,23 +111,15 @@ def map_shared(path: Path, sources: Sequence[Path], rows: int, dim: int, dtype: 
 
 
 def publish(path: Path, sources: Sequence[Path], nbytes: int) -> None:
-    """Concatenate ``sources`` into ``path`` atomically: written under a temporary name, then
-    hard-linked into place (when another process won the race, its file is kept)."""
-    free = shutil.disk_usage(path.parent).free
-    if free < nbytes:
+    """Concatenate ``sources`` into ``path`` atomically (``moment.fileio.atomic_file``: when
+    another process won the race, its file is kept). A memory file system has no overhead to
+    allow for: the check is for ``nbytes`` exactly."""
+    for _, _, _, free in short_of_space({path.parent: nbytes}, headroom=False):
         raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
                                f"{nbytes / 2**30:.2f} GiB")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            for src in sources:
-                with open(src, "rb") as f:
-                    shutil.copyfileobj(f, out, length=16 << 20)
-        if tmp.stat().st_size != nbytes:
+    with atomic_file(path, binary=True, replace=False) as out:
+        for src in sources:
+            with open(src, "rb") as f:
+                shutil.copyfileobj(f, out, length=16 << 20)
+        if out.tell() != nbytes:
             raise PlacedError(f"{', '.join(map(str, sources))}: shorter than the manifest says: truncated while in use")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -26,12 +26,13 @@ from placement.dataset import (
     SPLITS,
     Dataset,
     DatasetError,
+    check_free_space,
     open_dataset,
     read_npy_header,
+    staging,
     write_manifest,
 )
 from placement.importers import csr
-from placement.synth import check_free_space, staging
 
 
 def import_arrays(

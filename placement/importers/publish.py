@@ -19,10 +19,19 @@ import numpy as np
 
 from moment.errors import UsageError
 from moment.progress import Progress
-from placement.dataset import FEATURE_DTYPES, FILES, SPLITS, Dataset, DatasetError, open_dataset, write_manifest
+from placement.dataset import (
+    FEATURE_DTYPES,
+    FILES,
+    SPLITS,
+    Dataset,
+    DatasetError,
+    check_free_space,
+    open_dataset,
+    staging,
+    write_manifest,
+)
 from placement.importers import csr
 from placement.importers.readers import ArrayFile, EdgeArray, rows
-from placement.synth import check_free_space, staging
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
