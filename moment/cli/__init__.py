@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from rich.markup import escape
 
 from moment import __version__
-from moment.cli import data, demo, plan, profile, train
+from moment.cli import data, demo, infer, plan, profile, train
 from moment.cli.args import Parser
 from moment.cli.output import err, print_error
 from moment.errors import MomentError
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_dataset(sub)
     data.add_place(sub)
     train.add_train(sub)
+    infer.add_infer(sub)
     demo.add_demo(sub)
     profile.add_profiles(sub)
     return parser

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from moment.cli.args import positive
+from moment.cli.infer import print_inference
 from moment.cli.output import RichProgress, err, out
 from moment.cli.plan import plan_picture
 from moment.cli.profile import write_picture
@@ -95,8 +96,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     last = m["epochs"][-1]
     out.print(f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
               f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})")
+    out.rule("[bold]5. infer: embeddings and predictions for every vertex (layer by layer, full neighbourhood)")
+    from trainer import infer
+
+    opts = infer.InferOptions(data=placed_dir, checkpoint=checkpoints, out=work / "inference", plan=work / "plan.json")
+    with RichProgress(err) as bars:
+        inferred = infer.infer(opts, progress=bars, log=out.print)
+    print_inference(work / "inference", inferred)
     out.print(f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
-              f"checkpoints/, metrics.json")
+              f"checkpoints/, metrics.json, inference/ ({', '.join(e.path for e in inferred.arrays.values())}, "
+              f"inference.json)")
     return 0
 
 
