@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from moment import hw
-from moment.planner.planfile import PlanDoc
+from moment.contracts.plan import PlanDoc
 
 # How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
 # held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from moment.errors import UsageError
 from moment.contracts.plan import read_plan
+from moment.errors import UsageError
 from placement.placed import open_placed
 from trainer.config import MODELS, TrainConfig, from_args
 

@@ -37,8 +37,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from moment.contracts.checkpoint import DataIdentity
-from moment.errors import MomentError
 from moment.contracts.plan import PlanDoc, read_plan
+from moment.errors import MomentError
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig, from_args

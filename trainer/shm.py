@@ -30,9 +30,9 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from moment.contracts.plan import PlanDoc
 from moment.fileio import atomic_file
 from moment.outputs import short_of_space
-from moment.planner.planfile import PlanDoc
 from placement.placed import Placed, PlacedError
 from trainer.dist import DistEnv, attempt
 

@@ -15,6 +15,7 @@ The machine's fixed part (sockets, switches, their links, fixed devices) is walk
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moment.contracts.tiers import Tier
@@ -34,25 +35,29 @@ CPU_CACHE = "cpu-cache"  # the bin of the CPU cache (a copy in every socket's me
 # --- names of nodes and edges: the one place that spells or parses them --------------------
 
 
-def socket_node(socket_id: str) -> str:
-    return f"S:{socket_id}"
+def _named(kind: str) -> Callable[[str], str]:
+    def name(ident: str) -> str:
+        return f"{kind}:{ident}"
+
+    return name
 
 
-def switch_node(switch_id: str) -> str:
-    return f"W:{switch_id}"
+socket_node = _named("S")  # a socket's root complex
+switch_node = _named("W")
+device_node = _named("D")  # a device's PCIe end, where its data leaves (a GPU's consumer side: gpu_node)
+gpu_node = _named("G")
+bin_node = _named("B")
+up_edge = _named("up")  # a PCIe link towards the root complex, by port id
+down_edge = _named("down")  # ... and away from it
+read_edge = _named("read")  # an SSD's own read rate
+dram_edge = _named("dram")  # the CPU cache's copy in a socket's memory
+cache_edge = _named("local")  # a GPU reading its own copy of the GPU cache
+LINK_EDGES = ("up", "down", "upi")  # the kinds of edge that are links between devices, not reads
 
 
-def device_node(device_id: str) -> str:
-    """A device's PCIe end, where its data leaves (a GPU's consumer side is :func:`gpu_node`)."""
-    return f"D:{device_id}"
-
-
-def gpu_node(gpu_id: str) -> str:
-    return f"G:{gpu_id}"
-
-
-def bin_node(bin_id: str) -> str:
-    return f"B:{bin_id}"
+def socket_edge(a: str, b: str) -> str:
+    """The inter-socket link from socket ``a`` to socket ``b``."""
+    return f"upi:{a}>{b}"
 
 
 def is_socket(node: str) -> bool:
@@ -62,38 +67,6 @@ def is_socket(node: str) -> bool:
 def node_id(node: str) -> str:
     """The socket, switch, device or bin id a node is named for (``S:cpu1`` → ``cpu1``)."""
     return node.split(":", 1)[1]
-
-
-def up_edge(port_id: str) -> str:
-    """A PCIe link towards the root complex (``down_edge``: away from it)."""
-    return f"up:{port_id}"
-
-
-def down_edge(port_id: str) -> str:
-    return f"down:{port_id}"
-
-
-def socket_edge(a: str, b: str) -> str:
-    """The inter-socket link from socket ``a`` to socket ``b``."""
-    return f"upi:{a}>{b}"
-
-
-def read_edge(ssd_id: str) -> str:
-    """An SSD's own read rate."""
-    return f"read:{ssd_id}"
-
-
-def dram_edge(socket_id: str) -> str:
-    """The CPU cache's copy in a socket's memory."""
-    return f"dram:{socket_id}"
-
-
-def cache_edge(gpu_id: str) -> str:
-    """A GPU reading its own copy of the GPU cache."""
-    return f"local:{gpu_id}"
-
-
-LINK_EDGES = ("up", "down", "upi")  # the kinds of edge that are links between devices, not reads
 
 
 def edge_kind(key: str) -> str:

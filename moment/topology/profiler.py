@@ -4,6 +4,10 @@ Each source is optional and independent; one that cannot be read becomes a warni
 never a crash. The PCIe tree comes from the richest tree source present
 (lspci -vvv > sysfs > lspci -tv > NCCL XML > nvidia-smi relations); dmidecode adds slots,
 nvidia-smi and NCCL add NVLink.
+
+The tools are listed once, in :data:`SOURCES`: a new one (hwloc, say) is its parser in
+``moment/topology/sources/`` and one :class:`Source` line there, plus, where it brings a kind
+of record the others do not, its :class:`Captures` field and its use in :func:`build_profile`.
 """
 
 from __future__ import annotations
@@ -23,35 +27,61 @@ from moment.errors import MomentError, SourceError
 from moment.topology import bandwidth, build, merge
 from moment.topology.model import Machine, NvLink
 from moment.topology.pci import PciFunction
-from moment.topology.sources.dmidecode import DmiSlot, parse_dmidecode_slots, parse_dmidecode_system
+from moment.topology.sources.dmidecode import DmiCapture, parse_dmidecode
 from moment.topology.sources.lspci_tree import parse_lspci_tree
 from moment.topology.sources.lspci_verbose import parse_lspci_verbose
 from moment.topology.sources.nccl_xml import NcclTopo, parse_nccl_xml
 from moment.topology.sources.nvidia_smi import SmiTopo, parse_nvidia_smi_topo
 from moment.topology.sources.sysfs import read_sysfs
 
-# File names ``moment profile --from DIR`` looks for, per source.
-CAPTURE_NAMES: dict[str, tuple[str, ...]] = {
-    "lspci_tree": ("lspci-tv.txt", "lspci-t.txt", "lspci-tvnn.txt"),
-    "lspci_verbose": ("lspci-vvv.txt", "lspci-vvnn.txt", "lspci-vvvnn.txt", "lspci-vv.txt"),
-    "dmidecode": ("dmidecode.txt", "dmidecode-t-slot.txt"),
-    "nvidia_smi": ("nvidia-smi-topo-m.txt",),
-    "nccl_xml": ("nccl-topo.xml",),
-}
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One capture tool: where its output is found, how it is parsed, and what it contributes.
+
+    ``parse(text, label, notes)`` turns the tool's output into records (SourceError when the text
+    is not that tool's output); the records fill the :class:`Captures` field ``into``, which
+    :func:`build_profile` reads. ``files``: what ``moment profile --from DIR`` looks for (the
+    first present wins); ``command``: what ``moment profile`` runs on this machine (None: from a
+    folder only; ``root_for``: it needs root, and a profile without it lacks this); ``scan``: a
+    source read straight from this machine instead, given the sysfs root."""
+
+    name: str
+    into: str
+    parse: Callable[[str, str, list[str]], object] | None = None
+    files: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None
+    root_for: str | None = None
+    scan: Callable[[str], object] | None = None
+
+
+# Every capture source, in the order they are read (a profile's ``sources`` lists them so).
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("lspci_verbose", "verbose", parse_lspci_verbose,
+           files=("lspci-vvv.txt", "lspci-vvnn.txt", "lspci-vvvnn.txt", "lspci-vv.txt")),
+    Source("sysfs", "sysfs", scan=read_sysfs),
+    Source("lspci_tree", "tree", parse_lspci_tree, files=("lspci-tv.txt", "lspci-t.txt", "lspci-tvnn.txt"),
+           command=("lspci", "-tv")),
+    Source("dmidecode", "dmi", parse_dmidecode, files=("dmidecode.txt", "dmidecode-t-slot.txt"),
+           command=("dmidecode",), root_for="slot names"),
+    Source("nvidia_smi", "smi", parse_nvidia_smi_topo, files=("nvidia-smi-topo-m.txt",),
+           command=("nvidia-smi", "topo", "-m")),
+    Source("nccl_xml", "nccl", parse_nccl_xml, files=("nccl-topo.xml",)),
+)}
 
 
 @dataclass
 class Captures:
-    """What was read from each source; None where the source was absent or unreadable."""
+    """What was read from each source (the ``into`` of :data:`SOURCES`); None where the source
+    was absent or unreadable."""
 
     origin: str
     verbose: list[PciFunction] | None = None
     tree: list[PciFunction] | None = None
     sysfs: list[PciFunction] | None = None
-    slots: list[DmiSlot] | None = None
-    system: dict = field(default_factory=dict)
+    dmi: DmiCapture | None = None
     smi: SmiTopo | None = None
     nccl: NcclTopo | None = None
     used: list[str] = field(default_factory=list)
@@ -70,6 +100,13 @@ class Captures:
         self.used.append(label)
         return result
 
+    def take(self, source: Source, label: str, read: Callable[[], object]) -> None:
+        """Fill ``source``'s field with what ``read`` gives (records, or text to parse)."""
+        parse = source.parse
+        records = self.parse(label, read if parse is None else lambda: parse(read(), label, self.warnings))
+        if records is not None:
+            setattr(self, source.into, records)
+
 
 def _read(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace")
@@ -81,23 +118,13 @@ def read_capture_dir(directory: str | Path) -> Captures:
     if not root.is_dir():
         raise MomentError(f"{root}: not a directory of captures")
     caps = Captures(origin=str(root))
-    found = {key: next((root / n for n in names if (root / n).is_file()), None) for key, names in CAPTURE_NAMES.items()}
+    found = {s.name: next((root / n for n in s.files if (root / n).is_file()), None) for s in SOURCES.values()}
     if not any(found.values()):
-        wanted = ", ".join(n for names in CAPTURE_NAMES.values() for n in names[:2])
+        wanted = ", ".join(n for s in SOURCES.values() for n in s.files[:2])
         raise MomentError(f"{root}: no capture files found (looked for {wanted})")
-    if p := found["lspci_verbose"]:
-        caps.verbose = caps.parse(p.name, lambda: parse_lspci_verbose(_read(p), p.name, caps.warnings))
-    if p := found["lspci_tree"]:
-        caps.tree = caps.parse(p.name, lambda: parse_lspci_tree(_read(p), p.name, caps.warnings))
-    if p := found["dmidecode"]:
-        text = _read(p)
-        caps.slots = caps.parse(p.name, lambda: parse_dmidecode_slots(text, p.name, caps.warnings))
-        if caps.slots is not None:
-            caps.system = parse_dmidecode_system(text)
-    if p := found["nvidia_smi"]:
-        caps.smi = caps.parse(p.name, lambda: parse_nvidia_smi_topo(_read(p), p.name, caps.warnings))
-    if p := found["nccl_xml"]:
-        caps.nccl = caps.parse(p.name, lambda: parse_nccl_xml(_read(p), p.name, caps.warnings))
+    for source in SOURCES.values():
+        if (path := found[source.name]) is not None:
+            caps.take(source, path.name, lambda p=path: _read(p))
     return caps
 
 
@@ -119,19 +146,16 @@ def _run(argv: list[str]) -> str:
 def capture_live(sysfs_root: str = "/sys/bus/pci/devices") -> Captures:
     """Profile this machine: sysfs always, and lspci/dmidecode/nvidia-smi where they exist."""
     caps = Captures(origin="this machine")
-    caps.sysfs = caps.parse("sysfs", lambda: read_sysfs(sysfs_root))
-    caps.tree = caps.parse("lspci -tv", lambda: parse_lspci_tree(_run(["lspci", "-tv"]), "lspci -tv", caps.warnings))
-    if hasattr(os, "geteuid") and os.geteuid() != 0:
-        caps.warnings.append("skipped dmidecode: needs root (run `sudo moment profile` for slot names)")
-    else:
-        text = caps.parse("dmidecode", lambda: _run(["dmidecode"]))
-        if text is not None:
-            caps.slots = caps.parse("dmidecode slots", lambda: parse_dmidecode_slots(text, "dmidecode", caps.warnings))
-            caps.system = parse_dmidecode_system(text)
-    caps.smi = caps.parse(
-        "nvidia-smi topo -m",
-        lambda: parse_nvidia_smi_topo(_run(["nvidia-smi", "topo", "-m"]), "nvidia-smi topo -m", caps.warnings),
-    )
+    root = not hasattr(os, "geteuid") or os.geteuid() == 0
+    for source in SOURCES.values():
+        if source.scan is not None:
+            caps.take(source, source.name, lambda s=source: s.scan(sysfs_root))
+        elif source.command is not None:
+            label = " ".join(source.command)
+            if source.root_for and not root:
+                caps.warnings.append(f"skipped {label}: needs root (run `sudo moment profile` for {source.root_for})")
+            else:
+                caps.take(source, label, lambda s=source: _run(list(s.command)))
     return caps
 
 
@@ -163,7 +187,8 @@ def build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
 def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     warnings = list(caps.warnings)
     functions, tree_source = _tree_functions(caps)
-    cpus = caps.system.get("cpus") or []
+    slots, system = (caps.dmi.slots, caps.dmi.system) if caps.dmi is not None else (None, {})
+    cpus = system.get("cpus") or []
     family = _family(caps, cpus)
     nvlinks = []
     if functions:
@@ -181,19 +206,19 @@ def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     for socket, cpu in zip(sockets, cpus):
         socket.model = cpu.get("version") or ""
         socket.cores = cpu.get("cores") or None
-    if caps.system.get("memory_gb") and sockets:
+    if system.get("memory_gb") and sockets:
         for socket in sockets:
-            socket.dram_gb = round(caps.system["memory_gb"] / len(sockets), 3)
+            socket.dram_gb = round(system["memory_gb"] / len(sockets), 3)
     loose = []
-    if caps.slots and functions:
-        loose, slot_warnings = merge.attach_dmi_slots(sockets, caps.slots, {f.bdf: f for f in functions})
+    if slots and functions:
+        loose, slot_warnings = merge.attach_dmi_slots(sockets, slots, {f.bdf: f for f in functions})
         warnings += slot_warnings
     elif functions:
         n = build.infer_slots(sockets)
         warnings.append(f"no dmidecode: {n} slot(s) inferred from leaf ports (names are port addresses)")
     machine = Machine(
         name=name,
-        description=_description(caps),
+        description=_description(system),
         sources=[f"{s} ({Path(caps.origin).name})" for s in caps.used] + ([f"tree from {tree_source}"] if tree_source else []),
         sockets=sockets,
         socket_links=build.link_sockets(sockets, family),
@@ -239,7 +264,6 @@ def _intel_family(familyid: object, modelid: object) -> str | None:
     return {0x55: "skylake", 0x6A: "icelake", 0x6C: "icelake", 0x8F: "sapphirerapids", 0xCF: "emeraldrapids"}.get(model, "qpi")
 
 
-def _description(caps: Captures) -> str:
-    system = caps.system
+def _description(system: dict) -> str:
     words = [system.get("manufacturer", ""), system.get("product", "")]
     return " ".join(w for w in words if w).strip()

@@ -71,6 +71,19 @@ def parse_dmidecode_slots(text: str, source: str = "dmidecode.txt", notes: list[
     return [_slot(r) for r in records if r.dmi_type == 9]
 
 
+@dataclass
+class DmiCapture:
+    """What one dmidecode capture gives: the physical slots and the system's CPUs and memory."""
+
+    slots: list[DmiSlot]
+    system: dict
+
+
+def parse_dmidecode(text: str, source: str = "dmidecode.txt", notes: list[str] | None = None) -> DmiCapture:
+    """Slots and system of a capture (SourceError, as for the slots, when it is not dmidecode output)."""
+    return DmiCapture(parse_dmidecode_slots(text, source, notes), parse_dmidecode_system(text))
+
+
 def parse_dmidecode_system(text: str) -> dict:
     """Best-effort {"manufacturer", "product", "cpus", "memory_gb"} of a dmidecode capture.
 
