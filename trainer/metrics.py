@@ -169,6 +169,25 @@ class Metrics:
         self.console = console or Console()
         self.world_size = 1
         self.ranks: list[str] = []
+        self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
+
+    def note_ssd_route(self, planned: str | None, reader: Any) -> None:
+        """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
+        bytes another way than the prediction assumes: the plan's workload ``ssd_reads: direct``
+        (GPUDirect Storage, SSD → GPU peer to peer) against posix reads or kvikio's compat mode,
+        which go through host memory, or the reverse. ``planned``: the plan's ``ssd_reads``
+        (None without a plan: nothing to compare)."""
+        route = getattr(reader, "route", "host")
+        self.predicted["ssd_route"] = {"planned": planned, "run": route, "reader": type(reader).__name__}
+        if planned is None or planned == route:
+            return
+        how = {"host": "through host memory", "direct": "straight to the GPU (GPUDirect Storage)"}
+        what = f"{type(reader).__name__}" + (f", {reader.mode}" if hasattr(reader, "mode") else "")
+        line = (f"the prediction assumes SSD reads {how[planned]} (plan workload ssd_reads: {planned}); this run "
+                f"reads them {how[route]} ({what}): the SSD links it loads differ from the predicted ones")
+        self.predicted["note"] += "; " + line
+        if self.enabled:
+            self.console.print(f"[yellow]note:[/] {line}", highlight=False)
 
     def print_config(self, ranks: list[str]) -> None:
         """The config and where each rank runs, at the start."""
@@ -212,6 +231,7 @@ class Metrics:
             "config": self.cfg.to_dict(),
             "world_size": self.world_size,
             "ranks": self.ranks,
+            "sampling": self.sampling,
             "epochs": self.history,
             "measured_iteration_s": sum(r["epoch_s"] for r in self.history) / iterations if iterations else None,
             "predicted_iteration_s": self.predicted["iteration_s"],
