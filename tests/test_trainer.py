@@ -435,3 +435,33 @@ def test_two_nccl_ranks_train(placed: Path, tmp_path: Path) -> None:
     doc = read_json(metrics)
     assert doc["world_size"] == 2 and len(set(doc["ranks"])) == 2
     assert doc["rank_param_digests"][0] == doc["rank_param_digests"][1]
+
+
+def test_feature_read_time_is_compared_only_on_the_plans_gpus(placed: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU run is not on the profile's machine: its data time is reported, not set against the
+    prediction. The same record from ranks on the plan's GPUs is compared, with the ratio."""
+    from rich.console import Console
+
+    from trainer.metrics import Metrics
+
+    out = tmp_path / "m.json"
+    args = ["--data", str(placed), *SMALL, "--epochs", "1", "--max-batches-per-epoch", "2", "--metrics-json", str(out)]
+    assert run_main(args) == 0
+    doc = read_json(out)
+    epochs = doc["epochs"]
+    iterations = sum(e["iterations"] for e in epochs)
+    assert doc["on_plan_gpus"] is False
+    assert doc["measured_feature_read_s"] == pytest.approx(sum(e["feature_read_s"] for e in epochs) / iterations)
+    assert epochs[0]["feature_read_s_per_iteration"] == pytest.approx(epochs[0]["feature_read_s"] / iterations)
+    printed = " ".join(capsys.readouterr().out.split())  # the table wraps at the terminal's width
+    assert "not compared: ranks are not on the plan's GPUs" in printed, printed
+
+    console = Console(record=True, width=200)
+    manifest = open_placed(placed).manifest
+    metrics = Metrics(TrainConfig(data=str(placed)), manifest.prediction, epochs, enabled=True, console=console)
+    metrics.print_config(["cuda:0 (plan gpu0 at 0000:3b:00.0)"], on_plan_gpus=True)
+    final = metrics.finish(test_acc=0.5, rank_param_digests=["x"])
+    assert final["on_plan_gpus"] is True
+    ratio = final["measured_feature_read_s"] / manifest.prediction.iteration_s
+    assert f"predicted ({ratio:.2f}×), on the plan's GPUs" in console.export_text()

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from moment import hw
 from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
@@ -306,7 +307,10 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
         device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
         run = Run(cfg, env, data, plan, device)
-        run.metrics.print_config(all_gather(f"{where}; cache bins in host memory: {run.host_tiers}"))
+        entry = plan.rank(env.local_rank) if plan else None
+        on_plan_gpu = device.type == "cuda" and entry is not None and hw.cuda_index_of(entry.bdf) == device.index
+        placed = all_gather((f"{where}; cache bins in host memory: {run.host_tiers}", on_plan_gpu))
+        run.metrics.print_config([line for line, _ in placed], on_plan_gpus=all(ok for _, ok in placed))
         run.metrics.note_ssd_route(plan.workload.ssd_reads if plan else None, run.store.reader)
         return run.fit()
     finally:
