@@ -235,6 +235,31 @@ def _add_train_args(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _add_infer_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "infer",
+        help="embeddings and predictions for every vertex: layer-wise, full-neighbourhood, out of core",
+        description=(
+            "Run a trained checkpoint over the full in-neighbourhood of every vertex, one layer at a time: each "
+            "layer's output for all vertices goes to disk and is read back as the next layer's input, features come "
+            "from the placed dataset's tiers. Writes embeddings.npy, predictions.npy (original vertex ids) and "
+            "inference.json; a killed run continues from its last finished chunk when run again."
+        ),
+    )
+    p.add_argument("--plan", help="plan.json (checked; the rank count defaults to 1)")
+    p.add_argument("--data", required=True, help="placed dataset directory (the one the checkpoint was trained on)")
+    p.add_argument("--checkpoint", required=True, metavar="CK",
+                   help="checkpoint directory of `moment train` (or its checkpoint.pt)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--nproc", type=_positive, default=1, help="ranks, each taking a contiguous range of vertices "
+                   "(torchrun processes when more than 1; default 1)")
+    p.add_argument("--layers", choices=("last", "all"), default="last",
+                   help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="of the hidden-layer arrays")
+    p.add_argument("--batch-size", type=_positive, default=8192, help="destination vertices per chunk (default 8192)")
+    p.set_defaults(func=cmd_infer)
+
+
 def _add_demo_args(sub: argparse._SubParsersAction) -> None:
     what = "run the pipeline on a bundled profile and a generated dataset (what the README's first command does)"
     p = sub.add_parser("demo", help=what, description=what)
@@ -307,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(sub)
     _add_place_args(sub)
     _add_train_args(sub)
+    _add_infer_args(sub)
     _add_demo_args(sub)
     what = "list the bundled topology profiles"
     sub.add_parser("profiles", help=what, description=what).set_defaults(func=cmd_profiles)
@@ -725,6 +751,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return launch.run(cmd)
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    from trainer import infer, launch
+
+    opts = infer.InferOptions(data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out),
+                              plan=Path(args.plan) if args.plan else None, nproc=args.nproc, layers=args.layers,
+                              dtype=args.dtype, batch_size=args.batch_size)
+
+    def run_ranks(cmd: list[str]) -> int:
+        err.print(f"running: {launch.format_command(cmd)}", highlight=False)
+        return launch.run(cmd)
+
+    with RichProgress(err) as bars:
+        manifest = infer.infer(opts, progress=bars, log=lambda msg: err.print(msg, highlight=False), launch=run_ranks)
+    print_inference(args.out, manifest)
+    return 0
+
+
+def print_inference(out_dir: str | Path, manifest) -> None:
+    from trainer.infer import summary
+
+    for line in summary(manifest):
+        out.print(line, highlight=False)
+    files = ", ".join(f"{e.path} {'×'.join(map(str, e.shape))} {e.dtype}" for e in manifest.arrays.values())
+    out.print(f"inference written to [bold]{out_dir}[/]: {files}, inference.json (original vertex ids)")
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -814,8 +866,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     last = m["epochs"][-1]
     out.print(f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
               f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})")
+    out.rule("[bold]5. infer: embeddings and predictions for every vertex (layer by layer, full neighbourhood)")
+    from trainer import infer
+
+    opts = infer.InferOptions(data=placed_dir, checkpoint=checkpoints, out=work / "inference", plan=work / "plan.json")
+    with RichProgress(err) as bars:
+        inferred = infer.infer(opts, progress=bars, log=lambda msg: out.print(msg, highlight=False))
+    print_inference(work / "inference", inferred)
     out.print(f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
-              f"checkpoints/, metrics.json")
+              f"checkpoints/, metrics.json, inference/ ({', '.join(e.path for e in inferred.arrays.values())}, "
+              f"inference.json)")
     return 0
 
 

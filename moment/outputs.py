@@ -199,6 +199,13 @@ class Staging:
             os.close(self._fd)
             self._fd = None
 
+    def unlock(self) -> None:
+        """Drop the lock and keep ``OUT.partial`` as it is: a run that failed part-way leaves it
+        for the next run to resume (what a killed process leaves, without waiting for its exit)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     # --- publishing -----------------------------------------------------------------------
 
     def publish(self, step: str, keep: Iterable[Path] = (), external_dirs: Iterable[Path] = ()) -> list[str]:

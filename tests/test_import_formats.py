@@ -287,3 +287,17 @@ def test_cli_imports_igb_and_prints_the_dataset(tmp_path: Path, graph, capfd) ->
 def test_bad_split_conventions_are_refused(text: str) -> None:
     with pytest.raises(Exception, match="--split"):
         conventions.parse(text)
+
+
+def test_arrays_in_fortran_order_or_big_endian_read_the_same(tmp_path: Path, graph) -> None:
+    """The npy importer reads with plain reads; layouts a plain read cannot take still give the same dataset."""
+    feats, labels, edges = graph
+    np.save(tmp_path / "x.npy", feats.astype(">f4"))
+    np.save(tmp_path / "y.npy", labels.astype(">i8"))
+    np.save(tmp_path / "e.npy", edges)
+    np.save(tmp_path / "ef.npy", np.asfortranarray(edges))
+    common = {"features": str(tmp_path / "x.npy"), "labels": str(tmp_path / "y.npy"), "feature_dtype": "float32"}
+    a = run("npy", tmp_path / "a", {**common, "edges": str(tmp_path / "e.npy")})
+    b = run("npy", tmp_path / "b", {**common, "edges": str(tmp_path / "ef.npy")})
+    assert _rows(a) == _rows(b) == _csr(edges[:, 0], edges[:, 1], N)
+    assert np.array_equal(a.features(), feats) and a.labels().tolist() == labels.astype(int).tolist()

@@ -56,11 +56,17 @@ class BlockGNN(nn.Module):
         """Logits of the seeds (the last block's targets) from the rows of ``batch.nodes``."""
         if len(blocks) != len(self.convs):
             raise ValueError(f"{len(blocks)} blocks for a {len(self.convs)}-layer model: fanouts and model depth differ")
-        for i, (conv, block) in enumerate(zip(self.convs, blocks, strict=True)):
-            x_src = x[: block.num_src]
-            x = conv((x_src, x_src[: block.num_dst]), block.edge_index)
-            if i < len(self.convs) - 1:
-                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+        for i, block in enumerate(blocks):
+            x = self.layer(i, x[: block.num_src], block.num_dst, block.edge_index)
+        return x
+
+    def layer(self, i: int, x_src: torch.Tensor, num_dst: int, edge_index: torch.Tensor) -> torch.Tensor:
+        """Layer ``i`` on one bipartite graph whose targets are the first ``num_dst`` sources, with
+        what follows it (ReLU and dropout, except after the last): the one step training and
+        layer-wise inference (``trainer.infer``) share."""
+        x = self.convs[i]((x_src, x_src[:num_dst]), edge_index)
+        if i < len(self.convs) - 1:
+            x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
         return x
 
 

@@ -31,7 +31,7 @@ from placement.dataset import (
     staging,
     write_manifest,
 )
-from placement.importers import csr
+from placement.importers import csr, readers
 from placement.synth import Progress
 
 
@@ -98,7 +98,7 @@ def import_arrays(
         num_edges = csr.build(tmp, source, n, undirected=undirected, self_loops=self_loops, memory=memory,
                               progress=progress, layout=layout)
         _write_features(tmp, feats, features, dtype, chunk, progress)
-        _write_labels(tmp, labs, chunk)
+        _write_labels(tmp, labels, labs, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
         write_manifest(tmp, {
             "name": out.absolute().name,
@@ -140,8 +140,7 @@ def _check_finite(feats: np.ndarray, path: str | Path, chunk: int) -> None:
     """Refuse NaN and inf before anything is written: no model learns from them, and NaN != NaN
     makes a byte-exact copy look corrupt to any comparison of values."""
     rows = max(1, chunk // feats.shape[1])
-    for a in range(0, feats.shape[0], rows):
-        part = np.asarray(feats[a : a + rows])
+    for a, part in readers.rows(readers.npy(path, "features"), rows):  # plain reads: no resident map
         if not np.isfinite(part).all():
             row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
             raise DatasetError(f"{path}: features row {a + row} holds {part[row, col]} (column {col}): "
@@ -155,11 +154,10 @@ def _check_labels(labs: np.ndarray, path: str | Path, n: int, features: str | Pa
     if labs.shape[0] != n:
         raise DatasetError(f"{path}: labels have {labs.shape[0]} entries but {features} has {n} rows")
     top = -1
-    for a in range(0, n, chunk):
-        part = np.asarray(labs[a : a + chunk])
+    for a, part in readers.rows(readers.npy(path, "labels"), chunk):
         if (part < -1).any():
-            at = a + int(np.argmax(part < -1))
-            raise DatasetError(f"{path}: labels[{at}] = {int(labs[at])}: a class id is >= 0 (-1 for unlabelled)")
+            at = int(np.argmax(part < -1))
+            raise DatasetError(f"{path}: labels[{a + at}] = {int(part[at])}: a class id is >= 0 (-1 for unlabelled)")
         top = max(top, int(part.max()))
     if top < 0:
         raise DatasetError(f"{path}: no vertex is labelled (all -1)")
@@ -178,8 +176,12 @@ class _EdgeList:
         self.size = self.array.shape[0]
 
     def chunks(self, chunk: int) -> csr.Edges:
-        for a in range(0, self.array.shape[0], chunk):
-            part = np.asarray(self.array[a : a + chunk], dtype=np.int64)
+        if self.array.flags.c_contiguous:  # plain reads: no resident memory map of the whole list
+            blocks = readers.rows(readers.npy(self.path, "edges"), chunk)
+        else:
+            blocks = ((a, self.array[a : a + chunk]) for a in range(0, self.size, chunk))
+        for a, block in blocks:
+            part = np.asarray(block, dtype=np.int64)
             _check_range(part, self.n, self.path, "edges", a)
             yield part[:, 0], part[:, 1]
 
@@ -236,21 +238,24 @@ def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dt
     if feats.dtype == dtype and feats.dtype.isnative:
         shutil.copyfile(path, target)
         return
-    out = np.lib.format.open_memmap(target, mode="w+", dtype=dtype, shape=feats.shape)
     rows = max(1, chunk // feats.shape[1])
-    for a in range(0, feats.shape[0], rows):
-        with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
-            part = np.asarray(feats[a : a + rows]).astype(dtype)
-        if not np.isfinite(part).all():  # the source is finite (_check_finite): the conversion overflowed
-            raise DatasetError(f"{path}: features in rows {a}..{a + len(part) - 1} do not fit in {dtype.name}")
-        out[a : a + rows] = part
-        _report(progress, "features", a + len(part), feats.shape[0])
+    with open(target, "wb") as out:
+        np.lib.format.write_array_header_2_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                   "fortran_order": False, "shape": feats.shape})
+        for a, block in readers.rows(readers.npy(path, "features"), rows):
+            with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
+                part = block.astype(dtype)
+            if not np.isfinite(part).all():  # the source is finite (_check_finite): the conversion overflowed
+                raise DatasetError(f"{path}: features in rows {a}..{a + len(part) - 1} do not fit in {dtype.name}")
+            out.write(part.data)
+            _report(progress, "features", a + len(part), feats.shape[0])
 
 
-def _write_labels(tmp: Path, labs: np.ndarray, chunk: int) -> None:
-    out = np.lib.format.open_memmap(tmp / FILES["labels"], mode="w+", dtype=np.int64, shape=labs.shape)
-    for a in range(0, labs.shape[0], chunk):
-        out[a : a + chunk] = labs[a : a + chunk]
+def _write_labels(tmp: Path, path: str | Path, labs: np.ndarray, chunk: int) -> None:
+    with open(tmp / FILES["labels"], "wb") as out:
+        np.lib.format.write_array_header_2_0(out, {"descr": "<i8", "fortran_order": False, "shape": labs.shape})
+        for _, part in readers.rows(readers.npy(path, "labels"), chunk):
+            out.write(part.astype(np.int64).data)
 
 
 def _read_split(path: str | Path, name: str, n: int) -> np.ndarray:

@@ -1,0 +1,76 @@
+"""inference.json (``moment.inference/1``): what ``moment infer`` writes beside its arrays.
+
+Written last into the staging directory, so its presence makes a directory a complete inference
+output. It says which model (the checkpoint's digest and config) ran on which data (the placed
+dataset's identity, as checkpoints record it), and lists every array with its shape, dtype, size
+and SHA-256. Rows of every array are vertices in their **original** ids (the dataset's, not the
+placement's relabelled ones).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from moment.contracts import Contract, Strict
+from moment.contracts.checkpoint import DataIdentity
+from moment.errors import MomentError
+
+FORMAT = "moment.inference/1"
+MANIFEST = "inference.json"
+
+
+class InferenceError(MomentError):
+    """An inference output or input that is missing, incomplete or does not fit (names the file)."""
+
+
+class ArrayEntry(Strict):
+    """One .npy array of the output."""
+
+    path: str
+    shape: list[int]
+    dtype: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        p = PurePosixPath(v)
+        if p.is_absolute() or ".." in p.parts or len(p.parts) != 1:
+            raise ValueError(f"{v!r}: must be a file name inside the output directory")
+        return v
+
+
+class LayerThroughput(Strict):
+    """How fast one stage ran in the run that finished the output (vertices it computed / seconds)."""
+
+    stage: str  # "layer 1", ..., "export"
+    vertices: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    vertices_per_s: float = Field(ge=0)
+
+
+class InferenceManifest(Contract):
+    FORMAT: ClassVar[str] = FORMAT
+    WHAT: ClassVar[str] = "an inference manifest"
+    ERROR: ClassVar[type[MomentError]] = InferenceError
+
+    format: Literal["moment.inference/1"] = FORMAT
+    key: str = Field(pattern=r"^[0-9a-f]{64}$")  # digest of the inputs and options: same key, same bytes
+    model: dict[str, Any]  # the checkpoint's training config (model, hidden, heads, fanouts, ...)
+    checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    checkpoint_epoch: int = Field(ge=0)
+    data: DataIdentity
+    vertex_ids: Literal["original"] = "original"
+    dtype: Literal["float16", "float32"]  # of the hidden-layer arrays (logits are float32)
+    layers: Literal["all", "last"]
+    nproc: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    arrays: dict[str, ArrayEntry]  # "embeddings", "predictions", optional "logits", "layer1", ...
+    accuracy: dict[str, float]  # split -> accuracy of the predictions on it ("test", "val")
+    # the checkpoint's last sampled evaluation during training (split -> accuracy), to compare with
+    training_accuracy: dict[str, float]
+    throughput: list[LayerThroughput]

@@ -1,0 +1,186 @@
+"""Inference benchmark: vertices/s of `moment infer` (layer-wise, full neighbourhood) with layer-1
+features from the placed tiers, vs the same layer-wise inference with the features memory-mapped
+from the source dataset's features.npy (what a user without moment would do).
+
+Both runs use the same engine (``trainer.infer``: chunks of destinations, CSR in-neighbours,
+bipartite PyG convs, layer outputs on disk), the same checkpoint and chunk size, one process;
+only where layer 1 reads its input rows differs:
+
+* ``tiered``: ``TieredFeatureStore`` (GPU and CPU cache bins in memory on a CPU run, SSD bins read
+  with sorted, coalesced O_DIRECT preadv);
+* ``mmap``: ``np.load(features.npy, mmap_mode="r")[new_to_old[ids]]`` (page cache, 4 KiB faults).
+
+Out of core: each run happens in a memory cgroup (``--mem-limit``, cgroup v1 or v2, as in
+scripts/bench_train.py) smaller than the feature file; file pages of the inputs are dropped
+before each run. Reported per run: vertices/s of each layer and of the export, wall seconds, bytes
+read from disk (/proc/self/io), peak memory of the process. Run:
+    python scripts/bench_infer.py --work /tmp/bench-infer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_train import disk_read_bytes, drop_cache, make_cgroup, parse_size
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import torch
+
+    from trainer import infer
+
+    torch.set_num_threads(args.threads)
+    opts = infer.InferOptions(data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out),
+                              batch_size=args.batch_size)
+    features = None
+    if args.worker == "mmap":
+        from placement.placed import open_placed
+
+        source = np.load(Path(args.dataset) / "features.npy", mmap_mode="r")
+        new_to_old = np.asarray(open_placed(args.data).array("new_to_old"))
+
+        def features(ids: np.ndarray) -> torch.Tensor:
+            old = new_to_old[ids]
+            order = np.argsort(old)  # ascending offsets in the file, as a careful user would read
+            rows = np.empty((ids.size, source.shape[1]), dtype=source.dtype)
+            rows[order] = source[old[order]]
+            return torch.from_numpy(rows)
+
+    before = disk_read_bytes()
+    start = time.perf_counter()
+    p = infer.prepare(opts)
+    infer.run_in_process(p, opts, features=features)
+    m = infer.finish(p, opts)
+    return {"wall_s": time.perf_counter() - start, "disk_read_bytes": disk_read_bytes() - before,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "throughput": [t.model_dump() for t in m.throughput], "accuracy": m.accuracy,
+            "embeddings_sha256": m.arrays["embeddings"].sha256}
+
+
+def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
+    from moment.planner.plan import plan
+    from moment.planner.planfile import save_plan
+    from moment.planner.workload import load_workload
+    from moment.topology.profile_io import resolve_profile
+    from placement.place import PlaceOptions, place
+    from placement.synth import synthesize
+    from trainer import loop
+
+    ds = work / f"ds-{args.nodes}-{args.dim}"
+    if not ds.exists():
+        t = time.perf_counter()
+        synthesize(ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0,
+                   train_fraction=0.01, val_fraction=0.01, test_fraction=0.01)
+        print(f"synthesised {ds} in {time.perf_counter() - t:.0f} s", flush=True)
+    plan_path = work / "plan.json"
+    if not plan_path.exists():
+        machine = resolve_profile("moment-machine-b")
+        workload = load_workload(machine.workload, fanouts=[5, 3], batch_size=1024)
+        save_plan(machine, workload, plan(machine, workload, 4, 8, top=1), plan_path)
+    placed = work / "placed"
+    if not placed.exists():
+        t = time.perf_counter()
+        place(plan_path, ds, placed, PlaceOptions(gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, epochs=1))
+        print(f"placed in {time.perf_counter() - t:.0f} s", flush=True)
+    ck = work / "checkpoint"
+    if not (ck / "checkpoint.pt").exists():
+        code = loop.main(["--data", str(placed), "--hidden", str(args.hidden), "--fanouts", "5,3",
+                          "--batch-size", "512", "--epochs", "1", "--max-batches-per-epoch", "20", "--device", "cpu",
+                          "--checkpoint-dir", str(ck)])
+        if code:
+            raise SystemExit("training the checkpoint failed")
+    return ds, placed, ck
+
+
+def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path) -> dict:
+    drop_cache(files)
+    cmd = [sys.executable, __file__, "--worker", kind, "--out-json", str(out), *extra]
+    procs = cgroup / "cgroup.procs" if cgroup else None
+
+    def enter() -> None:
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True, check=False, env=env)
+    if done.returncode:
+        raise SystemExit(f"{kind} run failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default="/tmp/bench-infer")
+    ap.add_argument("--nodes", type=int, default=400_000)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--degree", type=float, default=3)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--gpu-cache", default="1%", help="per GPU bin (4 GPUs in the plan)")
+    ap.add_argument("--cpu-cache", default="4%")
+    ap.add_argument("--mem-limit", default="1G", help="memory cgroup limit per run; 0: none")
+    ap.add_argument("--batch-size", type=int, default=8192, help="destination vertices per chunk")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    ap.add_argument("--runs", default="tiered,mmap")
+    ap.add_argument("--worker", choices=("tiered", "mmap"), help=argparse.SUPPRESS)
+    ap.add_argument("--out-json", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--dataset", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        Path(args.out_json).write_text(json.dumps(worker(args)))
+        return
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ds, placed, ck = prepare(args, work)
+    limit = parse_size(args.mem_limit)
+    cgroup = make_cgroup(limit, "moment-bench-infer") if limit else None
+    feat = ds / "features.npy"
+    files = [p for d in (ds, placed) for p in d.rglob("*") if p.is_file()]
+    print(f"{args.nodes:,} vertices, features {feat.stat().st_size / 2**30:.2f} GiB; "
+          + (f"memory limit per run {limit / 2**30:.2f} GiB ({cgroup})" if limit else "no memory limit"), flush=True)
+    results = {}
+    try:
+        for kind in args.runs.split(","):
+            out = work / f"out-{kind}"
+            shutil.rmtree(out, ignore_errors=True)  # this script's own output of an earlier run
+            extra = ["--data", str(placed), "--dataset", str(ds), "--checkpoint", str(ck), "--out", str(out),
+                     "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+            results[kind] = r = run_worker(kind, cgroup, files, extra, work / f"{kind}.json")
+            stages = ", ".join(f"{t['stage']} {t['vertices_per_s']:,.0f}/s" for t in r["throughput"])
+            print(f"{kind:7s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB; "
+                  f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
+                  f"test acc {r['accuracy'].get('test', float('nan')):.3f}",
+                  flush=True)
+    finally:
+        if cgroup is not None:
+            try:
+                cgroup.rmdir()
+            except OSError:
+                pass
+    if {"tiered", "mmap"} <= results.keys():
+        t, m = results["tiered"], results["mmap"]
+        same = t["embeddings_sha256"] == m["embeddings_sha256"]
+        speedup = t["throughput"][0]["vertices_per_s"] / m["throughput"][0]["vertices_per_s"]
+        print(f"layer 1: tiered / mmap = {speedup:.2f}x; "
+              f"whole run: {m['wall_s'] / t['wall_s']:.2f}x; embeddings identical: {same}")
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

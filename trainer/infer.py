@@ -1,0 +1,665 @@
+"""Out-of-core, layer-wise, full-neighbourhood inference: embeddings and predictions for every vertex.
+
+A sampled model is run over the *whole* in-neighbourhood of every vertex, one layer at a time
+(the ATLAS / PyG ``BasicGNN.inference`` scheme), so nothing needs all vertices' activations in
+memory:
+
+* stage ``l`` (layer ``l + 1``) walks the destination vertices in chunks of ``batch_size`` new
+  ids; for chunk ``D = [a, b)`` it reads the CSR rows of ``D`` (the in-neighbours), makes the
+  bipartite graph whose sources are ``D`` itself first (so GAT's self loops and SAGE's root
+  weight see the chunk's own rows) followed by its outside neighbours, gathers their rows of the
+  previous layer — layer 0: the tiered feature store (GPU/CPU caches, SSD bins); later layers:
+  the previous stage's memory-mapped ``.npy`` on disk — and writes the chunk's output rows into
+  this stage's ``.npy``. Memory per chunk: its sources' rows, never N × hidden.
+* the last stage (``export``) writes the arrays users get in **original** vertex ids (the
+  placement relabelled them): ``embeddings.npy`` (the last hidden layer, after its ReLU: what the
+  output layer reads), ``predictions.npy`` (argmax of the logits, int64), and with
+  ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
+
+Ranks split each stage's vertices into contiguous ranges, one per rank, with a barrier between
+stages: either separate processes (``python -m trainer.infer`` under torchrun, gloo barriers)
+or, in one process, a loop over the ranks (:func:`run_in_process`).
+
+Crash safety: the work happens in ``OUT.partial/data`` (``moment.outputs.Staging``). After each
+chunk the rank flushes its rows and records ``(stage, chunks done)`` in its own progress file;
+a re-run with the same inputs continues from there and writes the same bytes (the chunking is
+fixed by the inputs, so every chunk is computed the same way). ``inference.json`` is written
+last, then the directory is published by one rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from moment import faults
+from moment.contracts.checkpoint import CheckpointError, DataIdentity
+from moment.contracts.inference import (
+    MANIFEST,
+    ArrayEntry,
+    InferenceError,
+    InferenceManifest,
+    LayerThroughput,
+)
+from moment.contracts.plan import read_plan
+from moment.errors import MomentError, UsageError
+from moment.fileio import atomic_write_text
+from moment.outputs import Kind, Staging, check_free_space, check_out
+from placement.placed import Placed, open_placed
+from trainer import checkpoint
+from trainer.config import TrainConfig
+from trainer.featurestore import TieredFeatureStore
+from trainer.models import BlockGNN, build_model
+
+DTYPES = ("float32", "float16")
+LAYER_CHOICES = ("last", "all")
+DEFAULT_BATCH = 8192  # destination vertices per chunk
+WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
+INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
+
+Progress = Callable[[str, int], Callable[[int, int], None]]  # (stage, total) -> update(done, total)
+Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    data: Path  # placed dataset
+    checkpoint: Path  # a checkpoint directory (``moment train --checkpoint-dir``) or its checkpoint.pt
+    out: Path
+    plan: Path | None = None
+    nproc: int = 1
+    layers: str = "last"
+    dtype: str = "float32"
+    batch_size: int = DEFAULT_BATCH
+
+    def check(self) -> None:
+        if self.nproc < 1:
+            raise UsageError(f"--nproc {self.nproc}: expected a positive number of ranks")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size {self.batch_size}: expected a positive number of vertices")
+        if self.layers not in LAYER_CHOICES:
+            raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """The checkpoint directory ``path`` names (the directory itself or its checkpoint.pt)."""
+    path = Path(path)
+    if path.is_file() and path.name == checkpoint.FILENAME:
+        return path.parent
+    if path.is_dir() and checkpoint.path_in(path).is_file():
+        return path
+    if path.is_file():
+        raise CheckpointError(f"{path}: not a checkpoint file (expected {checkpoint.FILENAME} or its directory)")
+    raise CheckpointError(f"{checkpoint.path_in(path) if path.is_dir() else path}: missing (a training checkpoint)")
+
+
+@dataclass
+class Loaded:
+    """The model of a checkpoint, in eval mode, checked against the placed dataset."""
+
+    placed: Placed
+    identity: DataIdentity
+    cfg: TrainConfig
+    model: BlockGNN
+    epoch: int
+    history: list[dict[str, Any]]
+    checkpoint_sha256: str
+    widths: list[int]  # output width of each layer
+
+
+def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
+    """Open the placed dataset and the checkpoint's model; refuse a checkpoint of other data (as
+    ``moment train --resume`` does: same placement, same shapes)."""
+    placed = open_placed(data)
+    identity = DataIdentity.of(placed.root, placed.manifest)
+    directory = checkpoint_dir(ckpt)
+    meta = checkpoint.read_meta(directory)
+    assert meta is not None  # checkpoint_dir found the file
+    cfg = TrainConfig.from_dict(meta.config)
+    body = checkpoint.load(directory, cfg, identity)  # refuses other data, naming the file and what differs
+    assert body is not None
+    model = build_model(cfg, placed.feature_dim, identity.num_classes)
+    try:
+        model.load_state_dict(body["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{checkpoint.path_in(directory)}: its weights do not fit the model its config "
+                              f"describes ({str(exc).splitlines()[0]})") from None
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    digest = _sha256(checkpoint.path_in(directory))
+    return Loaded(placed, identity, cfg, model, meta.epoch, list(meta.history), digest,
+                  _widths(model, placed.feature_dim, device))
+
+
+def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
+    """Each layer's output width, by running it on one vertex (any PyG-style conv plugs in)."""
+    widths, x = [], torch.zeros(1, in_dim, device=device)
+    empty = torch.zeros(2, 0, dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        for i in range(len(model.convs)):
+            x = model.layer(i, x, 1, empty)
+            widths.append(int(x.shape[1]))
+    return widths
+
+
+# -- the work directory -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every array of a run: the layers in new ids (work files) and the exported ones."""
+
+    num_nodes: int
+    widths: tuple[int, ...]
+    dtype: str
+    layers: str
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    def work(self, layer: int) -> tuple[str, tuple[int, int], str]:
+        """Work file of layer ``layer`` (1-based): its output for every vertex, in new ids."""
+        last = layer == self.depth
+        return f"{WORK}/h{layer}.npy", (self.num_nodes, self.widths[layer - 1]), "float32" if last else self.dtype
+
+    def exports(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
+        """name -> (file, shape, dtype) of the arrays users get, in original ids."""
+        n, emb_layer = self.num_nodes, max(self.depth - 1, 1)
+        out: dict[str, tuple[str, tuple[int, ...], str]] = {
+            "embeddings": ("embeddings.npy", (n, self.widths[emb_layer - 1]), self.work(emb_layer)[2]),
+            "predictions": ("predictions.npy", (n,), "int64"),
+        }
+        if self.layers == "all":
+            out["logits"] = ("logits.npy", (n, self.widths[-1]), "float32")
+            for k in range(1, self.depth - 1):
+                out[f"layer{k}"] = (f"layer{k}.npy", (n, self.widths[k - 1]), self.dtype)
+        return out
+
+    def sources(self) -> dict[str, int]:
+        """name -> the layer (1-based) each export copies rows of."""
+        src = {"embeddings": max(self.depth - 1, 1), "predictions": self.depth, "logits": self.depth}
+        src.update({f"layer{k}": k for k in range(1, self.depth - 1)})
+        return {k: v for k, v in src.items() if k in self.exports()}
+
+    def nbytes(self) -> int:
+        files = [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values())
+        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in files)
+
+    def create(self, data: Path) -> None:
+        (data / WORK).mkdir(parents=True, exist_ok=True)
+        for path, shape, dt in [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values()):
+            np.lib.format.open_memmap(data / path, mode="w+", dtype=dt, shape=shape).flush()
+
+    def open(self, data: Path, path: str) -> np.memmap:
+        return np.load(data / path, mmap_mode="r+")
+
+
+def stages(depth: int) -> list[str]:
+    """The stages every rank goes through, with a barrier after each."""
+    return [f"layer {k}" for k in range(1, depth + 1)] + ["export"]
+
+
+def rank_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share of ``n`` vertices."""
+    return n * rank // world, n * (rank + 1) // world
+
+
+def chunks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+
+
+@dataclass
+class RankProgress:
+    """What one rank has finished: every stage before ``stage``, and ``chunks`` chunks of it;
+    vertices and seconds per stage in the runs that did them (throughput)."""
+
+    stage: int = 0
+    chunks: int = 0
+    timing: dict[str, list[float]] = field(default_factory=dict)  # stage -> [vertices, seconds]
+
+    @staticmethod
+    def path(data: Path, rank: int) -> Path:
+        return data / WORK / f"progress-{rank}.json"
+
+    @classmethod
+    def read(cls, data: Path, rank: int) -> RankProgress:
+        try:
+            doc = json.loads(cls.path(data, rank).read_text())
+            return cls(int(doc["stage"]), int(doc["chunks"]), {k: list(v) for k, v in doc["timing"].items()})
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InferenceError(f"{cls.path(data, rank)}: damaged progress record ({exc}); remove "
+                                 f"{data.parent} to start over") from None
+
+    def write(self, data: Path, rank: int) -> None:
+        atomic_write_text(self.path(data, rank), json.dumps({"stage": self.stage, "chunks": self.chunks,
+                                                             "timing": self.timing}) + "\n")
+
+
+# -- one chunk ----------------------------------------------------------------------------------
+
+
+def bipartite(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> tuple[np.ndarray, torch.Tensor]:
+    """The full in-neighbourhood of destinations ``[a, b)`` as a bipartite graph: source ids (the
+    destinations first, then their other in-neighbours ascending) and the 2 × E edge index (row
+    0: source position, row 1: destination position)."""
+    ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
+    nbr = np.asarray(indices[ptr[0] : ptr[-1]]).astype(np.int64, copy=False)
+    dst = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(ptr))
+    inside = (nbr >= a) & (nbr < b)
+    outside = np.unique(nbr[~inside])
+    local = np.empty_like(nbr)
+    local[inside] = nbr[inside] - a
+    local[~inside] = (b - a) + np.searchsorted(outside, nbr[~inside])
+    src = np.concatenate([np.arange(a, b, dtype=np.int64), outside])
+    return src, torch.from_numpy(np.stack([local, dst]))
+
+
+class Rank:
+    """One rank's share of the work: its model, feature store, CSR and arrays."""
+
+    def __init__(self, loaded: Loaded, data: Path, layout: Layout, batch_size: int, rank: int, world: int,
+                 device: torch.device, features: Features | None = None) -> None:
+        """``features``: where layer 1 reads its input rows (default: the placed tiers)."""
+        self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
+        self.features = features
+        self.rank, self.world, self.device = rank, world, device
+        placed = loaded.placed
+        self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
+        self.old_to_new = placed.array("old_to_new")
+        self._store: TieredFeatureStore | None = None
+
+    @property
+    def store(self) -> TieredFeatureStore:
+        if self._store is None:  # only layer 1 reads features: a resumed run past it never loads the caches
+            self._store = TieredFeatureStore(self.m.placed, device=self.device)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def chunks_of(self, stage: int) -> list[tuple[int, int]]:
+        lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
+        return chunks(lo, hi, self.batch)
+
+    def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
+        """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
+        if layer == 1 and self.features is not None:
+            x = self.features(src)
+        elif layer == 1:
+            x = self.store.get(torch.from_numpy(src))
+        else:
+            prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
+            x = torch.from_numpy(np.asarray(prev[src]))
+        return x.to(self.device, torch.float32)
+
+    def run_layer_chunk(self, layer: int, a: int, b: int, out: np.memmap) -> None:
+        src, edge_index = bipartite(self.indptr, self.indices, a, b)
+        with torch.inference_mode():
+            h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
+        out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
+
+    def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
+        new = np.asarray(self.old_to_new[a:b])
+        order = np.argsort(new, kind="stable")  # read the work files in ascending rows
+        rows = {k: np.empty((b - a, *w.shape[1:]), dtype=w.dtype) for k, w in works.items()}
+        for k, w in works.items():
+            rows[k][order] = w[new[order]]
+        for name, layer in self.layout.sources().items():
+            if name == "predictions":
+                arrays[name][a:b] = rows[layer].argmax(axis=1)
+            else:
+                arrays[name][a:b] = rows[layer]
+
+    def run_stage(self, stage: int, progress: RankProgress, update: Callable[[int], None] | None = None) -> None:
+        """Do this rank's chunks of ``stage`` that ``progress`` does not record as done."""
+        depth = self.layout.depth
+        if progress.stage > stage:
+            return
+        if progress.stage < stage:
+            progress.stage, progress.chunks = stage, 0
+        todo = self.chunks_of(stage)
+        name = stages(depth)[stage]
+        if stage < depth:
+            out = self.layout.open(self.data, self.layout.work(stage + 1)[0])
+            arrays: dict[str, np.memmap] = {}
+            works: dict[int, np.memmap] = {}
+        else:
+            out = None
+            arrays = {k: self.layout.open(self.data, f) for k, (f, _, _) in self.layout.exports().items()}
+            works = {k: self.layout.open(self.data, self.layout.work(k)[0])
+                     for k in set(self.layout.sources().values())}
+        for c in range(progress.chunks, len(todo)):
+            a, b = todo[c]
+            start = time.perf_counter()
+            if out is not None:
+                self.run_layer_chunk(stage + 1, a, b, out)
+                out.flush()
+            else:
+                self.run_export_chunk(a, b, arrays, works)
+                for arr in arrays.values():
+                    arr.flush()
+            faults.point(f"infer:{name.replace(' ', '')}:chunk{c}")  # rows written, not yet recorded
+            seconds = time.perf_counter() - start
+            done = progress.timing.setdefault(name, [0, 0.0])
+            done[0] += b - a
+            done[1] += seconds
+            progress.chunks = c + 1
+            progress.write(self.data, self.rank)
+            if update:
+                update(b - a)
+        progress.stage, progress.chunks = stage + 1, 0
+        progress.write(self.data, self.rank)
+
+
+# -- the whole run ------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(16 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _validate(root: Path) -> InferenceManifest:
+    m = InferenceManifest.read(root / MANIFEST)
+    for entry in m.arrays.values():
+        path = root / entry.path
+        if not path.is_file() or path.stat().st_size != entry.bytes:
+            raise InferenceError(f"{path}: missing or not the size {root / MANIFEST} records")
+    return m
+
+
+def _owned(root: Path) -> list[Path]:
+    m = _validate(root)
+    return [*(root / e.path for e in m.arrays.values()), root / MANIFEST]
+
+
+KIND = Kind("directory of inference outputs", MANIFEST, "moment infer", _validate, _owned, InferenceError)
+
+
+def _key(loaded: Loaded, opts: InferOptions) -> str:
+    parts = {"placed": loaded.identity.placed_sha256, "checkpoint": loaded.checkpoint_sha256, "nproc": opts.nproc,
+             "layers": opts.layers, "dtype": opts.dtype, "batch_size": opts.batch_size, "version": 1}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def device_for(local_rank: int = 0) -> torch.device:
+    """CUDA (the rank's GPU) when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@dataclass
+class Prepared:
+    stage: Staging
+    loaded: Loaded
+    layout: Layout
+    key: str
+    done: InferenceManifest | None = None  # the output is already there (nothing to do)
+
+
+def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> Prepared:
+    """Check the inputs, take (or resume) ``OUT.partial`` and create the arrays of a fresh run."""
+    opts.check()
+    if opts.plan is not None:
+        read_plan(opts.plan)
+    loaded = load(opts.data, opts.checkpoint)
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
+    if opts.nproc > layout.num_nodes:
+        raise UsageError(f"--nproc {opts.nproc}: more ranks than the {layout.num_nodes} vertices")
+    key = _key(loaded, opts)
+    out = Path(opts.out)
+    stage = Staging(out, KIND)
+    if stage.resume():
+        if stage.old.exists() or (stage.data / MANIFEST).exists():
+            log(f"finishing the publication of an interrupted `moment infer` into {out}")
+            stage.publish("infer")
+            stage = Staging(out, KIND)
+        elif stage.data.exists() and _inputs_key(stage.data) != key:
+            log(f"{stage.dir}: left by an interrupted run with other inputs: starting over")
+            shutil.rmtree(stage.data)  # inside our own locked staging directory
+        elif stage.data.exists():
+            log(f"resuming the interrupted `moment infer` in {stage.dir}")
+    if check_out(out, KIND) and not stage.data.exists():
+        current = _validate(out)
+        if current.key == key:
+            stage.release()
+            log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
+            return Prepared(stage, loaded, layout, key, done=current)
+    if not stage.data.exists():
+        check_free_space({out: layout.nbytes()}, InferenceError)
+        stage.create()
+        layout.create(stage.data)
+        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key}) + "\n")
+    return Prepared(stage, loaded, layout, key)
+
+
+def _inputs_key(data: Path) -> str | None:
+    try:
+        return json.loads((data / WORK / INPUTS).read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run_in_process(p: Prepared, opts: InferOptions, progress: Progress | None = None,
+                   features: Features | None = None) -> None:
+    """Every rank's work in this process: stage by stage, each rank's chunks in turn (the barrier
+    between stages is the loop's order). ``features``: another source of layer 1's input rows
+    (scripts/bench_infer.py compares a memory-mapped feature file with the tiers)."""
+    device = device_for()
+    if device != torch.device("cpu"):
+        p.loaded.model.to(device)
+    ranks = [Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
+             for r in range(opts.nproc)]
+    states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
+    try:
+        for s, name in enumerate(stages(p.layout.depth)):
+            update = _bar(progress, name, p.layout.num_nodes, sum(_done(r, st, s) for r, st in zip(ranks, states)))
+            for rank, state in zip(ranks, states):
+                rank.run_stage(s, state, update)
+    finally:
+        for rank in ranks:
+            rank.close()
+
+
+def _done(rank: Rank, state: RankProgress, stage: int) -> int:
+    """Vertices of ``stage`` this rank already did (for the progress bar of a resumed run)."""
+    if state.stage > stage:
+        return sum(b - a for a, b in rank.chunks_of(stage))
+    if state.stage < stage:
+        return 0
+    return sum(b - a for a, b in rank.chunks_of(stage)[: state.chunks])
+
+
+def _bar(progress: Progress | None, name: str, total: int, done: int) -> Callable[[int], None] | None:
+    if progress is None:
+        return None
+    update = progress(f"infer: {name}", total)
+    state = [done]
+    update(done, total)
+
+    def step(k: int) -> None:
+        state[0] += k
+        update(state[0], total)
+
+    return step
+
+
+def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> InferenceManifest:
+    """Accuracy, checksums, the manifest; the work files removed; the output published."""
+    data, layout, loaded = p.stage.data, p.layout, p.loaded
+    states = [RankProgress.read(data, r) for r in range(opts.nproc)]
+    if any(s.stage < len(stages(layout.depth)) for s in states):
+        raise InferenceError(f"{data}: a rank did not finish (progress {[(s.stage, s.chunks) for s in states]})")
+    placed = loaded.placed
+    logits = np.load(data / layout.work(layout.depth)[0], mmap_mode="r")
+    labels = placed.array("labels")
+    accuracy = {}
+    for split in ("test", "val"):
+        ids = np.sort(np.asarray(placed.array(split)))
+        if ids.size:
+            accuracy[split] = float((np.asarray(logits[ids]).argmax(axis=1) == np.asarray(labels[ids])).mean())
+    throughput = []
+    for name in stages(layout.depth):
+        vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
+        # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
+        per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
+        seconds = max(per_rank) if _ran_in_ranks(data) else sum(per_rank)
+        throughput.append(LayerThroughput(stage=name, vertices=vertices, seconds=seconds,
+                                          vertices_per_s=vertices / seconds if seconds > 0 else 0.0))
+    del logits
+    arrays = {}
+    for name, (path, shape, dt) in layout.exports().items():
+        arrays[name] = ArrayEntry(path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size,
+                                  sha256=_sha256(data / path))
+    shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
+    manifest = InferenceManifest(key=p.key, model=loaded.cfg.to_dict(), checkpoint_sha256=loaded.checkpoint_sha256,
+                                 checkpoint_epoch=loaded.epoch, data=loaded.identity, dtype=opts.dtype,
+                                 layers=opts.layers,
+                                 nproc=opts.nproc, batch_size=opts.batch_size, arrays=arrays, accuracy=accuracy,
+                                 training_accuracy=training_accuracy(loaded.history), throughput=throughput)
+    manifest.write(data / MANIFEST)
+    faults.point("infer:manifest")
+    for note in p.stage.publish("infer"):
+        log(f"note: {note}")
+    return manifest
+
+
+RANKS_MARKER = "ranks"  # inside WORK: the stages ran in separate processes (timings overlap)
+
+
+def _ran_in_ranks(data: Path) -> bool:
+    return (data / WORK / RANKS_MARKER).exists()
+
+
+def infer(opts: InferOptions, progress: Progress | None = None, log: Callable[[str], None] = lambda _: None,
+          launch: Callable[[list[str]], int] | None = None) -> InferenceManifest:
+    """``moment infer``: prepare, run every rank (in this process, or ``launch``-ed under
+    torchrun when ``nproc > 1`` and ``launch`` is given), finish and publish."""
+    p = prepare(opts, log)
+    if p.done is not None:
+        return p.done
+    try:
+        if opts.nproc > 1 and launch is not None:
+            (p.stage.data / WORK / RANKS_MARKER).touch()
+            code = launch(torchrun_command(opts, p.stage.data))
+            if code != 0:
+                raise InferenceError(f"inference ranks failed with exit code {code}; run the same command again "
+                                     f"to continue from the last finished chunk")
+        else:
+            run_in_process(p, opts, progress)
+        return finish(p, opts, log)
+    except BaseException:
+        p.stage.unlock()
+        raise
+
+
+def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``."""
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
+            "-m", "trainer.infer", "--data", str(opts.data), "--checkpoint", str(opts.checkpoint),
+            "--work", str(data), "--layers", opts.layers, "--dtype", opts.dtype, "--batch-size", str(opts.batch_size)]
+
+
+def summary(m: InferenceManifest) -> Iterator[str]:
+    """Lines for people: throughput per stage, accuracy beside training's sampled evaluation."""
+    for t in m.throughput:
+        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s)"
+    acc = ", ".join(f"{k} {v:.1%}" for k, v in m.accuracy.items())
+    sampled = ", ".join(f"{k} {v:.1%}" for k, v in m.training_accuracy.items())
+    beside = f"; training's sampled evaluation (epoch {m.checkpoint_epoch}): {sampled}" if sampled else ""
+    yield f"accuracy over the full neighbourhood: {acc}{beside}"
+
+
+def training_accuracy(history: list[dict[str, Any]]) -> dict[str, float]:
+    """The last sampled validation accuracy a checkpoint's history records (empty if none)."""
+    sampled = [h["val_acc"] for h in history if isinstance(h.get("val_acc"), (int, float))]
+    return {"val": float(sampled[-1])} if sampled else {}
+
+
+# -- one rank under torchrun --------------------------------------------------------------------
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between."""
+    import torch.distributed as dist
+
+    ap = argparse.ArgumentParser(prog="python -m trainer.infer")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
+    ap.add_argument("--layers", choices=LAYER_CHOICES, default="last")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32")
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    args = ap.parse_args(argv)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        device = device_for(int(os.environ.get("LOCAL_RANK", "0")))
+        loaded = load(Path(args.data), Path(args.checkpoint), device)
+        data = Path(args.work)
+        if not (data / WORK / INPUTS).is_file():
+            raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
+        layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
+        if world > 1:
+            dist.init_process_group("gloo")
+        worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
+        state = RankProgress.read(data, rank)
+        bars = _rank0_bars() if rank == 0 else None
+        try:
+            for s, name in enumerate(stages(layout.depth)):
+                update = None
+                if bars is not None:
+                    task = bars.add_task(f"infer: {name} (rank 0)", total=sum(b - a for a, b in worker.chunks_of(s)),
+                                         completed=_done(worker, state, s))
+                    update = lambda k, task=task: bars.advance(task, k)
+                worker.run_stage(s, state, update)
+                if world > 1:
+                    dist.barrier()
+        finally:
+            worker.close()
+            if bars is not None:
+                bars.stop()
+        if world > 1:
+            dist.destroy_process_group()
+        return 0
+    except MomentError as exc:
+        print(f"trainer.infer rank {rank}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _rank0_bars():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True))
+    bars.start()
+    return bars
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main())
