@@ -14,6 +14,8 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from moment.errors import MomentError, UsageError
-from moment.hw import cuda_bus_ids  # noqa: F401 -- moment bench matches CUDA devices to the profile's GPUs
+from moment import hw
+from moment.hw import cuda_bus_ids  # moment bench matches CUDA devices to the profile's GPUs
 
 
 @dataclass
@@ -139,8 +142,14 @@ def dram_copy_gbps(megabytes: int = 256, repeats: int = 5, threads: int | None =
 
 
 def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
-    """Host→GPU GB/s per CUDA device (pinned memory) and GPU→GPU peer GB/s; empty without CUDA.
-    Devices are numbered in PCI bus order, as the trainer numbers them."""
+    """Host→GPU GB/s per CUDA device and GPU→GPU peer GB/s; empty without CUDA. Devices are
+    numbered in PCI bus order, as the trainer numbers them.
+
+    Each GPU's host buffer is allocated and pinned while this thread runs on the GPU's local CPUs
+    (:func:`near`), so its pages sit in the GPU's NUMA node: a far socket's figure would be the
+    inter-socket link's, not the GPU's PCIe link's, which is where the profile writes it. Pairs
+    of GPUs without peer access are left out: their "peer" copy would be staged through host
+    memory."""
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # read when CUDA initialises
     try:
         import torch
@@ -149,21 +158,24 @@ def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, 
     if not torch.cuda.is_available():
         return {}, {}
     n = megabytes * 1024 * 1024
-    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    bus = cuda_bus_ids()
     h2d: dict[int, float] = {}
     peer: dict[tuple[int, int], float] = {}
     for i in range(torch.cuda.device_count()):
-        dev = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize(i)
-        t0 = time.perf_counter()
-        for _ in range(3):
+        with near(bus[i] if i < len(bus) else None):
+            host = torch.empty(n, dtype=torch.uint8).pin_memory()
+            dev = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
             dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize(i)
-        h2d[i] = 3 * n / (time.perf_counter() - t0) / 1e9
+            torch.cuda.synchronize(i)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                dev.copy_(host, non_blocking=True)
+            torch.cuda.synchronize(i)
+            h2d[i] = 3 * n / (time.perf_counter() - t0) / 1e9
+            del host, dev
     for i in range(torch.cuda.device_count()):
         for j in range(torch.cuda.device_count()):
-            if i != j:
+            if i != j and torch.cuda.can_device_access_peer(i, j):
                 a = torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}")
                 b = torch.empty(n, dtype=torch.uint8, device=f"cuda:{j}")
                 b.copy_(a)
@@ -173,6 +185,27 @@ def gpu_copies(megabytes: int = 512) -> tuple[dict[int, float], dict[tuple[int, 
                 _synchronize(torch, i, j)  # the copy runs on i's stream, j's waits: both must be done
                 peer[(i, j)] = n / (time.perf_counter() - t0) / 1e9
     return h2d, peer
+
+
+@contextmanager
+def near(bdf: str | None) -> Iterator[str | None]:
+    """Run this thread on the CPUs local to the PCI device at ``bdf`` while inside, so memory it
+    first touches (or pins) lands in the device's NUMA node; yields what it pinned to (None:
+    nothing known about the device, nothing changed)."""
+    cpus = hw.device_cpus(bdf) if bdf else set()
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus & before or cpus)
+    except OSError:
+        yield None
+        return
+    try:
+        yield f"CPUs local to {bdf}"
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _synchronize(torch: Any, *devices: int) -> None:

@@ -231,6 +231,7 @@ def _add_train_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
     p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the command and the memory budget as JSON")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)")
     p.set_defaults(func=cmd_train)
 
@@ -734,7 +735,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     nproc = launch.default_nproc(args.plan) if args.nproc is None else args.nproc
     argv = launch.trainer_argv(args.plan, args.data, args.model, args.epochs, args.metrics_json, args.checkpoint_dir,
                                extra, resume=args.resume, overwrite=args.overwrite)
-    checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes),
+    checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc,
                                   resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
     for warning in checked.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
@@ -742,6 +743,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                         metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
                                         nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
                                         resume=args.resume, overwrite=args.overwrite)
+    if args.dry_run and args.json:
+        print(json.dumps({"command": cmd, "memory": checked.memory.to_dict() if checked.memory else None}, indent=2))
+        return 0
     if args.dry_run:
         print(launch.format_command(cmd))
         return 0

@@ -5,15 +5,20 @@ flight, O_DIRECT — on the largest SSD bin file. The store: ``TieredFeatureStor
 of random vertex ids of that bin (sorted, deduplicated, coalesced, threaded preadv, O_DIRECT).
 Both bypass the page cache. The two alternate in ``--rounds`` short rounds (a shared or noisy
 disk drifts over seconds), and the ratio is of the totals. ``--device cuda`` returns the rows
-in GPU memory (``--io kvikio`` reads them straight there). Run:
+in GPU memory (``--io kvikio`` reads them straight there; ``auto`` probes both, as the trainer
+does). The reader's configuration and modes are printed (kvikio's compat-mode reads are buffered,
+through the page cache, unless its ``auto_direct_io_read`` is on: then the ratio can exceed 1 for
+the wrong reason). Run:
     python scripts/bench_features.py PLACED_DIR [--batch 8000] [--seconds 1] [--rounds 8]
-                                     [--device cpu|cuda] [--io auto|posix|kvikio]
+                                     [--device cpu|cuda] [--io auto|posix|kvikio] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--device", default="cpu", help="where get() returns the rows: cpu or cuda")
     ap.add_argument("--io", choices=IO_CHOICES, default="auto", help="SSD reader (trainer's --io)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures here as JSON")
     args = ap.parse_args()
     placed = open_placed(args.placed)
     ssd = max((b for b in placed.bins if b.tier == "ssd"), key=lambda b: b.count)
@@ -40,7 +46,8 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: CUDA is not available on this machine")
     try:
-        reader = make_reader(args.device, threads=args.threads, direct=True, io=args.io)
+        reader = make_reader(args.device, threads=args.threads, direct=True, io=args.io,
+                             probe=[(str(b.path), rb) for b in placed.bins if b.tier == "ssd"])
     except (ValueError, RuntimeError) as exc:
         ap.error(str(exc))
     store = TieredFeatureStore(placed, device=args.device, reader=reader)
@@ -69,6 +76,13 @@ def main() -> None:
     print(f"raw random reads  : {raw_gbps:.3f} GB/s ({args.threads} in flight)")
     print(f"feature store get : {store_gbps:.3f} GB/s of distinct rows")
     print(f"ratio             : {store_gbps / raw_gbps:.2f}  (target >= 0.8)")
+    io = {"reader": type(reader).__name__, "modes": dict(reader.modes), "probe": dict(reader.probe),
+          "config": getattr(reader, "config", None), "routes": getattr(reader, "routes", None)}
+    print(f"reader            : {json.dumps(io)}")
+    if args.json:
+        doc = {"device": str(store.device), "io_asked": args.io, "raw_gbps": raw_gbps, "store_gbps": store_gbps,
+               "ratio": store_gbps / raw_gbps, "row_bytes": rb, "batch": args.batch, **io}
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":

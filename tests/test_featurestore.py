@@ -25,6 +25,7 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
+from kvikio_fake import FakeKvikio
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
 from trainer.shm import SharedMemoryFull
@@ -314,49 +315,6 @@ def test_short_file_is_an_error_naming_it(raw_file: tuple[Path, np.ndarray]) -> 
         reader.read(path, np.array([999, 1_000]), np.empty((2, 512), dtype=np.uint8))
 
 
-class _FakeCuFile:
-    """kvikio's ``CuFile`` as the reader uses it, reading into CPU tensors: a read below kvikio's
-    GDS threshold is done in the calling thread, as kvikio does it."""
-
-    def __init__(self, kvikio: _FakeKvikio, name: str, mode: str) -> None:
-        assert mode == "r"
-        self._kvikio, self._fd = kvikio, os.open(name, os.O_RDONLY)
-
-    def pread(self, buf: torch.Tensor, size: int, file_offset: int) -> _Done:
-        assert buf.is_contiguous() and buf.numel() * buf.element_size() == size
-        self._kvikio.threads.add(threading.get_ident())
-        time.sleep(0.001)  # a slow device: reads of other threads overlap this one
-        return _Done(os.preadv(self._fd, [memoryview(buf.numpy())], file_offset))
-
-    def close(self) -> None:
-        os.close(self._fd)
-        self._kvikio.closed += 1
-
-
-class _Done:
-    def __init__(self, got: int) -> None:
-        self._got = got
-
-    def get(self) -> int:
-        return self._got
-
-
-class _FakeKvikio:
-    """The kvikio module, as much of it as :class:`KvikioReader` touches."""
-
-    class defaults:  # noqa: N801 - kvikio's name
-        @staticmethod
-        def is_compat_mode_preferred() -> bool:
-            return True
-
-    def __init__(self) -> None:
-        self.threads: set[int] = set()
-        self.closed = 0
-
-    def CuFile(self, name: str, mode: str) -> _FakeCuFile:  # noqa: N802 - kvikio's name
-        return _FakeCuFile(self, name, mode)
-
-
 class _CpuKvikioReader(KvikioReader):
     device_type = "cpu"
 
@@ -373,7 +331,7 @@ def test_kvikio_reader_plans_like_the_file_reader_and_reads_in_parallel(tmp_path
         datas.append(data)
     rows = [np.unique(rng.integers(0, 2_000, 700)), np.arange(100, 1_100), np.zeros(0, dtype=np.int64)]
     outs = [torch.empty((r.size, 256), dtype=torch.uint8) for r in rows]
-    kvikio = _FakeKvikio()
+    kvikio = FakeKvikio(latency=0.001)  # a slow device: reads of other threads overlap this one
     with _CpuKvikioReader(threads=4, max_run_bytes=64 * 256, module=kvikio) as reader:
         seconds = reader.read_batch([_req(f, r, o) for f, r, o in zip(files, rows, outs)])
         assert len(seconds) == 3 and min(seconds) >= 0
@@ -399,7 +357,8 @@ def test_kvikio_mode_across_versions(setting: bool | str, mode: str) -> None:
     assert kvikio_mode(module) == mode
 
 
-def test_kvikio_is_not_imported_for_cpu() -> None:
+def test_kvikio_is_not_imported_for_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "kvikio", raising=False)  # a GPU test before may have imported it
     with make_reader("cpu") as reader:
         assert isinstance(reader, FileReader)
     assert "kvikio" not in sys.modules

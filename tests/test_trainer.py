@@ -35,6 +35,9 @@ from placement.sampler import NeighborSampler
 CLASSES = 8
 CHANCE = 1 / CLASSES
 SMALL = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01"]
+# Tests of gloo ranks and exact equalities say so: on a machine with CUDA, "auto" would make them nccl
+# runs (on one GPU, two ranks on one device: NCCL refuses) and depend on CUDA kernels' determinism.
+CPU = ["--device", "cpu"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -60,7 +63,7 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     metrics, ckpt, shm = tmp_path / "metrics.json", tmp_path / "ckpt", tmp_path / "shm"
     shm.mkdir()
     cmd = launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=3, metrics_json=metrics,
-                                        checkpoint_dir=ckpt, extra=[*SMALL, "--shm-dir", str(shm)])
+                                        checkpoint_dir=ckpt, extra=[*SMALL, *CPU, "--shm-dir", str(shm)])
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = read_json(metrics)
@@ -139,7 +142,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
     env = {**os.environ, launch.SHARE_STORE_OFF: "0" if shared_store else "1"}
     epochs, shm = 4, tmp_path / "shm"
     shm.mkdir()
-    extra = [*SMALL, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
+    extra = [*SMALL, *CPU, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
 
     def command(name: str, **kw: int) -> list[str]:
         return launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=epochs, extra=extra, **kw,
@@ -189,7 +192,7 @@ def run_main(args: list[str]) -> int:
 
 
 def test_resumed_run_ends_where_an_uninterrupted_run_ends(placed: Path, tmp_path: Path) -> None:
-    common = ["--data", str(placed), *SMALL, "--dropout", "0.3", "--max-batches-per-epoch", "3", "--deterministic"]
+    common = ["--data", str(placed), *SMALL, *CPU, "--dropout", "0.3", "--max-batches-per-epoch", "3", "--deterministic"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(straight)]) == 0
     assert run_main([*common, "--epochs", "1", "--checkpoint-dir", str(split)]) == 0
@@ -404,8 +407,61 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path) -> None:
 def test_missing_shm_dir_falls_back_to_private_copies(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.json"
     cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
-                                        extra=[*SMALL, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")])
+                                        extra=[*SMALL, *CPU, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")])
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"--shm-dir {tmp_path / 'nope'}: no such directory" in done.stderr
     assert all(line.endswith("a private copy") for line in read_json(metrics)["ranks"])
+
+
+def test_cpu_tests_stay_gloo_where_cuda_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi-rank tests above pass CPU: on a GPU machine they still run gloo on CPU ranks,
+    while the same arguments without it would become nccl."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert from_args(["--data", "d", *SMALL]).resolved_backend() == "nccl"
+    cfg = from_args(["--data", "d", *SMALL, *CPU])
+    assert cfg.resolved_device() == "cpu" and cfg.resolved_backend() == "gloo"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_nccl_ranks_train(placed: Path, tmp_path: Path) -> None:
+    """Two ranks on two GPUs with nccl (the gloo test above, on the GPU path)."""
+    metrics = tmp_path / "metrics.json"
+    cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
+                                        extra=[*SMALL, "--device", "cuda", "--max-batches-per-epoch", "2"])
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = read_json(metrics)
+    assert doc["world_size"] == 2 and len(set(doc["ranks"])) == 2
+    assert doc["rank_param_digests"][0] == doc["rank_param_digests"][1]
+
+
+def test_feature_read_time_is_compared_only_on_the_plans_gpus(placed: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU run is not on the profile's machine: its data time is reported, not set against the
+    prediction. The same record from ranks on the plan's GPUs is compared, with the ratio."""
+    from rich.console import Console
+
+    from trainer.metrics import Metrics
+
+    out = tmp_path / "m.json"
+    args = ["--data", str(placed), *SMALL, "--epochs", "1", "--max-batches-per-epoch", "2", "--metrics-json", str(out)]
+    assert run_main(args) == 0
+    doc = read_json(out)
+    epochs = doc["epochs"]
+    iterations = sum(e["iterations"] for e in epochs)
+    assert doc["on_plan_gpus"] is False
+    assert doc["measured_feature_read_s"] == pytest.approx(sum(e["feature_read_s"] for e in epochs) / iterations)
+    assert epochs[0]["feature_read_s_per_iteration"] == pytest.approx(epochs[0]["feature_read_s"] / iterations)
+    printed = " ".join(capsys.readouterr().out.split())  # the table wraps at the terminal's width
+    assert "not compared: ranks are not on the plan's GPUs" in printed, printed
+
+    console = Console(record=True, width=200)
+    manifest = open_placed(placed).manifest
+    metrics = Metrics(TrainConfig(data=str(placed)), manifest.prediction, epochs, enabled=True, console=console)
+    metrics.print_config(["cuda:0 (plan gpu0 at 0000:3b:00.0)"], on_plan_gpus=True)
+    final = metrics.finish(test_acc=0.5, rank_param_digests=["x"])
+    assert final["on_plan_gpus"] is True
+    ratio = final["measured_feature_read_s"] / manifest.prediction.iteration_s
+    assert f"predicted ({ratio:.2f}×), on the plan's GPUs" in console.export_text()

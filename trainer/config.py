@@ -52,7 +52,7 @@ class TrainConfig:
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
-    io: str = "auto"  # SSD reads: auto (kvikio on CUDA when installed, else posix), posix, kvikio
+    io: str = "auto"  # SSD reads: auto (whichever a short probe measured faster on CUDA; else posix), posix, kvikio
 
     def __post_init__(self) -> None:
         if self.fanouts is not None:

@@ -5,9 +5,10 @@ process group, and the few collectives the loop needs.
   ``MASTER_ADDR``/``MASTER_PORT``; ``env://``); without it the run is a single process and no
   process group is made;
 * on CUDA, local rank r uses the GPU the plan gives rank r: the CUDA device whose PCI address is
-  the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK``; the process is
-  pinned to the CPUs of that GPU's socket (NUMA node) when the plan names one and the machine
-  has that node.
+  the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK`` — or the first
+  free one when another rank's plan GPU is that one (:func:`moment.hw.distinct_devices`: one
+  device per rank of the node); the process is pinned to its socket's CPUs (every NUMA node of
+  it; socket N is not node N under SNC/NPS).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from moment import hw
 from moment.contracts.plan import PlanDoc
+from moment.errors import MomentError
 
 # How long a collective may wait. The longest wait is set-up: local rank 0 copies every cache bin
 # held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB
@@ -59,10 +61,16 @@ def select_device(requested: str, env: DistEnv, plan: PlanDoc | None) -> tuple[t
     entry = plan.rank(env.local_rank) if plan else None
     # Pinned before CUDA starts its threads (they inherit the affinity).
     pinned = hw.pin_to_socket(entry.socket) if entry and entry.socket is not None else None
-    index = hw.cuda_index_of(entry.bdf) if entry else None
-    why = f"plan {entry.gpu} at {entry.bdf}" if entry and index is not None else "LOCAL_RANK"
-    if index is None:
-        index = env.local_rank % max(torch.cuda.device_count(), 1)
+    count = torch.cuda.device_count()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if local > count:
+        raise MomentError(f"{local} ranks on this node, {count} CUDA devices visible: ranks would share a GPU "
+                          f"(use --nproc {count}, or make the other GPUs visible)")
+    entries = [plan.rank(r) if plan else None for r in range(max(local, env.local_rank + 1))]
+    matched = [hw.cuda_index_of(e.bdf) if e else None for e in entries]
+    index, why = hw.distinct_devices(matched, count)[env.local_rank]
+    if why == "plan" and entry is not None:
+        why = f"plan {entry.gpu} at {entry.bdf}"
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device, f"{device} ({why})" + (f", pinned to {pinned}" if pinned else "")

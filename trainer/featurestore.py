@@ -55,8 +55,8 @@ class TieredFeatureStore:
                  reader: Reader | None = None, pin_memory: bool | None = None,
                  host_shm: str | Path | None = None, io: str = "auto") -> None:
         """``placed``: the opened placed dataset (``open_placed`` refuses a missing or truncated
-        bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``,
-        closed with the store)."""
+        bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``
+        probing the SSD bins, closed with the store)."""
         self.placed = placed
         self.device = _indexed(torch.device(device))
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
@@ -65,7 +65,10 @@ class TieredFeatureStore:
         pin = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.pin = bool(pin) and torch.cuda.is_available()
         self._owns_reader = reader is None
-        self.reader: Reader = reader if reader is not None else make_reader(self.device, io=io)
+        if reader is None:  # io=auto on CUDA: whichever reader a short probe of the SSD bins finds faster
+            probe = [(str(b.path), self.row_bytes) for b in self.placed.bins if b.tier == "ssd"]
+            reader = make_reader(self.device, io=io, probe=probe)
+        self.reader: Reader = reader
         if self.reader.on_device and self.device.type != "cuda":
             raise ValueError(f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}")
         bins = self.placed.bins
@@ -100,10 +103,10 @@ class TieredFeatureStore:
         for i, b in zip(which, bins):
             self._offset[i] = row
             dst = out[row : row + b.count]
-            host = dst if device.type == "cpu" else torch.empty_like(dst, device="cpu")
-            _read_whole(b.path, host)
-            if host is not dst:
-                dst.copy_(host)
+            if device.type == "cpu":
+                _read_whole(b.path, dst)
+            else:  # through one small host buffer, not a bin-sized copy (a GPU cache is tens of GB)
+                read_in_chunks(b.path, dst)
             row += b.count
         return out
 
@@ -124,7 +127,11 @@ class TieredFeatureStore:
             return self._load(GPU, self.device), empty
         shared = map_shared(path, [b.path for b in bins], rows, self.dim, self.dtype, self.placed.root)
         gpu, cpu = shared[:gpu_rows], shared[gpu_rows:]
-        return (gpu if self.device.type == "cpu" else self._load(GPU, self.device)), cpu
+        if self.device.type == "cpu":
+            return gpu, cpu
+        out = torch.empty(gpu.shape, dtype=self.dtype, device=self.device)  # from the mapping, not the disk again
+        copy_in_chunks(gpu, out)
+        return out, cpu
 
     # Reading #################################################################
 
@@ -272,7 +279,8 @@ class TieredFeatureStore:
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {"reader": type(self.reader).__name__, "preads": self.reader.preads - self._preads0,
-                   "modes": dict(self.reader.modes)},
+                   "modes": dict(self.reader.modes), "route": self.reader.route, "probe": dict(self.reader.probe),
+                   "config": getattr(self.reader, "config", None), "routes": dict(getattr(self.reader, "routes", {}))},
         }
 
     def close(self) -> None:
@@ -303,6 +311,37 @@ def _records(t: torch.Tensor) -> np.ndarray:
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
+
+
+# Bytes per host→device copy while a GPU cache bin is loaded.
+LOAD_CHUNK = 64 << 20
+
+
+def read_in_chunks(path: Path, dst: torch.Tensor) -> None:
+    """Fill ``dst`` (any device) from a raw file through one host buffer of at most LOAD_CHUNK bytes."""
+    flat = dst.view(-1).view(torch.uint8)
+    buf = torch.empty(min(LOAD_CHUNK, flat.numel()), dtype=torch.uint8)
+    with open(path, "rb", buffering=0) as f:
+        for pos in range(0, flat.numel(), buf.numel()):
+            n = min(buf.numel(), flat.numel() - pos)
+            _fill(f, memoryview(buf.numpy())[:n], path)
+            flat[pos : pos + n].copy_(buf[:n])
+
+
+def copy_in_chunks(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` in pieces of at most LOAD_CHUNK bytes (a pageable copy of a whole bin
+    would stage all of it at once)."""
+    rows = max(1, LOAD_CHUNK // max(src[:1].numel() * src.element_size(), 1))
+    for lo in range(0, src.shape[0], rows):
+        dst[lo : lo + rows].copy_(src[lo : lo + rows])
+
+
+def _fill(f: Any, view: memoryview, path: Path) -> None:
+    while len(view):
+        got = f.readinto(view)
+        if not got:
+            raise PlacedError(f"{path}: shorter than its manifest says: truncated while in use")
+        view = view[got:]
 
 
 def _read_whole(path: Path, dst: torch.Tensor) -> None:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from moment import hw
 from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
@@ -46,9 +47,9 @@ from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
-from trainer.prefetch import Prefetcher, Prepared
+from trainer.prefetch import Prefetcher, Prepared, compute_stream
 from trainer.preflight import train_split_problem
-from trainer.shm import per_socket
+from trainer.shm import per_socket, socket_of
 from placement.sampler import NeighborSampler, derive_seed, num_batches
 
 # derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
@@ -188,6 +189,26 @@ def open_store(placed: Placed, device: torch.device, io: str, shm_dir: str, env:
     return store, f"{host / 2**20:.1f} MiB, {share}"
 
 
+def sampling_setup(sampler: NeighborSampler, plan: PlanDoc | None, env: DistEnv) -> dict[str, Any]:
+    """Where neighbour sampling runs, for the metrics: on the GPU when the sampler put the CSR
+    there (it fits: :class:`placement.sampler.NeighborSampler`), else on the CPU with this rank's
+    share of its CPUs as torch threads — torchrun sets ``OMP_NUM_THREADS=1`` for several ranks,
+    which would leave sampling (vectorised torch ops) on one core."""
+    if isinstance(sampler.indptr, torch.Tensor) and sampler.indptr.is_cuda:
+        return {"where": "gpu", "threads": None}
+    sharing = sum(socket_of(plan, r) == socket_of(plan, env.local_rank) for r in range(local_world_size(env)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cpus // max(sharing, 1))
+    if threads > torch.get_num_threads():
+        torch.set_num_threads(threads)
+    return {"where": "cpu", "threads": torch.get_num_threads()}
+
+
+def local_world_size(env: DistEnv) -> int:
+    """Ranks on this node (torchrun's LOCAL_WORLD_SIZE; 1 for a lone process)."""
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), env.local_rank + 1)
+
+
 def _seed_everything(seed: int) -> None:
     import random
 
@@ -210,6 +231,7 @@ class Run:
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
                                     device=device, seed=cfg.seed)
+        self.sampling = sampling_setup(self.base, plan, env)
         self.start_epoch, history = 0, []
         if cfg.resume and cfg.checkpoint_dir:
             body = checkpoint.load(cfg.checkpoint_dir, cfg, data.identity)
@@ -221,6 +243,7 @@ class Run:
             ids = [device.index] if device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=ids)
         self.metrics = Metrics(cfg, data.placed.manifest.prediction, history, enabled=self.rank == 0)
+        self.metrics.sampling = self.sampling
 
     def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
         prepare = make_prepare(epoch_sampler(self.base, sampler_seed), self.store, self.data.labels, self.device)
@@ -231,7 +254,8 @@ class Run:
         seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
         batches = self._batches(seeds, derive_seed(self.cfg.seed, _EVAL_STREAM, epoch, split, self.rank))
         try:
-            correct, total = evaluate(self.module, iter(batches))
+            with compute_stream(self.device):
+                correct, total = evaluate(self.module, iter(batches))
         finally:
             batches.close()
         correct, total = all_reduce_sum([correct, total], self.device)
@@ -246,7 +270,7 @@ class Run:
             self.store.reset_stats()
             batches = self._batches(seeds, derive_seed(cfg.seed, _TRAIN_STREAM, epoch, self.rank))
             try:
-                with self.metrics.progress(epoch, steps) as step:
+                with self.metrics.progress(epoch, steps) as step, compute_stream(self.device):
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)
             finally:
                 batches.close()
@@ -283,7 +307,11 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
         device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
         run = Run(cfg, env, data, plan, device)
-        run.metrics.print_config(all_gather(f"{where}; cache bins in host memory: {run.host_tiers}"))
+        entry = plan.rank(env.local_rank) if plan else None
+        on_plan_gpu = device.type == "cuda" and entry is not None and hw.cuda_index_of(entry.bdf) == device.index
+        placed = all_gather((f"{where}; cache bins in host memory: {run.host_tiers}", on_plan_gpu))
+        run.metrics.print_config([line for line, _ in placed], on_plan_gpus=all(ok for _, ok in placed))
+        run.metrics.note_ssd_route(plan.workload.ssd_reads if plan else None, run.store.reader)
         return run.fit()
     finally:
         if run is not None:

@@ -10,7 +10,8 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
   rank), ``iteration_s`` (``epoch_s / iterations``), ``seeds`` (all ranks), ``seeds_per_s``,
   ``loss`` (mean over steps and ranks), ``val_acc`` (None when not evaluated that epoch),
   ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
-  ``feature_read_s`` (time in the feature store per rank, mean), ``rows_per_tier`` and
+  ``feature_read_s`` (time in the feature store per rank, mean) and
+  ``feature_read_s_per_iteration``, ``rows_per_tier`` and
   ``bytes_per_tier`` (summed over ranks; SSD bytes count distinct rows read per batch),
   ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs),
   ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
@@ -18,7 +19,10 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
   memory tier: ``gpu``, ``cpu``);
 * ``measured_iteration_s``: mean wall time of a training iteration (sample + feature fetch,
   overlapped by the prefetcher, + forward/backward/step) over all epochs of the run:
-  ``sum(epoch_s) / sum(iterations)``;
+  ``sum(epoch_s) / sum(iterations)``; ``measured_feature_read_s``: the same for the time a rank
+  spent in the feature store (its data time, per rank), to set beside the predicted
+  ``iteration_s`` when ``on_plan_gpus`` (every rank ran on the GPU the plan placed it on, found by
+  PCI address: the profile's machine; the printed summary compares them only then);
 * ``prediction``: the placement's (placed.json ``prediction``, re-solved by ``moment place``
   for this dataset and its caches on the plan's machine and layout): ``iteration_s`` (time of
   one iteration's feature reads), ``tier_shares`` and ``bin_shares`` (share of feature reads
@@ -74,6 +78,12 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins, "bin_rows": bin_rows}
 
 
+def _per_iteration(history: list[dict[str, Any]], key: str) -> float | None:
+    """A per-rank epoch total (mean over ranks) over all epochs, per training iteration."""
+    iterations = sum(r["iterations"] for r in history)
+    return sum(r[key] for r in history) / iterations if iterations else None
+
+
 def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, loss: float, val_acc: float | None,
                  data_wait_s: float, stats: list[dict[str, Any]]) -> dict[str, Any]:
     """One epoch's record from the loop's counters and every rank's feature-store stats."""
@@ -91,6 +101,7 @@ def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, los
         "val_acc": val_acc,
         "data_wait_s": data_wait_s,
         "feature_read_s": merged["seconds"] / max(len(stats), 1),
+        "feature_read_s_per_iteration": merged["seconds"] / max(len(stats), 1) / max(iterations, 1),
         "rows_per_tier": {t: int(v["rows"]) for t, v in merged["tiers"].items()},
         "bytes_per_tier": {t: int(v["bytes"]) for t, v in merged["tiers"].items()},
         "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},
@@ -169,10 +180,31 @@ class Metrics:
         self.console = console or Console()
         self.world_size = 1
         self.ranks: list[str] = []
+        self.on_plan_gpus = False  # every rank on the GPU the plan gave it (found by PCI address)
+        self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
 
-    def print_config(self, ranks: list[str]) -> None:
-        """The config and where each rank runs, at the start."""
-        self.world_size, self.ranks = len(ranks), ranks
+    def note_ssd_route(self, planned: str | None, reader: Any) -> None:
+        """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
+        bytes another way than the prediction assumes: the plan's workload ``ssd_reads: direct``
+        (GPUDirect Storage, SSD → GPU peer to peer) against posix reads or kvikio's compat mode,
+        which go through host memory, or the reverse. ``planned``: the plan's ``ssd_reads``
+        (None without a plan: nothing to compare)."""
+        route = getattr(reader, "route", "host")
+        self.predicted["ssd_route"] = {"planned": planned, "run": route, "reader": type(reader).__name__}
+        if planned is None or planned == route:
+            return
+        how = {"host": "through host memory", "direct": "straight to the GPU (GPUDirect Storage)"}
+        what = f"{type(reader).__name__}" + (f", {reader.mode}" if hasattr(reader, "mode") else "")
+        line = (f"the prediction assumes SSD reads {how[planned]} (plan workload ssd_reads: {planned}); this run "
+                f"reads them {how[route]} ({what}): the SSD links it loads differ from the predicted ones")
+        self.predicted["note"] += "; " + line
+        if self.enabled:
+            self.console.print(f"[yellow]note:[/] {line}", highlight=False)
+
+    def print_config(self, ranks: list[str], on_plan_gpus: bool = False) -> None:
+        """The config and where each rank runs, at the start. ``on_plan_gpus``: every rank runs on
+        the GPU the plan placed it on, so this is the profile's machine and its data time compares."""
+        self.world_size, self.ranks, self.on_plan_gpus = len(ranks), ranks, on_plan_gpus
         if not self.enabled:
             return
         fields = ", ".join(f"{k}={v}" for k, v in self.cfg.to_dict().items())
@@ -205,16 +237,18 @@ class Metrics:
         self._write(test_acc=None, digests=None)
 
     def document(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
-        iterations = sum(r["iterations"] for r in self.history)
         return {
             "format": FORMAT,
             "complete": test_acc is not None,
             "config": self.cfg.to_dict(),
             "world_size": self.world_size,
             "ranks": self.ranks,
+            "sampling": self.sampling,
             "epochs": self.history,
-            "measured_iteration_s": sum(r["epoch_s"] for r in self.history) / iterations if iterations else None,
+            "measured_iteration_s": _per_iteration(self.history, "epoch_s"),
             "predicted_iteration_s": self.predicted["iteration_s"],
+            "measured_feature_read_s": _per_iteration(self.history, "feature_read_s"),
+            "on_plan_gpus": self.on_plan_gpus,
             "prediction": self.predicted,
             "test_acc": test_acc,
             "rank_param_digests": digests,
@@ -259,6 +293,13 @@ class Metrics:
         summary.add_row("predicted", f"{predicted:.3g} s of feature reads ({pred['layout']} on {pred['profile']})")
         if measured and predicted:
             summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
+        reads = doc["measured_feature_read_s"]
+        if reads and doc["on_plan_gpus"] and pred["comparable"]:
+            summary.add_row("feature reads", f"{reads:.4f} s measured per iteration vs {predicted:.3g} s predicted "
+                            f"({reads / predicted:.2f}×), on the plan's GPUs")
+        else:
+            why = "ranks are not on the plan's GPUs" if not doc["on_plan_gpus"] else "the prediction is for other data"
+            summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")
         summary.add_row("note", pred["note"])
         summary.add_row("test accuracy", _fmt(doc["test_acc"], ".4f"))
         self.console.print(summary)

@@ -1,11 +1,13 @@
 """Preparing the next batches while the current one trains: a background thread samples and
-fetches features ``depth`` batches ahead (on CUDA on a stream of its own)."""
+fetches features ``depth`` batches ahead (on CUDA on a stream of its own), and the stream the
+training itself runs on (:func:`compute_stream`)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,3 +89,26 @@ class Prefetcher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@contextmanager
+def compute_stream(device: torch.device) -> Iterator[torch.cuda.Stream | None]:
+    """Run the block's CUDA work (training, evaluation) on a stream of its own instead of the
+    legacy default stream. kvikio's POSIX path copies each read on a blocking stream
+    (``CU_STREAM_DEFAULT``) and its GDS reads synchronise the NULL stream first: both would wait
+    for every training kernel queued on the legacy default stream, and training for them, so
+    reads and compute would no longer overlap. torch's own streams are non-blocking. The stream
+    starts after the work already queued on the current stream (parameters, the DDP broadcast),
+    and the current stream, after the block, waits for the block's work (all-reduces,
+    checkpoints). Nothing on a CPU device (yields None)."""
+    if device.type != "cuda":
+        yield None
+        return
+    outer = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(outer)
+    try:
+        with torch.cuda.stream(stream):
+            yield stream
+    finally:
+        outer.wait_stream(stream)

@@ -21,10 +21,12 @@ from pathlib import Path
 from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
+from moment.topology.profile_io import resolve_profile
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.launch import check_command
+from trainer.memory import MemoryBudget, budget, gpu_capacity, host_capacity, refusal, shape_of_placed
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Checked:
 
     cfg: TrainConfig
     warnings: list[str] = field(default_factory=list)
+    memory: MemoryBudget | None = None
 
 
 def train_split_problem(placed: Placed, world_size: int) -> str | None:
@@ -97,12 +100,14 @@ def plan_warnings(plan: PlanDoc, plan_path: str, placed: Placed) -> list[str]:
     return out
 
 
-def preflight(argv: Sequence[str], world_size: int, resume: bool = False, overwrite: bool = False) -> Checked:
+def preflight(argv: Sequence[str], world_size: int, resume: bool = False, overwrite: bool = False,
+              ranks_per_node: int | None = None) -> Checked:
     """Check a training run before torchrun starts; the first problem is one MomentError line.
 
     ``argv``: the trainer's command line (``launch.trainer_argv``); ``resume``/``overwrite``: what
     the user asked for an existing checkpoint (``--max-restarts`` adds ``--resume`` to ``argv``
-    on its own, which does not count as asking)."""
+    on its own, which does not count as asking); ``ranks_per_node``: torchrun's processes per
+    node (default ``world_size``). A run whose memory budget does not fit is refused too."""
     cfg = check_command(argv)
     plan = read_plan(cfg.plan) if cfg.plan else None
     placed = open_placed(cfg.data)
@@ -113,7 +118,26 @@ def preflight(argv: Sequence[str], world_size: int, resume: bool = False, overwr
     if cfg.checkpoint_dir:
         _writable(Path(cfg.checkpoint_dir), "--checkpoint-dir", is_file=False)
         _checkpoint(cfg, placed, resume, overwrite)
-    return Checked(cfg, plan_warnings(plan, cfg.plan or "", placed) if plan else [])
+    memory = memory_budget(cfg, plan, placed, ranks_per_node or world_size)
+    if (why := refusal(memory)) is not None:
+        raise MomentError(why)
+    return Checked(cfg, plan_warnings(plan, cfg.plan or "", placed) if plan else [], memory)
+
+
+def memory_budget(cfg: TrainConfig, plan: PlanDoc | None, placed: Placed, ranks_per_node: int) -> MemoryBudget:
+    """The run's peak GPU bytes per rank and host bytes per node (:mod:`trainer.memory`), with
+    the capacities to hold them against: the live GPU when CUDA is here, else the plan's profile."""
+    ranks = plan.ranks[:ranks_per_node] if plan else []
+    sockets = len({r.socket for r in ranks}) or 1
+    shape = shape_of_placed(placed, cfg, ranks_per_node, sockets)
+    b = budget(shape, cuda=cfg.resolved_device().startswith("cuda"))
+    try:
+        machine = resolve_profile(plan.profile.name) if plan else None
+    except MomentError:
+        machine = None  # a profile this installation does not have: capacities from this machine
+    b.gpu_capacity, b.gpu_capacity_source = gpu_capacity(machine)
+    b.host_capacity, b.host_capacity_source = host_capacity(machine)
+    return b
 
 
 def start_over(checkpoint_dir: str | Path | None) -> None:

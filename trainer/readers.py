@@ -12,16 +12,23 @@ parallel).
   512-byte aligned in size and buffer address; otherwise, or if the kernel then refuses a read,
   it reads buffered. ``modes`` records what each file got.
 * :class:`KvikioReader` reads straight into GPU memory with kvikio (GPUDirect Storage when the
-  system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made.
-  Its reads are planned as the file reader's and issued from a thread pool too: kvikio sends a
-  read below its GDS threshold (1 MiB by default), which is what a run of feature rows usually
-  is, through a synchronous POSIX path in the calling thread (``CuFile.pread`` releases the GIL),
-  and its own pool has one thread unless ``KVIKIO_NTHREADS`` says otherwise.
+  system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made,
+  and configured explicitly (:func:`configure_kvikio`), because its defaults changed under us:
+  since 25.04 a read of ``gds_threshold`` = 16 KiB or more (not 1 MiB) goes to kvikio's own
+  thread pool, which has ``num_threads`` = 1 thread unless told otherwise, and compat-mode reads
+  go through the page cache unless ``auto_direct_io_read`` (kvikio ≥ 25.12) is on. The reader
+  sets ``num_threads`` to its own thread count, ``gds_threshold`` to :data:`GDS_THRESHOLD` and
+  ``auto_direct_io_read`` on; ``config`` records what kvikio then reports. Its reads are planned
+  as the file reader's and issued from a thread pool too: a read below the threshold runs in the
+  calling thread when its future is waited for (``IOFuture.get`` releases the GIL). Each run is
+  passed as a raw device pointer (:class:`DeviceSpan`), not a tensor slice: a slice plus torch's
+  ``__cuda_array_interface__`` cost ~5 µs of GIL per run.
 
 :class:`Reader` is what the feature store needs of a reader; :data:`READERS` names each reader
-(``--io``'s choices and help come from it), and :func:`make_reader` picks one: ``io="auto"``
-takes a reader into GPU memory for a CUDA device when it can be made (kvikio installed), the file
-reader otherwise; a name forces that reader. Adding a reader (io_uring, say) is a class with the
+(``--io``'s choices and help come from it), and :func:`make_reader` picks one: a name forces that
+reader; ``io="auto"`` takes, on a CUDA device, whichever reader that can run here a short probe of
+the caller's files (:func:`probe_io`) measured fastest — what is installed does not decide it —
+and the file reader otherwise. Adding a reader (io_uring, say) is a class with the
 :class:`Reader` interface and one :data:`READERS` entry.
 """
 
@@ -31,6 +38,7 @@ import errno
 import fcntl
 import importlib.util
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +77,8 @@ class Reader(Protocol):
     on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
     preads: int  # read calls issued so far
     modes: dict[str, str]  # file → how its latest read went (e.g. "direct", "buffered", "kvikio-gds")
+    route: str  # how SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)
+    probe: dict[str, float]  # seconds per reader of the probe io=auto chose it by (empty otherwise)
 
     def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
         """Serve all requests, reads in flight together; per request the seconds from the start
@@ -123,11 +133,11 @@ class _Task:
     request: int
     file: Any  # FileReader: a _File; KvikioReader: a kvikio CuFile
     name: str
-    direct: bool
+    direct: bool  # FileReader: O_DIRECT; KvikioReader: kvikio prefers cuFile (GDS) for the file
     offsets: list[int]
     dests: list[int]
     sizes: list[int]
-    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: a flat uint8 CUDA tensor
+    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: (CUDA tensor, its address)
 
 
 def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[list[int], list[int], list[int]]:
@@ -209,6 +219,7 @@ class FileReader(_Reader):
     once and kept open until :meth:`close`."""
 
     on_device = False
+    route = "host"  # how SSD bytes reach a GPU: through host memory (the plan's ssd_reads: host)
 
     def __init__(self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES) -> None:
         self._pool = _Pool(threads, "moment-read")
@@ -216,6 +227,7 @@ class FileReader(_Reader):
         self.direct = direct
         self.max_run_bytes = max_run_bytes
         self.preads = 0
+        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
         self._files: dict[FileRef, _File] = {}
 
@@ -316,13 +328,61 @@ def _interleave(groups: list[list[_Task]]) -> list[_Task]:
     return [g[k] for k in range(longest) for g in groups if k < len(g)]
 
 
+# kvikio's GDS threshold since 25.04 (it was 1 MiB before): reads of this many bytes or more go
+# through cuFile (GPUDirect Storage) and kvikio's pool; smaller ones through its POSIX path.
+GDS_THRESHOLD = 16 << 10
+
+
+class DeviceSpan:
+    """``size`` bytes at device address ``ptr``, as kvikio's ``pread`` takes a buffer (anything
+    with a ``__cuda_array_interface__``): built from an integer, so a run costs no tensor slice
+    and no call of torch's interface property, which rebuilds its dict every time."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (size,), "typestr": "|u1", "version": 3}
+
+
+def configure_kvikio(kvikio: Any, threads: int) -> dict[str, Any]:
+    """Set kvikio's pool to ``threads`` threads, its GDS threshold to :data:`GDS_THRESHOLD` and
+    direct (O_DIRECT) compat-mode reads on, where the installed version has the setting; return
+    what kvikio reports afterwards (``auto_direct_io_read`` False where it has no such setting:
+    compat-mode reads then go through the page cache)."""
+    defaults = kvikio.defaults
+    wanted = {"num_threads": threads, "gds_threshold": GDS_THRESHOLD, "auto_direct_io_read": True}
+    if hasattr(defaults, "set"):  # kvikio ≥ 25.04: set(key, value) / get(key)
+        for key, value in wanted.items():
+            try:
+                defaults.set(key, value)
+            except KeyError:  # a setting this version does not have
+                pass
+        got = {key: _kvikio_get(defaults, key) for key in wanted}
+    else:  # older: <name>_reset(value) and a getter per setting
+        defaults.num_threads_reset(threads)
+        defaults.gds_threshold_reset(GDS_THRESHOLD)
+        getter = getattr(defaults, "get_num_threads", None) or defaults.num_threads
+        got = {"num_threads": getter(), "gds_threshold": defaults.gds_threshold(), "auto_direct_io_read": None}
+    got["auto_direct_io_read"] = bool(got["auto_direct_io_read"])
+    return got
+
+
+def _kvikio_get(defaults: Any, key: str) -> Any:
+    try:
+        return defaults.get(key)
+    except KeyError:
+        return None
+
+
 class KvikioReader(_Reader):
     """Reads rows straight into GPU memory with kvikio (GPUDirect Storage, or its compat mode).
 
     ``out`` buffers are contiguous CUDA tensors. Runs of rows are planned as in
     :class:`FileReader` and each thread of a pool issues its runs' ``CuFile.pread`` and waits for
     them (see the module's docstring for why not kvikio's own pool alone). ``module`` replaces
-    the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be."""
+    the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be. ``config``
+    is kvikio's configuration as set (:func:`configure_kvikio`); ``routes`` counts the reads by
+    the path kvikio gives them: ``posix`` (compat mode, or below the GDS threshold) or ``gds``."""
 
     on_device = True
     device_type = "cuda"
@@ -333,12 +393,23 @@ class KvikioReader(_Reader):
                 raise RuntimeError("KvikioReader needs CUDA")
             import kvikio as module  # the optional GPU extra; imported only here
         self._kvikio = module
+        self.config = configure_kvikio(module, threads)
+        self.mode = kvikio_mode(module)
         self._pool = _Pool(threads, "moment-kvikio")
         self.threads = threads
         self.max_run_bytes = max_run_bytes
         self.preads = 0
+        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
+        self.routes = {"posix": 0, "gds": 0}
         self._files: dict[str, Any] = {}
+
+    @property
+    def route(self) -> str:
+        """How SSD bytes reach the GPU: ``direct`` (GPUDirect Storage: kvikio prefers cuFile; only
+        reads of ``gds_threshold`` bytes or more take it) or ``host`` (compat mode: a bounce buffer
+        in host memory)."""
+        return "host" if self.mode == "kvikio-compat" else "direct"
 
     def read(self, file: FileRef, rows: np.ndarray, out: torch.Tensor) -> float:
         """Read ``rows`` (sorted, unique) of ``file`` into the CUDA tensor ``out``."""
@@ -348,8 +419,17 @@ class KvikioReader(_Reader):
         """Serve all requests with their reads in flight together; seconds per request as FileReader."""
         start = time.perf_counter()
         tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
-        seconds, preads = _finish_times(start, len(requests), self._pool.run(self._do, tasks))
+        results = self._pool.run(self._do, tasks)
+        seconds, preads = _finish_times(start, len(requests), results)
         self.preads += preads
+        threshold = self.config["gds_threshold"]
+        for task in tasks:
+            if task.direct:  # kvikio reads this file with cuFile: reads ≥ threshold take GDS
+                large = sum(size >= threshold for size in task.sizes)
+                self.routes["gds"] += large
+                self.routes["posix"] += len(task.sizes) - large
+            else:
+                self.routes["posix"] += len(task.sizes)
         return seconds
 
     def close(self) -> None:
@@ -367,32 +447,48 @@ class KvikioReader(_Reader):
         out = req.out
         if not (isinstance(out, torch.Tensor) and out.device.type == self.device_type and out.is_contiguous()):
             raise TypeError(f"out must be a contiguous {self.device_type.upper()} tensor")
-        flat = out.view(torch.uint8).reshape(-1)
         name = str(req.file)
-        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(flat.numel(), rows.size), self.max_run_bytes)
-        return _Task(i, self._handle(name) if rows.size else None, name, False, offsets, dests, sizes, flat)
+        nbytes = out.numel() * out.element_size()
+        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes)
+        handle = self._handle(name) if rows.size else None
+        gds = self.modes.get(name) == "kvikio-gds"
+        # The buffer travels as the tensor (kept alive until the reads are done) and its address.
+        return _Task(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
 
     def _do(self, task: _Task) -> tuple[int, float, int]:
-        """Issue a task's reads, then wait for each (a small read is done in this thread)."""
-        flat, handle = task.buffer, task.file
-        futures = [handle.pread(flat[dest : dest + size], size, offset)
+        """Issue a task's reads, then wait for each (a small read is done in this thread, in
+        ``get``). kvikio never reads short: at the end of the file it raises; that becomes an
+        OSError naming the file, after every read issued has ended (none writes into the buffer
+        after this returns)."""
+        handle, base, span = task.file, task.buffer[1], DeviceSpan
+        futures = [handle.pread(span(base + dest, size), size, offset)
                    for offset, dest, size in zip(task.offsets, task.dests, task.sizes)]
+        failed: tuple[int, int, Exception] | None = None
         for future, size, offset in zip(futures, task.sizes, task.offsets):
-            got = future.get()
-            if got != size:
-                raise OSError(errno.EIO, f"{task.name}: read {got} of {size} bytes at byte {offset}")
+            try:
+                future.get()
+            except RuntimeError as exc:
+                failed = failed or (size, offset, exc)
+        if failed is not None:
+            size, offset, exc = failed
+            raise OSError(errno.EIO, f"{task.name}: reading {size} bytes at byte {offset}: {exc}")
         return task.request, time.perf_counter(), len(futures)
 
     def _handle(self, name: str) -> Any:
         if name not in self._files:
-            self._files[name] = self._kvikio.CuFile(name, "r")
+            try:
+                self._files[name] = self._kvikio.CuFile(name, "r")
+            except RuntimeError as exc:  # e.g. cuFile cannot register the file (kvikio ≤ 24.12)
+                raise OSError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
             self.modes[name] = kvikio_mode(self._kvikio)
         return self._files[name]
 
 
 def kvikio_mode(kvikio: Any) -> str:
     """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
-    file (its AUTO setting, older versions), "kvikio-auto"."""
+    file (its AUTO setting, older versions), "kvikio-auto". kvikio's preference, not a per-file
+    fact: under AUTO a file whose cuFile registration fails is read in compat mode, and reads
+    below the GDS threshold take the POSIX path whatever the mode (``routes`` counts them)."""
     defaults = kvikio.defaults
     preferred = getattr(defaults, "is_compat_mode_preferred", None)
     if preferred is not None:
@@ -436,7 +532,7 @@ IO_CHOICES = ("auto", *READERS)
 def io_help() -> str:
     """``--io``'s help text, from :data:`READERS`."""
     kinds = ", ".join(f"{name} {kind.about}" for name, kind in READERS.items())
-    return f"how SSD bins are read: {kinds}, or auto: into GPU memory on CUDA when the reader is installed (default)"
+    return f"how SSD bins are read: {kinds}, or auto: on CUDA, whichever of them a short read probe of the SSD bins measures fastest (default)"
 
 
 def io_refusal(io: str, cuda: bool) -> str | None:
@@ -445,10 +541,53 @@ def io_refusal(io: str, cuda: bool) -> str | None:
     return None if io == "auto" else READERS[io].refusal(cuda)
 
 
-def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto") -> Reader:
-    """The reader for ``device``: ``io="auto"``: a reader into GPU memory (kvikio) for a CUDA
-    device when CUDA is there and the reader can be made, plain file reads otherwise; a name of
-    :data:`READERS`: that reader, or an error saying why not."""
+# A probe reads about this many bytes per candidate reader (a few milliseconds on NVMe).
+PROBE_BYTES = 4 << 20
+
+
+def probe_io(readers: dict[str, Reader], files: Sequence[tuple[FileRef, int]],
+             seed: int = 0) -> dict[str, float]:
+    """Seconds each reader took to read the same amount of random rows (different rows per reader,
+    so none reads from the page cache another one filled) spread over ``files`` — (path, row
+    bytes) pairs — best of two rounds. What :func:`make_reader` chooses ``io="auto"`` by."""
+    rng = np.random.default_rng(seed)
+    sizes = [(f, rb, os.stat(f).st_size // rb) for f, rb in files if rb > 0 and os.stat(f).st_size >= rb]
+    if not sizes:
+        return {}
+    per_file = max(1, PROBE_BYTES // sum(rb for _, rb, _ in sizes))  # rows per file: PROBE_BYTES in all
+    seconds: dict[str, float] = {}
+    for name, reader in readers.items():
+        best = float("inf")
+        for _ in range(2):
+            requests = []
+            for f, rb, n in sizes:
+                rows = np.unique(rng.integers(0, n, min(per_file, n)))
+                if reader.on_device:
+                    out: Any = torch.empty((rows.size, rb), dtype=torch.uint8,
+                                           device=getattr(reader, "device_type", "cuda"))
+                else:
+                    out = _aligned_rows(rows.size, rb)
+                requests.append(ReadRequest(f, rows, out))
+            start = time.perf_counter()
+            reader.read_batch(requests)
+            best = min(best, time.perf_counter() - start)
+        seconds[name] = best
+    return seconds
+
+
+def _aligned_rows(rows: int, row_bytes: int) -> np.ndarray:
+    """A (rows, row_bytes) uint8 array at a DIRECT_ALIGN boundary, so O_DIRECT can read into it."""
+    raw = np.empty(rows * row_bytes + DIRECT_ALIGN, dtype=np.uint8)
+    skew = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[skew : skew + rows * row_bytes].reshape(rows, row_bytes)
+
+
+def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto",
+                probe: Sequence[tuple[FileRef, int]] | None = None) -> Reader:
+    """The reader for ``device``: a name of :data:`READERS`: that reader, or an error saying why
+    not; ``io="auto"``: on a CUDA device with ``probe`` files — (path, row bytes) pairs, the SSD
+    bins — whichever reader that can be made here :func:`probe_io` measured fastest (its figures
+    in the reader's ``probe``), plain file reads otherwise."""
     if io not in IO_CHOICES:
         raise ValueError(f"io must be one of {', '.join(IO_CHOICES)}, not {io!r}")
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
@@ -459,11 +598,34 @@ def make_reader(device: str | torch.device, threads: int = 16, direct: bool = Tr
             return READERS[io].make(threads, direct)
         except ImportError as exc:
             raise ValueError(f"{io} cannot be imported: {exc}") from None
-    for kind in sorted(READERS.values(), key=lambda k: not k.on_device):  # GPU readers first
-        if kind.on_device and not cuda:
+    posix = READERS["posix"].make(threads, direct)
+    if not cuda or not probe:
+        return posix
+    candidates: dict[str, Reader] = {"posix": posix}
+    for name, kind in READERS.items():
+        if name in candidates or kind.refusal(cuda) is not None:
             continue
         try:
-            return kind.make(threads, direct)
-        except ImportError:
+            candidates[name] = kind.make(threads, direct)
+        except (ImportError, RuntimeError):
             continue
-    raise ValueError(f"no reader can run on device {device}")
+    return choose_reader(candidates, probe) if len(candidates) > 1 else posix
+
+
+def choose_reader(readers: dict[str, Reader], probe: Sequence[tuple[FileRef, int]]) -> Reader:
+    """The reader that read ``probe``'s files fastest (the first one when nothing could be
+    measured), the others closed; its ``probe`` attribute holds every reader's seconds."""
+    seconds: dict[str, float] = {}
+    for k, (name, reader) in enumerate(readers.items()):
+        try:
+            seconds.update(probe_io({name: reader}, probe, seed=k))  # rows of its own: no page-cache hits
+        except (OSError, RuntimeError) as exc:  # e.g. cuFile cannot register the files: not a candidate
+            print(f"warning: io=auto: {name} reader failed its probe ({exc}): not used", file=sys.stderr)
+            seconds[name] = float("inf")
+    best = min(seconds, key=seconds.__getitem__) if seconds else next(iter(readers))
+    for name, reader in readers.items():
+        if name != best:
+            reader.close()
+    chosen = readers[best]
+    chosen.probe = seconds  # type: ignore[attr-defined]
+    return chosen

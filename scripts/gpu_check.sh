@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Validate moment's GPU path on a GPU server, in one command; writes OUT/report.md (default
+# ./gpu-check/report.md) and the logs beside it:
+#   1. the GPU tests (pytest -m gpu: CUDA feature store with posix and kvikio, a one-GPU run,
+#      two nccl ranks where there are two GPUs);
+#   2. `moment demo` on demo-sized data, one epoch, one rank on every GPU of the machine;
+#   3. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
+#      --io kvikio (kvikio: pip install -e '.[gpu]').
+# Each step's exit status goes in the report; the script's exit status is the number of steps
+# that failed. Run from the repository root:  scripts/gpu_check.sh [OUT]
+set -uo pipefail
+
+OUT=${1:-gpu-check}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+REPORT=$OUT/report.md
+failed=0
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! "$PY" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+    echo "gpu_check: no CUDA GPU visible to $PY (nvidia-smi and torch.cuda.is_available()): nothing to check" >&2
+    exit 1
+fi
+NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+
+step() {  # step NAME LOG COMMAND...: run, record the exit status
+    local name=$1 log=$2
+    shift 2
+    local start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    [ "$rc" -ne 0 ] && failed=$((failed + 1))
+    echo "| $name | $rc | $((SECONDS - start)) s | $(basename "$log") |" >>"$OUT/steps.md"
+    return 0
+}
+
+{
+    echo "# moment GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "## Machine"
+    echo
+    echo '```'
+    nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id,driver_version --format=csv
+    "$PY" - <<'EOF'
+import importlib.util, platform
+import torch
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA (torch) {torch.version.cuda}, "
+      f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
+if importlib.util.find_spec("kvikio"):
+    import kvikio, kvikio.defaults as d
+    print(f"kvikio {kvikio.__version__}: compat mode preferred {d.is_compat_mode_preferred()}, "
+          f"gds_threshold {d.get('gds_threshold')}, num_threads {d.get('num_threads')}")
+else:
+    print("kvikio: not installed (pip install -e '.[gpu]')")
+EOF
+    echo '```'
+} >"$REPORT"
+echo "| step | exit | time | log |" >"$OUT/steps.md"
+echo "|---|---|---|---|" >>"$OUT/steps.md"
+
+step "pytest -m gpu" "$OUT/pytest-gpu.log" "$PY" -m pytest -p no:cacheprovider -q -m gpu tests
+step "moment demo, 1 epoch on $NGPU GPU(s)" "$OUT/demo.log" \
+    "$PY" -m moment demo --workdir "$OUT/demo" --epochs 1 --nproc "$NGPU"
+for io in posix kvikio; do
+    step "bench_features --device cuda --io $io" "$OUT/bench-$io.log" \
+        "$PY" scripts/bench_features.py "$OUT/demo/placed" --device cuda --io "$io" --rounds 3 \
+        --json "$OUT/bench-$io.json"
+done
+
+{
+    echo
+    echo "## Steps ($failed failed)"
+    echo
+    cat "$OUT/steps.md"
+    echo
+    echo "## Figures"
+    echo
+    "$PY" - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+m = out / "demo" / "metrics.json"
+if m.exists():
+    doc = json.loads(m.read_text())
+    e = doc["epochs"][-1] if doc["epochs"] else {}
+    print(f"- training: {doc['world_size']} rank(s) ({'; '.join(doc['ranks'])}): {e.get('seeds_per_s', 0):,.0f} seeds/s, "
+          f"{e.get('epoch_s', 0):.2f} s/epoch, measured {doc['measured_iteration_s']} s/iteration vs predicted "
+          f"{doc['predicted_iteration_s']} s, test accuracy {doc['test_acc']}")
+    print(f"  prediction note: {doc['prediction'].get('note')}")
+else:
+    print("- training: no metrics.json (see demo.log)")
+for io in ("posix", "kvikio"):
+    f = out / f"bench-{io}.json"
+    if f.exists():
+        b = json.loads(f.read_text())
+        print(f"- bench_features --io {io}: store {b['store_gbps']:.3f} GB/s vs raw {b['raw_gbps']:.3f} GB/s "
+              f"(ratio {b['ratio']:.2f}), {b['reader']}, modes {b['modes']}, config {b['config']}, routes {b['routes']}")
+    else:
+        print(f"- bench_features --io {io}: no figures (see bench-{io}.log)")
+EOF
+} >>"$REPORT"
+rm -f "$OUT/steps.md"
+cat "$REPORT"
+exit "$failed"

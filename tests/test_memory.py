@@ -1,0 +1,98 @@
+"""The memory budget (trainer/memory.py): each rank's peak GPU bytes and each node's host bytes,
+computed before torchrun starts; a run that does not fit is refused with one line naming what to
+shrink (issue #13; GPU review #8, #10, #11)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from moment.cli import main
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.place import PlaceOptions, place
+from placement.synth import synthesize
+from trainer import memory, preflight
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module")
+def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("memory")
+    synthesize(root / "ds", nodes=3000, avg_degree=6, dim=64, dtype="float32", seed=1, classes=4,
+               train_fraction=0.1, val_fraction=0.05, test_fraction=0.05)
+    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="10%", cpu_cache="20%"))
+    return root / "placed"
+
+
+def test_the_paper_workload_on_machine_b_is_refused_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch 8000, fan-outs 25,10, 1024 float32 features, prefetch 2 on an A100 40GB: ~1.8M rows
+    per batch (7 GB) held four times, plus SAGE's [2M edges, 1024] messages: it does not fit;
+    the line names the knobs, and the batch size it suggests does fit."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # capacity from the profile, not this machine
+    machine = resolve_profile("moment-machine-b")
+    shape = memory.shape_of_workload(load_workload(machine.workload), ranks_per_node=4, sockets=len(machine.sockets))
+    b = memory.budget(shape)
+    b.gpu_capacity, b.gpu_capacity_source = memory.gpu_capacity(machine)
+    assert b.gpu_capacity == 40 * 10**9 and "A100" in b.gpu_capacity_source
+    assert abs(b.gpu["batches"] - 4 * b.gpu["staging"]) <= 4 and b.gpu["batches"] > 25 * GB
+    assert b.gpu["activations"] > 8 * GB  # at least the first layer's gathered x_j
+    line = memory.refusal(b)
+    assert line is not None and "\n" not in line
+    assert "40.0 GB" in line and "--prefetch 1" in line and "--batch-size" in line
+    fit = memory.largest_batch(b.shape, b.gpu_capacity)
+    assert fit is not None and 1000 < fit < 8000
+    assert memory.budget(b.shape.with_batch(fit)).gpu_bytes_per_rank <= b.gpu_capacity
+    assert memory.budget(b.shape.with_batch(fit + 50)).gpu_bytes_per_rank > b.gpu_capacity
+
+
+def test_parts_follow_the_run_shape(placed: Path, plan_file: Path) -> None:
+    """The GPU cache bin once per rank, prefetch + 2 batches, the host caches once per socket,
+    pinned staging per rank rounded up to a power of two (torch's pinned allocator does)."""
+    from placement.placed import open_placed
+    from trainer.config import TrainConfig
+
+    p = open_placed(placed)
+    cfg = TrainConfig(data=str(placed), prefetch=3)
+    shape = memory.shape_of_placed(p, cfg, ranks_per_node=4, sockets=2)
+    b = memory.budget(shape)
+    gpu_rows = sum(x.count for x in p.manifest.bins if x.tier == "gpu")
+    cpu_rows = sum(x.count for x in p.manifest.bins if x.tier == "cpu")
+    assert gpu_rows > 0 and b.gpu["gpu_cache"] == gpu_rows * p.row_bytes
+    assert b.gpu["batches"] == int(5 * shape.unique_per_batch * p.row_bytes)
+    assert b.host["host_caches"] == 2 * (gpu_rows + cpu_rows) * p.row_bytes
+    one = shape.unique_per_batch * p.row_bytes
+    assert b.host["pinned_staging"] == 4 * 2 * memory._pow2(one) and memory._pow2(one) >= one
+    assert b.gpu_bytes_per_rank == sum(b.gpu.values())
+    bigger = memory.budget(shape.with_batch(2 * shape.batch_size))
+    assert bigger.gpu["batches"] > b.gpu["batches"]
+    cpu = memory.budget(shape, cuda=False)
+    assert cpu.gpu_bytes_per_rank == 0 and cpu.host["ranks"] > 0
+
+
+def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"][:3][1:] == ["-m", "torch.distributed.run"]
+    mem = doc["memory"]
+    assert mem["host_bytes_per_node"] == sum(mem["host"].values()) > 0
+    assert mem["gpu_bytes_per_rank"] == sum(mem["gpu"].values())
+
+
+def test_a_run_that_does_not_fit_is_refused_before_launch(placed: Path, plan_file: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """On a GPU machine whose GPUs have 512 MiB free, the run is one line, exit 1, no command."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(memory, "_nvidia_smi_free", lambda: [512 << 20, 30 << 30])
+    code = main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "GPU memory" in err and "nvidia-smi" in err, err
+    with pytest.raises(Exception, match="memory: a rank needs"):
+        preflight.preflight(["--data", str(placed), "--plan", str(plan_file)], 4, ranks_per_node=4)

@@ -1,0 +1,290 @@
+"""How much GPU memory a rank and host memory a node will need, computed before the run starts.
+
+A run that does not fit fails late and far from its cause: an out-of-memory error in the
+prefetch thread after the caches were loaded. So the launcher adds up, from the placed dataset
+(or a planner workload) and the trainer's config, what each part of a rank holds at its peak,
+and refuses a run that does not fit with one line naming what to shrink.
+
+GPU, per rank (``device`` cuda):
+
+* ``gpu_cache``: the GPU cache bin (replicated: every rank holds all of it).
+* ``batches``: feature rows of ``prefetch + 2`` batches at once — the queue, the one the prefetch
+  thread is preparing, the one training — each ``unique rows × row bytes``.
+* ``staging``: the device-side copy of one batch's host and SSD rows before they are gathered.
+* ``model``: parameters, gradients and Adam's two moments (4 × parameters × 4 bytes).
+* ``activations``: an estimate for the model, fan-outs and batch: every layer's saved outputs
+  plus its largest per-edge tensor (SAGE's gathered ``x_j`` is [edges, input width]; GAT's
+  projected messages and attention coefficients).
+* ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
+
+Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
+see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows,
+rounded up to a power of two by torch's pinned-memory allocator, which also keeps the smaller
+buffers it grew from (×2).
+
+The figures are estimates of the peak, not measurements: the activations term in particular is
+an upper-side guess from tensor shapes. Batch rows come from the placement's pre-sampling (its
+mean unique rows per batch, scaled when the trainer's fan-outs or batch size differ).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
+
+CUDA_CONTEXT = 1 << 30
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the memory figures depend on, whichever stage it came from."""
+
+    nodes: int
+    feature_dim: int
+    row_bytes: int
+    fanouts: tuple[int, ...]
+    batch_size: int
+    unique_per_batch: float  # distinct rows one batch reads
+    model: str  # sage | gat
+    hidden: int
+    heads: int
+    classes: int
+    gpu_cache_rows: int  # per rank (replicated)
+    host_cache_rows: int  # GPU and CPU cache rows, the copy each socket shares
+    prefetch: int
+    ranks_per_node: int
+    sockets: int
+
+    def with_batch(self, batch_size: int) -> RunShape:
+        """The same run with another batch size (unique rows scaled with the draws, capped)."""
+        scale = sampled(self.fanouts, batch_size) / sampled(self.fanouts, self.batch_size)
+        return replace(self, batch_size=batch_size, unique_per_batch=min(self.unique_per_batch * scale, self.nodes))
+
+
+def sampled(fanouts: tuple[int, ...] | list[int], batch_size: int) -> int:
+    """Vertices one batch draws, repeats included: seeds plus every hop's draws."""
+    total = layer = batch_size
+    for f in fanouts:
+        layer *= f
+        total += layer
+    return total
+
+
+@dataclass
+class MemoryBudget:
+    """Peak bytes per part; ``gpu_bytes_per_rank`` and ``host_bytes_per_node`` are their sums."""
+
+    gpu: dict[str, int]
+    host: dict[str, int]
+    shape: RunShape
+    gpu_capacity: int | None = None  # bytes of one GPU, when known
+    gpu_capacity_source: str = ""
+    host_capacity: int | None = None
+    host_capacity_source: str = ""
+
+    @property
+    def gpu_bytes_per_rank(self) -> int:
+        return sum(self.gpu.values())
+
+    @property
+    def host_bytes_per_node(self) -> int:
+        return sum(self.host.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu_bytes_per_rank": self.gpu_bytes_per_rank, "host_bytes_per_node": self.host_bytes_per_node,
+                "gpu": dict(self.gpu), "host": dict(self.host),
+                "gpu_capacity_bytes": self.gpu_capacity, "gpu_capacity_source": self.gpu_capacity_source,
+                "host_capacity_bytes": self.host_capacity, "host_capacity_source": self.host_capacity_source,
+                "estimate": "peak, from tensor shapes (activations are an upper-side guess)"}
+
+
+def model_parameters(shape: RunShape) -> int:
+    """Parameters of the configured model (built on the meta device: no memory)."""
+    from trainer.config import TrainConfig
+    from trainer.models import build_model
+
+    cfg = TrainConfig(data="-", model=shape.model, hidden=shape.hidden, heads=shape.heads, fanouts=shape.fanouts)
+    with torch.device("meta"):
+        model = build_model(cfg, shape.feature_dim, shape.classes)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _hops(shape: RunShape) -> list[float]:
+    """Distinct vertices after each hop, seeds first (the last is the batch's rows)."""
+    out, total = [float(shape.batch_size)], float(shape.batch_size)
+    for f in shape.fanouts:
+        total *= 1 + f
+        out.append(min(total, shape.unique_per_batch))
+    out[-1] = shape.unique_per_batch
+    return out
+
+
+def activation_bytes(shape: RunShape) -> int:
+    """Saved outputs of every layer plus the largest per-edge tensor of one layer (float32)."""
+    hops = _hops(shape)
+    layers = len(shape.fanouts)
+    saved, edge_peak, width = 0.0, 0.0, shape.feature_dim
+    for i in range(layers):  # layer i consumes hop layers - i: the outermost first
+        n_dst = hops[layers - 1 - i]
+        edges = n_dst * shape.fanouts[layers - 1 - i]
+        last = i == layers - 1
+        out = shape.classes if last else shape.hidden
+        if shape.model == "gat":
+            heads = 1 if last else shape.heads
+            n_src = hops[layers - i]
+            saved += n_src * heads * out + edges * heads * 3 + n_dst * heads * out * 3
+            edge_peak = max(edge_peak, 2 * edges * heads * out)
+            width = heads * out
+        else:
+            saved += n_dst * (width + 4 * out)
+            edge_peak = max(edge_peak, edges * width)
+            width = out
+    return int(4 * (saved + edge_peak))
+
+
+def _pow2(n: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
+    """Peak GPU bytes of one rank (zero on a CPU run, whose rank holds them in host memory) and
+    host bytes of one node."""
+    batch = shape.unique_per_batch * shape.row_bytes
+    params = model_parameters(shape)
+    per_rank = {
+        "gpu_cache": shape.gpu_cache_rows * shape.row_bytes,
+        "batches": int((shape.prefetch + 2) * batch),
+        "staging": int(batch),
+        "model": 4 * 4 * params,
+        "activations": activation_bytes(shape),
+    }
+    host = {"host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes}
+    if cuda:
+        gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
+        host["pinned_staging"] = shape.ranks_per_node * 2 * _pow2(batch)
+        return MemoryBudget(gpu, host, shape)
+    per_rank.pop("gpu_cache")  # a CPU rank's GPU tier is a view of the shared host copy
+    host["ranks"] = shape.ranks_per_node * sum(per_rank.values())
+    return MemoryBudget({}, host, shape)
+
+
+def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int) -> RunShape:
+    """The run ``cfg`` would make on the placed dataset ``placed`` (a :class:`Placed`)."""
+    m = placed.manifest
+    hot = m.hotness
+    fanouts = tuple(cfg.fanouts or hot.fanouts)
+    batch = int(cfg.batch_size or hot.batch_size)
+    rows = {t: sum(b.count for b in m.bins if b.tier == t) for t in ("gpu", "cpu")}
+    base = RunShape(nodes=m.num_nodes, feature_dim=m.feature_dim, row_bytes=placed.row_bytes,
+                    fanouts=tuple(hot.fanouts), batch_size=hot.batch_size,
+                    unique_per_batch=float(hot.mean_unique_per_batch or sampled(hot.fanouts, hot.batch_size)),
+                    model=cfg.model, hidden=int(cfg.hidden), heads=int(cfg.heads), classes=m.num_classes,
+                    gpu_cache_rows=rows["gpu"], host_cache_rows=rows["gpu"] + rows["cpu"], prefetch=int(cfg.prefetch),
+                    ranks_per_node=ranks_per_node, sockets=max(1, sockets))
+    if fanouts != base.fanouts:
+        scale = sampled(fanouts, base.batch_size) / sampled(base.fanouts, base.batch_size)
+        base = replace(base, fanouts=fanouts, unique_per_batch=min(base.unique_per_batch * scale, base.nodes))
+    return base.with_batch(batch) if batch != base.batch_size else base
+
+
+def shape_of_workload(w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2,
+                      heads: int = 8) -> RunShape:
+    """The run a planner workload describes (the profiles' paper workloads: IGB has 19 classes)."""
+    model = "gat" if w.model.lower().startswith("gat") else "sage"
+    return RunShape(nodes=w.nodes, feature_dim=w.feature_dim, row_bytes=w.row_bytes, fanouts=tuple(w.fanouts),
+                    batch_size=w.batch_size, unique_per_batch=float(w.vertices_per_batch()), model=model,
+                    hidden=w.hidden, heads=heads, classes=classes, gpu_cache_rows=w.gpu_cache_rows(),
+                    host_cache_rows=w.gpu_cache_rows() + w.cpu_cache_rows(), prefetch=prefetch,
+                    ranks_per_node=ranks_per_node, sockets=max(1, sockets))
+
+
+def gpu_capacity(machine: Any = None, gpu_ids: list[str] | None = None) -> tuple[int | None, str]:
+    """Bytes of one GPU: the least free memory among this machine's GPUs when CUDA is here
+    (nvidia-smi, so the launcher makes no CUDA context of its own that would hold GPU memory
+    through the run; torch's total memory without it), else the smallest ``memory_gb`` of the
+    profile's GPUs (those of ``gpu_ids`` when given); (None, "") if unknown."""
+    if torch.cuda.is_available():
+        free = _nvidia_smi_free()
+        if free:
+            return min(free), "free memory reported by nvidia-smi"
+        props = torch.cuda.get_device_properties(0)
+        return int(props.total_memory), f"{props.name} (torch)"
+    if machine is not None:
+        gpus = [d for d in machine.devices() if d.kind == "gpu" and d.memory_gb
+                and (not gpu_ids or d.id in gpu_ids)]
+        if gpus:
+            small = min(gpus, key=lambda d: d.memory_gb)
+            return int(small.memory_gb * GB), f"{small.model or small.id}, profile {machine.name}"
+    return None, ""
+
+
+def _nvidia_smi_free() -> list[int]:
+    """Free bytes per GPU from nvidia-smi ([] when it is missing or says nothing usable)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    try:
+        return [int(float(line)) << 20 for line in out.split() if line.strip()]  # MiB
+    except ValueError:
+        return []
+
+
+def host_capacity(machine: Any = None) -> tuple[int | None, str]:
+    """Bytes of host memory: the profile's sockets' DRAM, else this machine's MemTotal."""
+    if machine is not None and all(s.dram_gb for s in machine.sockets):
+        return int(sum(s.dram_gb for s in machine.sockets) * GB), f"DRAM of profile {machine.name}"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (ValueError, OSError):
+        return None, ""
+
+
+def refusal(b: MemoryBudget) -> str | None:
+    """One line saying the run does not fit and what to shrink, or None when it fits (or the
+    capacity is unknown)."""
+    shape = b.shape
+    if b.gpu and b.gpu_capacity is not None and b.gpu_bytes_per_rank > b.gpu_capacity:
+        over = b.gpu_bytes_per_rank - b.gpu_capacity
+        hints = []
+        if shape.prefetch > 1:
+            saved = (shape.prefetch - 1) * b.gpu["batches"] / (shape.prefetch + 2)
+            hints.append(f"--prefetch 1 (saves {saved / GB:.1f} GB)")
+        fit = largest_batch(shape, b.gpu_capacity)
+        if fit is not None and fit < shape.batch_size:
+            hints.append(f"--batch-size {fit} or less")
+        if b.gpu.get("gpu_cache", 0) > 0:
+            hints.append(f"a smaller GPU cache (moment place --gpu-cache; it takes {b.gpu['gpu_cache'] / GB:.1f} GB)")
+        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in sorted(b.gpu.items(), key=lambda kv: -kv[1]) if v)
+        return (f"memory: a rank needs about {b.gpu_bytes_per_rank / GB:.1f} GB of GPU memory ({parts} GB), "
+                f"{over / GB:.1f} GB more than the {b.gpu_capacity / GB:.1f} GB of the GPU ({b.gpu_capacity_source}): "
+                f"shrink with {' or '.join(hints) or 'a smaller model'}")
+    if b.host_capacity is not None and b.host_bytes_per_node > b.host_capacity:
+        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in b.host.items())
+        return (f"memory: a node needs about {b.host_bytes_per_node / GB:.1f} GB of host memory ({parts} GB), more "
+                f"than the {b.host_capacity / GB:.1f} GB it has ({b.host_capacity_source}): shrink the CPU cache "
+                f"(moment place --cpu-cache), --batch-size or --nproc")
+    return None
+
+
+def largest_batch(shape: RunShape, capacity: int) -> int | None:
+    """The largest batch size whose rank budget fits ``capacity`` (None: not even a batch of 1)."""
+    def fits(n: int) -> bool:
+        return budget(shape.with_batch(n)).gpu_bytes_per_rank <= capacity
+
+    if not fits(1):
+        return None
+    lo, hi = 1, shape.batch_size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
