@@ -66,6 +66,7 @@ from trainer.models import BlockGNN, build_model
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
 DEFAULT_BATCH = 8192  # destination vertices per chunk
+EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
 INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
 
@@ -222,8 +223,20 @@ def rank_range(n: int, rank: int, world: int) -> tuple[int, int]:
     return n * rank // world, n * (rank + 1) // world
 
 
-def chunks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
-    return [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+def chunks(lo: int, hi: int, size: int, indptr: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """``[lo, hi)`` in chunks of at most ``size`` vertices and, with ``indptr``, at most
+    ``EDGES_PER_VERTEX * size`` in-edges (a chunk's memory grows with its edges: each edge's
+    source row is gathered; a vertex with more in-edges than that is a chunk of its own)."""
+    out, a = [], lo
+    while a < hi:
+        b = min(a + size, hi)
+        if indptr is not None:
+            ptr = np.asarray(indptr[a : b + 1])
+            fit = int(np.searchsorted(ptr, ptr[0] + EDGES_PER_VERTEX * size, side="right")) - 1
+            b = a + max(fit, 1)
+        out.append((a, b))
+        a = b
+    return out
 
 
 @dataclass
@@ -299,8 +312,9 @@ class Rank:
             self._store.close()
 
     def chunks_of(self, stage: int) -> list[tuple[int, int]]:
+        """This rank's chunks of ``stage``: new ids bounded by edges for a layer, old ids for the export."""
         lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
-        return chunks(lo, hi, self.batch)
+        return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
 
     def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
         """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
