@@ -88,7 +88,7 @@ def _callable_from_compiled(fn: Callable) -> Callable:
 
 # ---- kernels: plain Python on plain arrays, compiled below -------------------------------------
 
-def _ddak_pools(order: np.ndarray, hotness: np.ndarray, total: int, tier_bins: np.ndarray,
+def ddak_pools(order: np.ndarray, hotness: np.ndarray, total: int, tier_bins: np.ndarray,
                 tier_ptr: np.ndarray, tier_end: np.ndarray, capacity: np.ndarray, target: np.ndarray,
                 pool: int, bin_of: np.ndarray, used: np.ndarray, access: np.ndarray, paper: bool) -> None:
     """Place ``order`` (hottest first) pool by pool: tier t takes positions up to ``tier_end[t]``
@@ -151,9 +151,9 @@ def _lowest_projection(members: np.ndarray, capacity: np.ndarray, target: np.nda
     return best
 
 
-def _hash_fill(order: np.ndarray, hotness: np.ndarray, tier_bins: np.ndarray, tier_ptr: np.ndarray,
-               tier_end: np.ndarray, slot_member: np.ndarray, capacity: np.ndarray, salt: np.uint64,
-               bin_of: np.ndarray, used: np.ndarray, access: np.ndarray) -> None:
+def hash_fill(order: np.ndarray, hotness: np.ndarray, tier_bins: np.ndarray, tier_ptr: np.ndarray,
+              tier_end: np.ndarray, slot_member: np.ndarray, capacity: np.ndarray, salt: np.uint64,
+              bin_of: np.ndarray, used: np.ndarray, access: np.ndarray) -> None:
     """Vertex ``order[i]`` of tier t goes to member ``slot_member[t, hash slot of its id]``, or,
     when that bin is full, to the next member with room (cyclically): deterministic, and no bin
     overflows. (A table lookup, not a search over bounds: no unpredictable branches.)"""
@@ -182,7 +182,7 @@ def _hash_slot(v: int, salt: np.uint64) -> int:
     return int(x >> np.uint64(64 - _SLOT_BITS))
 
 
-def _counting_order(hotness: np.ndarray, hmax: int) -> np.ndarray:
+def counting_order(hotness: np.ndarray, hmax: int) -> np.ndarray:
     """Vertex ids by descending hotness, ties by ascending id: a stable counting sort, O(N + max)."""
     start = np.zeros(hmax + 2, dtype=np.int64)
     for v in range(hotness.size):
@@ -197,9 +197,9 @@ def _counting_order(hotness: np.ndarray, hmax: int) -> np.ndarray:
     return out
 
 
-_ddak_pools_fast = _compiled(_ddak_pools)
-_hash_fill_fast = _compiled(_hash_fill)
-_counting_order_fast = _compiled(_counting_order)
+ddak_pools_fast = _compiled(ddak_pools)
+hash_fill_fast = _compiled(hash_fill)
+counting_order_fast = _compiled(counting_order)
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -215,8 +215,8 @@ def hotness_order(hotness: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     hmax = int(h.max())
     if numba is not None and hmax <= max(h.size, 1 << 16):
-        return _counting_order_fast(h, hmax)
-    return _argsort_order(h, hmax)
+        return counting_order_fast(h, hmax)
+    return argsort_order(h, hmax)
 
 
 PRIORITIES = ("projected", "paper")
@@ -235,7 +235,7 @@ def ddak(hotness: np.ndarray, bins: Sequence[BinSpec], pool: int = 100, order: n
         raise MomentError(f"DDAK pool must be at least 1 vertex, got {pool}")
     h, bins, order, place = _prepare(hotness, bins, order)
     tier_bins, tier_ptr, tier_end = _tier_layout(bins, h.size)
-    _ddak_pools_fast(order, h, int(h.sum()), tier_bins, tier_ptr, tier_end, _capacities(bins),
+    ddak_pools_fast(order, h, int(h.sum()), tier_bins, tier_ptr, tier_end, _capacities(bins),
                      np.array([b.target for b in bins], dtype=np.float64), int(pool),
                      place.bin_of, place.used, place.access, priority == "paper")
     return _checked(place)
@@ -250,14 +250,14 @@ def hash_placement(hotness: np.ndarray, bins: Sequence[BinSpec], seed: int = 0,
     slot_member = _slot_members(tier_bins, tier_ptr, capacity)
     salt = np.uint64((int(seed) + 1) * int(_GOLDEN) % (1 << 64))
     with np.errstate(over="ignore"):  # the hash wraps around on purpose (numba: silently)
-        _hash_fill_fast(order, h, tier_bins, tier_ptr, tier_end, slot_member, capacity, salt,
+        hash_fill_fast(order, h, tier_bins, tier_ptr, tier_end, slot_member, capacity, salt,
                         place.bin_of, place.used, place.access)
     return _checked(place)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
 
-def _argsort_order(h: np.ndarray, hmax: int) -> np.ndarray:
+def argsort_order(h: np.ndarray, hmax: int) -> np.ndarray:
     """Stable argsort of the key ``hmax - h`` in the narrowest unsigned type that holds it."""
     dtype = np.uint16 if hmax <= 0xFFFF else np.uint32 if hmax <= 0xFFFFFFFF else np.uint64
     key = np.empty(h.size, dtype=dtype)

@@ -12,7 +12,7 @@ truncated, swapped or foreign file from a good one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +20,12 @@ import numpy as np
 
 from moment.contracts.hotness import FORMAT, HotnessError, HotnessMeta
 from moment.fileio import atomic_file
+from moment.progress import Update
 from placement.dataset import Dataset
 from placement.sampler import NeighborSampler, num_batches
 
 CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
-Progress = Callable[[int, int], None]
 
 
 @dataclass
@@ -77,7 +77,7 @@ def presample(
     batch_size: int,
     epochs: int = 1,
     seed: int = 0,
-    progress: Progress | None = None,
+    progress: Update | None = None,
     device: str = "cpu",
 ) -> Hotness:
     """Count feature-row reads per vertex over ``epochs`` of sampled training batches.

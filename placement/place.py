@@ -29,16 +29,16 @@ from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.planner.planfile import PlanDoc, plan_profile, read_plan
+from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
-from placement.ddak import BinSpec, Placement, ddak, hash_placement, hotness_order
+from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import Hotness, presample
 from placement.placed import open_placed
+from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict, write_workload
 from placement.writer import STATE, BinFile, file_digest, write_bins
-
-Progress = Callable[[str, int], Callable[[int, int], None]]  # stage, total -> update(done, total)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|%|rows)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
@@ -226,8 +226,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
     if opts.pool < 1:
         raise UsageError(f"--pool {opts.pool}: must be at least 1")
-    if opts.policy not in ("ddak", "hash"):
-        raise UsageError(f"--policy {opts.policy!r}: expected ddak or hash")
+    place_vertices = get_policy(opts.policy)
     plan = read_plan(plan_path)
     try:
         machine, no_machine = plan_profile(plan, opts.profile)
@@ -280,7 +279,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         hot = Hotness.load(opts.hotness, num_nodes=ds.num_nodes)
     else:
         hot = presample(ds, fanouts=fanouts, batch_size=batch, epochs=opts.epochs, seed=opts.seed,
-                        progress=progress("pre-sampling hotness", 0) if progress else None)
+                        progress=stage_update(progress, "pre-sampling hotness"))
     if hot.counts.shape != (ds.num_nodes,):
         raise UsageError(f"hotness has {hot.counts.shape[0]} vertices, the dataset {ds.num_nodes}")
     log(f"hotness: {hot.batches} batches, {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
@@ -302,10 +301,7 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     # 3. Placement (deterministic: a resumed run computes the one it saved).
     t0 = time.perf_counter()
     order = hotness_order(hot.counts)
-    if opts.policy == "ddak":
-        placed: Placement = ddak(hot.counts, specs, pool=opts.pool, order=order, priority=opts.priority)
-    else:
-        placed = hash_placement(hot.counts, specs, seed=opts.seed, order=order)
+    placed: Placement = place_vertices(hot.counts, specs, order, opts)
     place_s = time.perf_counter() - t0
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
 
@@ -338,13 +334,13 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
              for b, s in enumerate(specs)]
     t0 = time.perf_counter()
     written = write_bins(ds.features(), placed.bin_of, files, data, key,
-                         progress=progress("writing bins", ds.num_nodes) if progress else None)
+                         progress=stage_update(progress, "writing bins"))
     write_s = time.perf_counter() - t0
     faults.point("place:bins-written")
 
     # 6. Topology, labels, splits, id maps in the new ids.
     rl.rewrite_csr(ds.indptr(), ds.indices(), r, data / "indptr.npy", data / "indices.npy",
-                   progress=progress("rewriting topology", ds.num_nodes) if progress else None)
+                   progress=stage_update(progress, "rewriting topology"))
     _save_npy(data / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
     for split in ("train", "val", "test"):
         _save_npy(data / f"{split}_idx.npy", np.sort(r.old_to_new[np.asarray(ds.split(split))]))

@@ -8,13 +8,13 @@ source features, each bin receiving sequential appends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from moment.contracts.tiers import TIERS
+from moment.progress import Update
 
 TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
 
@@ -48,7 +48,7 @@ def relabel(bin_of: np.ndarray, tiers: list[str]) -> Relabel:
 
 
 def rewrite_csr(indptr: np.ndarray, indices: np.ndarray, r: Relabel, out_indptr: Path, out_indices: Path,
-                chunk_edges: int = 1 << 24, progress: Callable[[int, int], None] | None = None) -> None:
+                chunk_edges: int = 1 << 24, progress: Update | None = None) -> None:
     """CSR in new ids: row r_new = old row new_to_old[r_new], neighbour ids mapped through
     old_to_new. Written in chunks of about ``chunk_edges`` edges into .npy memmaps."""
     n = r.new_to_old.size

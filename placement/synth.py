@@ -21,7 +21,7 @@ byte-identical for a seed whatever ``chunk_nodes`` is. Memory is one block plus 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from moment.errors import UsageError
+from moment.progress import Progress
 from placement.dataset import (FEATURE_DTYPES, FILES, Dataset, DatasetError, check_free_space, open_dataset, staging,
                                write_manifest)
-
-Progress = Callable[[str, int, int], None]  # stage, done, total
 
 RNG_BLOCK = 1 << 12  # vertices per random stream: chunk_nodes is rounded to a multiple of it
 EDGE_SLICE = 1 << 21  # edges sampled at once (~50 bytes each): bounds memory whatever the degrees

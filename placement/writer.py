@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import BinaryIO
 import numpy as np
 
 from moment.fileio import atomic_write_text
+from moment.progress import Update
 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
@@ -95,7 +95,7 @@ def _read_chunk(features: np.ndarray, bin_of: np.ndarray, row: int, end: int, nb
 
 
 def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], work: Path, key: str,
-               chunk_rows: int | None = None, progress: Callable[[int, int], None] | None = None) -> list[Written]:
+               chunk_rows: int | None = None, progress: Update | None = None) -> list[Written]:
     """Append each vertex's feature row to its bin's file, in original id order.
 
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs

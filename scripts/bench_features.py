@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moment.bench import random_read
+from moment.topology.measure import random_read
 from placement.placed import open_placed
 from trainer.featurestore import TieredFeatureStore
 from trainer.readers import IO_CHOICES, make_reader

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moment import bench
+from moment.topology import measure
 from moment.topology.profile_io import load_profile
 
 
@@ -22,13 +22,13 @@ def data_file(tmp_path: Path) -> Path:
 
 
 def test_random_read_measures_something(data_file: Path) -> None:
-    res = bench.random_read(str(data_file), read_size=4096, queue_depth=4, seconds=0.3)
+    res = measure.random_read(str(data_file), read_size=4096, queue_depth=4, seconds=0.3)
     assert res.gbps > 0 and res.iops > 0
     assert res.gbps == pytest.approx(res.iops * 4096 / 1e9, rel=1e-9)
 
 
 def test_dram_copy() -> None:
-    assert bench.dram_copy_gbps(megabytes=32, repeats=2) > 0.1
+    assert measure.dram_copy_gbps(megabytes=32, repeats=2) > 0.1
 
 
 def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
@@ -70,8 +70,14 @@ def test_bench_errors(args: list[str], needle: str, data_file: Path, tmp_path: P
 
 def test_gpu_copies_skip_without_cuda() -> None:
     torch = pytest.importorskip("torch")
-    h2d, peer = bench.gpu_copies(megabytes=16)
+    h2d, peer = measure.gpu_copies(megabytes=16)
     if not torch.cuda.is_available():
         assert h2d == {} and peer == {}
     else:  # on a GPU machine: one figure per device
         assert len(h2d) == torch.cuda.device_count() and all(v > 0 for v in h2d.values())
+
+
+def test_cuda_devices_match_profile_gpus_by_bus_id() -> None:
+    machine = load_profile(Path(__file__).parent.parent / "topology_profiles" / "switchtec-8x3090.yaml")
+    bus = ["0000:10:00.0", "0000:99:00.0", "0000:0f:00.0"]  # CUDA order; 99: a GPU the profile lacks
+    assert measure.profile_gpus(machine, bus) == {0: "gpu1", 2: "gpu0"}

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from moment import bench, hw
+from moment import hw
+from moment.topology import measure
 
 GPUS = ["0000:17:00.0", "0000:b1:00.0"]
 
@@ -48,13 +49,13 @@ def test_each_gpus_buffer_is_pinned_near_it_and_host_staged_peers_are_skipped(
     affinity = {"now": frozenset(range(16))}
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity["now"]))
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: affinity.update(now=frozenset(cpus)))
-    monkeypatch.setattr(bench, "cuda_bus_ids", lambda: GPUS)
+    monkeypatch.setattr(measure, "cuda_bus_ids", lambda: GPUS)
     log: list = []
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, peer_ok=False))
-    h2d, peer = bench.gpu_copies(megabytes=1)
+    h2d, peer = measure.gpu_copies(megabytes=1)
     assert set(h2d) == {0, 1} and peer == {}  # no P2P: a copy would go through host memory
     assert [e[1] for e in log if e[0] == "pin"] == [frozenset(range(8)), frozenset(range(8, 16))]
     assert affinity["now"] == frozenset(range(16))  # restored
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, peer_ok=True))
-    _, peer = bench.gpu_copies(megabytes=1)
+    _, peer = measure.gpu_copies(megabytes=1)
     assert set(peer) == {(0, 1), (1, 0)}

@@ -120,8 +120,9 @@ place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions(gpu_cache
         open_placed(out)
     seen: list[int] = []
 
-    def progress(stage: str, total: int):
-        return (lambda done, of: seen.append(done)) if stage == "writing bins" else (lambda done, of: None)
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage == "writing bins":
+            seen.append(done)
 
     place(plan_file, dataset, out, PlaceOptions(**OPTS), progress=progress)  # the re-run resumes ...
     assert seen[0] == state["next_row"]  # ... from the checkpoint, not from row 0

@@ -20,10 +20,8 @@ from typing import Any
 import torch
 
 from moment.errors import UsageError
+from trainer.models import LAYERS, default_hidden
 from trainer.readers import IO_CHOICES, io_help, io_refusal
-
-MODELS = ("sage", "gat")
-DEFAULT_HIDDEN = {"sage": 256, "gat": 64}
 
 
 @dataclass
@@ -58,7 +56,7 @@ class TrainConfig:
         if self.fanouts is not None:
             self.fanouts = tuple(int(f) for f in self.fanouts)
         if self.hidden is None:
-            self.hidden = DEFAULT_HIDDEN.get(self.model, 256)
+            self.hidden = default_hidden(self.model)
 
     @property
     def layers(self) -> int:
@@ -138,7 +136,7 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
     )
     p.add_argument("--data", required=True, metavar="DIR", help="placed dataset directory (`moment place` output)")
     p.add_argument("--plan", metavar="plan.json", help="the plan: rank → GPU/socket map, predicted iteration time")
-    p.add_argument("--model", choices=MODELS, default=d.model)
+    p.add_argument("--model", choices=tuple(LAYERS), default=d.model)
     p.add_argument("--hidden", type=_positive, help="hidden width (default 256 for sage, 64 per head for gat)")
     p.add_argument("--heads", type=_positive, default=d.heads, help="attention heads (gat)")
     p.add_argument("--fanouts", type=_fanouts, help="neighbours per hop, first hop first (default: those the placement "

@@ -57,6 +57,7 @@ from moment.contracts.plan import read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
+from moment.progress import Progress
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig
@@ -70,7 +71,6 @@ EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
 INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
 
-Progress = Callable[[str, int], Callable[[int, int], None]]  # (stage, total) -> update(done, total)
 Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
 
 
@@ -512,13 +512,12 @@ def _done(rank: Rank, state: RankProgress, stage: int) -> int:
 def _bar(progress: Progress | None, name: str, total: int, done: int) -> Callable[[int], None] | None:
     if progress is None:
         return None
-    update = progress(f"infer: {name}", total)
-    state = [done]
-    update(done, total)
+    stage, state = f"infer: {name}", [done]
+    progress(stage, done, total)
 
     def step(k: int) -> None:
         state[0] += k
-        update(state[0], total)
+        progress(stage, state[0], total)
 
     return step
 

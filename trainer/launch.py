@@ -19,7 +19,8 @@ import torch
 from moment.contracts.plan import read_plan
 from moment.errors import UsageError
 from placement.placed import open_placed
-from trainer.config import MODELS, TrainConfig, from_args
+from trainer.config import TrainConfig, from_args
+from trainer.models import LAYERS
 
 CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
 
@@ -105,8 +106,8 @@ def build_torchrun_command(
     caller removes the old checkpoint first: :func:`trainer.preflight.start_over`). ``extra`` goes
     to the trainer verbatim (``--fanouts 15,10``, ``--batch-size 1024``, ...).
     """
-    if model not in MODELS:
-        raise UsageError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
+    if model not in LAYERS:
+        raise UsageError(f"--model {model!r}: expected one of {', '.join(LAYERS)}")
     n = default_nproc(plan_path) if nproc is None else int(nproc)
     if n <= 0:
         raise UsageError(f"--nproc {nproc}: expected a positive number of processes")

@@ -10,25 +10,43 @@ Plugging in another PyG-style layer: any module called as ``conv((x_src, x_dst),
 (every ``MessagePassing`` conv that accepts bipartite input: ``SAGEConv``, ``GATConv``,
 ``GraphConv``, ``GINConv``, ``TransformerConv``, ...) works. Write a factory
 ``make(cfg, in_dim, out_dim, last) -> (module, width_of_its_output)`` and add it to ``LAYERS``
-under a new name (and to ``config.MODELS`` so the command line accepts it).
+under a new name: ``LAYERS`` is the one list of models, which ``python -m trainer --model`` and
+``moment train --model`` accept. Factories import PyG when called, so reading the names (the
+command lines do) costs no PyG import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GATConv, SAGEConv
 
-from trainer.config import TrainConfig
-from placement.sampler import SampledBlock
+if TYPE_CHECKING:
+    from placement.sampler import SampledBlock
+    from trainer.config import TrainConfig
 
-LayerFactory = Callable[[TrainConfig, int, int, bool], tuple[nn.Module, int]]
+LayerFactory = Callable[["TrainConfig", int, int, bool], tuple[nn.Module, int]]
+HIDDEN = 256  # default hidden width of a model that does not set its own
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A registered model: its layer factory and its default hidden width (``--hidden``)."""
+
+    make: LayerFactory
+    hidden: int = HIDDEN
+
+    def __call__(self, cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
+        return self.make(cfg, in_dim, out_dim, last)
 
 
 def _sage(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
+    from torch_geometric.nn import SAGEConv
+
     return SAGEConv(in_dim, out_dim), out_dim
 
 
@@ -36,12 +54,19 @@ def _gat(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Mo
     """Hidden layers concatenate ``heads`` heads of ``hidden`` channels; the output layer has one
     head (the usual GAT set-up for node classification). Self loops are added for the targets,
     which is right here because target i is source i."""
+    from torch_geometric.nn import GATConv
+
     if last:
         return GATConv(in_dim, out_dim, heads=1, concat=False), out_dim
     return GATConv(in_dim, out_dim, heads=cfg.heads, concat=True), out_dim * cfg.heads
 
 
-LAYERS: dict[str, LayerFactory] = {"sage": _sage, "gat": _gat}
+LAYERS: dict[str, LayerFactory] = {"sage": Layer(_sage), "gat": Layer(_gat, hidden=64)}  # gat: 64 per head
+
+
+def default_hidden(model: str) -> int:
+    """The hidden width ``model`` is registered with (a plain factory: :data:`HIDDEN`)."""
+    return getattr(LAYERS.get(model), "hidden", HIDDEN)
 
 
 class BlockGNN(nn.Module):

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import UsageError
+from moment.progress import Progress
 from placement.dataset import (
     FEATURE_DTYPES,
     FILES,
@@ -32,7 +33,6 @@ from placement.dataset import (
     write_manifest,
 )
 from placement.importers import csr, readers
-from placement.synth import Progress
 
 
 def import_arrays(

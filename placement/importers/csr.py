@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from moment.contracts.dataset import FILES, DatasetError
-from placement.synth import Progress
+from moment.progress import Progress
 
 Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations), int64, ids checked
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from moment.errors import UsageError
+from moment.progress import Progress
 from placement.dataset import (
     FEATURE_DTYPES,
     FILES,
@@ -31,7 +32,6 @@ from placement.dataset import (
 )
 from placement.importers import csr
 from placement.importers.readers import ArrayFile, EdgeArray, rows
-from placement.synth import Progress
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once

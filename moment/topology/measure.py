@@ -4,7 +4,7 @@ Read-only and safe: SSDs are measured by random reads of a file (or, with ``--de
 block device opened read-only) at the feature read size; DRAM by a memory copy; with CUDA,
 host→GPU copies per GPU and GPU→GPU peer copies. Measured figures go into a copy of the profile
 (``gbps`` on links, ``read_gbps``/``iops`` on SSDs, ``dram_gbps`` on sockets), where they
-override the bandwidth table.
+override the bandwidth table. (``scripts/bench_*`` are something else: benchmarks of moment itself.)
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moment.errors import MomentError, UsageError
 from moment import hw
-from moment.hw import cuda_bus_ids  # moment bench matches CUDA devices to the profile's GPUs
+from moment.errors import MomentError, UsageError
+from moment.hw import cuda_bus_ids, parse_bdf
 
 
 @dataclass
@@ -246,3 +246,53 @@ def _figure(gbps: float) -> float:
     """A measured rate as the profile stores it: 4 significant digits (a slow disk's 0.0035 GB/s
     keeps its precision as well as a DRAM's 240.1)."""
     return float(f"{gbps:.4g}")
+
+
+@dataclass
+class Measured:
+    """What one ``moment bench`` run measured: ``rows`` to report (JSON-ready), and the figures
+    keyed by the profile's device ids for :func:`apply_measurements` (empty without a profile)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ssd: dict[str, ReadResult] = field(default_factory=dict)
+    dram: float | None = None
+    h2d: dict[str, float] = field(default_factory=dict)
+    peer: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def profile_gpus(machine: Any, bus_ids: Sequence[str]) -> dict[int, str]:
+    """CUDA index → the profile's GPU id, matched by PCI address as the trainer matches them
+    (:func:`moment.hw.parse_bdf`); a GPU the profile does not know is left out."""
+    by_bdf = {parse_bdf(d.bdf): d.id for d in machine.devices() if d.kind == "gpu" and d.bdf}
+    by_bdf.pop(None, None)
+    return {i: by_bdf[key] for i, b in enumerate(bus_ids) if (key := parse_bdf(b)) in by_bdf}
+
+
+def measure(files: Sequence[str], machine: Any | None, read_size: int = 4096, queue_depth: int = 32,
+            seconds: float = 2.0, dram: bool = True) -> Measured:
+    """Random reads of each ``PATH[:DEVICE]`` in ``files`` (all checked before any is read), the
+    DRAM copy (``dram``), and with CUDA the host→GPU and peer copies, matched to ``machine``'s
+    devices where one is given."""
+    got = Measured()
+    for path, dev in [file_spec(spec, machine) for spec in files]:
+        res = random_read(path, read_size, queue_depth, seconds)
+        got.rows.append({"what": f"random read {path}", "gbps": res.gbps, "iops": res.iops, "direct": res.direct,
+                         "device": dev or None})
+        if dev:
+            got.ssd[dev] = res
+    got.dram = dram_copy_gbps() if dram else None
+    if got.dram:
+        got.rows.append({"what": "DRAM copy", "gbps": got.dram})
+    h2d_idx, peer_idx = gpu_copies()
+    bus = cuda_bus_ids()
+    gpu_of = profile_gpus(machine, bus) if machine is not None else {}
+    for i, gbps in h2d_idx.items():
+        got.rows.append({"what": f"host→cuda:{i} ({bus[i] if i < len(bus) else '?'})", "gbps": gbps,
+                         "device": gpu_of.get(i)})
+    for (i, j), gbps in peer_idx.items():
+        got.rows.append({"what": f"cuda:{i}→cuda:{j}", "gbps": gbps})
+    if not h2d_idx:
+        got.rows.append({"what": "GPU copies", "gbps": None, "note": "skipped: no CUDA device"})
+    got.h2d = {gpu_of[i]: v for i, v in h2d_idx.items() if i in gpu_of}
+    got.peer = {(gpu_of[i], gpu_of[j]): v for (i, j), v in peer_idx.items() if i in gpu_of and j in gpu_of}
+    return got

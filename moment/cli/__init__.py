@@ -1,0 +1,71 @@
+"""The ``moment`` command: one entry point, one verb per pipeline stage.
+
+Tables and trees for people (rich), ``--json`` for scripts. A user mistake prints one line on
+stderr and exits 1 (bad input) or 2 (bad usage); tracebacks are for bugs only.
+
+The verbs live one module per stage (``profile``, ``plan``, ``data``, ``train``, ``demo``), each
+with its parser builders (``add_*``) and its ``cmd_*`` functions; they import the stage they
+drive inside the function, so ``moment --help`` and ``moment plan`` never load torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+from rich.markup import escape
+
+from moment import __version__
+from moment.cli import data, demo, infer, plan, profile, train
+from moment.cli.args import Parser
+from moment.cli.output import err, print_error
+from moment.errors import MomentError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="moment",
+        description=(
+            "Out-of-core GNN training planned around a server's PCIe topology: "
+            "profile → plan → place → train."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"moment {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
+    profile.add_profile(sub)
+    profile.add_inspect(sub)
+    plan.add_plan(sub)
+    plan.add_score(sub)
+    profile.add_bench(sub)
+    data.add_dataset(sub)
+    data.add_place(sub)
+    train.add_train(sub)
+    infer.add_infer(sub)
+    demo.add_demo(sub)
+    profile.add_profiles(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return func(args)
+    except MomentError as exc:
+        print_error(f"moment {args.verb}", escape(str(exc)))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print_error(f"moment {args.verb}", escape(where + str(exc.strerror or exc)))
+        return 1

@@ -1,0 +1,3 @@
+from moment.cli import main
+
+raise SystemExit(main())

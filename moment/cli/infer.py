@@ -1,0 +1,64 @@
+"""``moment infer``: a trained checkpoint over every vertex, layer by layer, out of core
+(``trainer.infer`` does the work; one or several ranks)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moment.cli.args import positive, registry_choices
+from moment.cli.output import RichProgress, err, out
+
+
+def add_infer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "infer",
+        help="embeddings and predictions for every vertex: layer-wise, full-neighbourhood, out of core",
+        description=(
+            "Run a trained checkpoint over the full in-neighbourhood of every vertex, one layer at a time: each "
+            "layer's output for all vertices goes to disk and is read back as the next layer's input, features come "
+            "from the placed dataset's tiers. Writes embeddings.npy, predictions.npy (original vertex ids) and "
+            "inference.json; a killed run continues from its last finished chunk when run again."
+        ),
+    )
+    p.add_argument("--plan", help="plan.json (checked; the rank count defaults to 1)")
+    p.add_argument("--data", required=True, help="placed dataset directory (the one the checkpoint was trained on)")
+    p.add_argument("--checkpoint", required=True, metavar="CK",
+                   help="checkpoint directory of `moment train` (or its checkpoint.pt)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--nproc", type=positive, default=1, help="ranks, each taking a contiguous range of vertices "
+                   "(torchrun processes when more than 1; default 1)")
+    layers = p.add_argument("--layers", default="last",
+                            help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer")
+    registry_choices(layers, "trainer.infer", "LAYER_CHOICES")
+    dtype = p.add_argument("--dtype", default="float32", help="of the hidden-layer arrays")
+    registry_choices(dtype, "trainer.infer", "DTYPES")
+    p.add_argument("--batch-size", type=positive, default=8192, help="destination vertices per chunk (default 8192)")
+    p.set_defaults(func=cmd_infer)
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from trainer import infer, launch
+
+    opts = infer.InferOptions(data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out),
+                              plan=Path(args.plan) if args.plan else None, nproc=args.nproc, layers=args.layers,
+                              dtype=args.dtype, batch_size=args.batch_size)
+
+    def run_ranks(cmd: list[str]) -> int:
+        err.print(f"running: {launch.format_command(cmd)}")
+        return launch.run(cmd)
+
+    with RichProgress(err) as bars:
+        manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
+    print_inference(args.out, manifest)
+    return 0
+
+
+def print_inference(out_dir: str | Path, manifest) -> None:
+    """What ``moment infer`` (and the demo) wrote: the summary lines, then the files."""
+    from trainer.infer import summary
+
+    for line in summary(manifest):
+        out.print(line)
+    files = ", ".join(f"{e.path} {'×'.join(map(str, e.shape))} {e.dtype}" for e in manifest.arrays.values())
+    out.print(f"inference written to [bold]{out_dir}[/]: {files}, inference.json (original vertex ids)")

@@ -1,0 +1,189 @@
+"""Stage 2 verbs: ``moment plan`` (search and rank layouts, write plan.json) and ``moment score``
+(predict one layout)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from moment.cli.output import err, out
+from moment.errors import UsageError
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", metavar="FILE", help="workload YAML/JSON (default: the profile's, else built-in)")
+    p.add_argument("--nvlink", choices=("on", "off"), default="on", help="what-if: drop the profile's NVLink (off)")
+    p.add_argument("--engine", choices=("ortools", "networkx"), default="ortools", help="max-flow engine of the paper model")
+
+
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="rank the ways to put N GPUs and M SSDs into the profile's slots",
+        description=(
+            "Search every distinct layout of N GPUs and M SSDs, predict each with the proportional-share "
+            "flow model (and the paper's max-flow model), and print the best, the ranking and the "
+            "profile's named layouts (the paper's classic ones) beside it. Ranges (--gpus 1..4) sweep."
+        ),
+    )
+    p.add_argument("--profile", required=True, help="bundled profile name or YAML file")
+    p.add_argument("--gpus", help="how many GPUs, or a range like 1..4 (default: as installed)")
+    p.add_argument("--ssds", help="how many SSDs, or a range like 4..12 (default: as installed)")
+    p.add_argument("--top", type=int, default=10, help="how many ranked layouts to keep (default 10)")
+    p.add_argument("--method", choices=("auto", "enumerate", "milp"), default="auto",
+                   help="enumerate every distinct layout (bound-pruned), or a MILP per GPU placement (auto: by size)")
+    p.add_argument("--out", metavar="plan.json", help="write the plan for `moment place` and the trainer")
+    p.add_argument("--picture", metavar="FILE.svg", help="draw the best layout with the flow on every link")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
+    _add_workload_args(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="predict one given layout",
+        description="Predict one layout: a name stored in the profile (classic-a … classic-d, or 'installed') or a YAML/JSON file mapping port ids to device ids.",
+    )
+    p.add_argument("--profile", required=True, help="bundled profile name or YAML file")
+    p.add_argument("--layout", default="installed", help="layout name or file (default: installed)")
+    p.add_argument("--picture", metavar="FILE.svg", help="draw the layout with the flow on every link")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
+    _add_workload_args(p)
+    p.set_defaults(func=cmd_score)
+
+
+def _machine_and_workload(args: argparse.Namespace):
+    from moment.planner.workload import load_workload
+    from moment.topology.profile_io import resolve_profile
+
+    machine = resolve_profile(args.profile)
+    if args.nvlink == "off":
+        machine = machine.model_copy(update={"nvlinks": []})
+    return machine, load_workload(machine.workload, args.workload)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
+
+    machine, workload = _machine_and_workload(args)
+    have_gpus, have_ssds = default_counts(machine)
+    gpus = parse_range(args.gpus, "gpus") if args.gpus else [have_gpus]
+    ssds = parse_range(args.ssds, "ssds") if args.ssds else [have_ssds]
+    if args.top < 1:
+        raise UsageError("--top must be at least 1")
+    check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
+    if len(gpus) > 1 or len(ssds) > 1:
+        return _sweep(machine, workload, gpus, ssds, args)
+    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine)
+    if args.out:
+        from moment.planner.planfile import save_plan
+
+        save_plan(machine, workload, outcome, args.out)
+    if args.picture:
+        plan_picture(outcome.best, args.picture)
+    if args.json:
+        print(json.dumps({
+            "profile": machine.name,
+            "workload": workload.describe(),
+            "tier_shares": outcome.best.net.shares,
+            "search": outcome.search,
+            "best": outcome.best.to_dict(),
+            "ranking": [s.to_dict() for s in outcome.ranking],
+            "classic": {k: v.to_dict() for k, v in outcome.classic.items()},
+        }, indent=2))
+        return 0
+    from moment.planner.report import busiest_links_table, print_layout, print_prediction, ranking_table
+
+    srch = outcome.search
+    out.print(f"[bold]{machine.name}[/]: {srch['gpus']} GPUs, {srch['ssds']} SSDs")
+    out.print(f"workload: {workload.describe()}")
+    shares = outcome.best.net.shares
+    out.print(f"reads served by: GPU caches {shares['gpu']:.1%}, CPU cache {shares['cpu']:.1%}, SSDs {shares['ssd']:.1%}")
+    if srch["method"] == "milp":
+        out.print(
+            f"search: {srch['raw_layouts']:,} raw layouts; {srch['distinct_layouts']:,} distinct GPU placements, "
+            f"each with a MILP choosing the SSD slots; {srch['seconds']:.2f} s"
+        )
+    else:
+        out.print(
+            f"search: {srch['raw_layouts']:,} raw layouts, {srch['distinct_layouts']:,} distinct after collapsing "
+            f"interchangeable slots and mirror subtrees, {srch['evaluated']:,} evaluated (bounds pruned the rest), "
+            f"{srch['seconds']:.2f} s"
+        )
+    print_layout(out, outcome.best)
+    print_prediction(out, outcome.best, workload)
+    out.print(busiest_links_table(outcome.best))
+    best_s = outcome.best.prop.iteration_s
+    out.print(ranking_table("top layouts", outcome.ranking, best_s))
+    if outcome.classic:
+        out.print(ranking_table("the profile's named layouts, scored", list(outcome.classic.values()), best_s))
+    for note in outcome.best.net.notes:
+        out.print(f"[yellow]note:[/] {note}")
+    if args.out:
+        out.print(f"plan written to [bold]{args.out}[/]")
+    return 0
+
+
+def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from moment.planner.plan import plan
+
+    if args.out or args.picture:
+        raise UsageError("--out/--picture need one GPU count and one SSD count, not a range")
+    rows = []
+    for g in gpus:
+        for s in ssds:
+            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine).best
+            rows.append({"gpus": g, "ssds": s, **best.to_dict()})
+    if args.json:
+        print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))
+        return 0
+    table = Table(title=f"{machine.name}: best layout per GPU and SSD count")
+    for col in ("GPUs", "SSDs", "iteration s", "GB/s per GPU", "vs previous", "bottleneck"):
+        table.add_column(col, justify="right" if col != "bottleneck" else "left")
+    prev = None
+    for r in rows:
+        gain = f"{prev / r['predicted_iteration_s']:.2f}×" if prev else "-"
+        table.add_row(str(r["gpus"]), str(r["ssds"]), f"{r['predicted_iteration_s']:.4f}",
+                      f"{min(r['gbps_per_gpu']):.3g}", gain, (r["bottleneck"] or ["-"])[0])
+        prev = r["predicted_iteration_s"]
+    out.print(table)
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from moment.planner.plan import resolve_layout
+    from moment.planner.report import busiest_links_table, print_layout, print_prediction
+    from moment.planner.scoring import bin_targets, links_table, score
+
+    machine, workload = _machine_and_workload(args)
+    name, layout = resolve_layout(machine, args.layout)
+    scored = score(machine, name, layout, workload, engine=args.engine)
+    if args.picture:
+        plan_picture(scored, args.picture)
+    if args.json:
+        print(json.dumps({"profile": machine.name, "tier_shares": scored.net.shares, **scored.to_dict(),
+                          "bin_targets": bin_targets(scored, workload), "links": links_table(scored)}, indent=2))
+        return 0
+    out.print(f"workload: {workload.describe()}")
+    print_layout(out, scored)
+    print_prediction(out, scored, workload)
+    out.print(busiest_links_table(scored))
+    return 0
+
+
+def plan_picture(scored, path: str) -> None:
+    """A layout with the flow on every link as SVG at ``path`` (``--picture``), bottleneck in red."""
+    from moment.planner.report import edge_notes
+    from moment.topology.picture import render_svg
+    from moment.fileio import atomic_write_text
+
+    if not path.endswith(".svg"):
+        raise UsageError(f"--picture {path}: only .svg pictures are written")
+    notes, hot = edge_notes(scored)
+    title = f"{scored.machine.name} — layout {scored.name}: {scored.prop.iteration_s:.4f} s per iteration (bottleneck in red)"
+    atomic_write_text(Path(path), render_svg(scored.machine, notes, hot, title))
+    err.print(f"picture written to {path}")

@@ -1,0 +1,75 @@
+"""Stage 4 verb: ``moment train`` builds the torchrun command (one DDP rank per GPU of the plan),
+checks once what every rank would refuse, and runs it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.markup import escape
+
+from moment.cli.args import non_negative, positive, registry_choices
+from moment.cli.output import err
+from moment.errors import UsageError
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train GraphSAGE/GAT with one DDP rank per GPU of the plan (torchrun)",
+        description=(
+            "Build and run the torchrun command: one rank per GPU of the plan (CPU ranks with gloo when there is "
+            "no GPU), features read from the placed dataset's GPU caches, CPU caches and SSD bins. Arguments "
+            "after -- go to the trainer unchanged (python -m trainer --help lists them)."
+        ),
+    )
+    p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
+    p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
+    model = p.add_argument("--model", default="sage", help="GraphSAGE (default) or GAT")
+    registry_choices(model, "trainer.models", "LAYERS")
+    p.add_argument("--epochs", type=positive, default=None, help="total epochs, counting those a resumed checkpoint did (default 3)")
+    p.add_argument("--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
+    p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every epoch here")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint (same data and model)")
+    again.add_argument("--overwrite", action="store_true", help="start over, replacing --checkpoint-dir's checkpoint")
+    p.add_argument("--max-restarts", type=non_negative,
+                   help="torchrun restarts of a failed worker group (resumes from the checkpoint)")
+    p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
+    p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
+    p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the command and the memory budget as JSON")
+    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer import launch, preflight
+
+    extra = [a for a in args.trainer_args if a != "--"]
+    if (args.resume or args.overwrite) and not args.checkpoint_dir:
+        raise UsageError(f"--{'resume' if args.resume else 'overwrite'} needs --checkpoint-dir")
+    # Everything the ranks would refuse, refused here once: trainer arguments, plan, placed data,
+    # train split, output paths, an existing checkpoint (#27, #19, #16, #17, #10).
+    nproc = launch.default_nproc(args.plan) if args.nproc is None else args.nproc
+    argv = launch.trainer_argv(args.plan, args.data, args.model, args.epochs, args.metrics_json, args.checkpoint_dir,
+                               extra, resume=args.resume, overwrite=args.overwrite)
+    checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc,
+                                  resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
+    for warning in checked.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
+    cmd = launch.build_torchrun_command(args.plan, args.data, nproc=nproc, model=args.model, epochs=args.epochs,
+                                        metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
+                                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
+                                        resume=args.resume, overwrite=args.overwrite)
+    if args.dry_run and args.json:
+        print(json.dumps({"command": cmd, "memory": checked.memory.to_dict() if checked.memory else None}, indent=2))
+        return 0
+    if args.dry_run:
+        print(launch.format_command(cmd))
+        return 0
+    if args.overwrite or "--overwrite" in extra:
+        preflight.start_over(checked.cfg.checkpoint_dir)
+    err.print(f"running: {launch.format_command(cmd)}")
+    return launch.run(cmd)

@@ -1,0 +1,52 @@
+"""The command line's choices come from the stages' registries: registering a placement policy
+or a GNN model is what makes `moment place --policy` / `moment train --model` accept it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from moment.cli import build_parser, main
+from moment.errors import UsageError
+from placement.policies import POLICIES, get_policy
+
+PLACE = ["place", "--plan", "p.json", "--dataset", "d", "--out", "o"]
+
+
+def test_a_registered_policy_is_a_cli_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(POLICIES, "spread", POLICIES["hash"])
+    assert build_parser().parse_args([*PLACE, "--policy", "spread"]).policy == "spread"
+    assert get_policy("spread") is POLICIES["hash"]
+
+
+def test_an_unknown_policy_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([*PLACE, "--policy", "nope"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice: 'nope' (choose from 'ddak', 'hash')" in err
+    with pytest.raises(UsageError, match="--policy 'nope': expected ddak or hash"):
+        get_policy("nope")
+
+
+def test_a_registered_model_is_a_choice_of_both_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import config
+    from trainer.models import LAYERS, Layer
+
+    monkeypatch.setitem(LAYERS, "gcn", Layer(LAYERS["sage"], hidden=48))
+    assert build_parser().parse_args(["train", "--data", "d", "--model", "gcn"]).model == "gcn"
+    cfg = config.from_args(["--data", "d", "--model", "gcn"], raising=True)
+    assert (cfg.model, cfg.hidden) == ("gcn", 48)  # its registered width is the default
+    with pytest.raises(UsageError, match="invalid choice: 'nope'"):
+        config.from_args(["--data", "d", "--model", "nope"], raising=True)
+
+
+def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
+    """The registries sit beside torch and numba code; `moment --help` and `moment plan` must not
+    pay for importing them."""
+    probe = ("import sys; from moment.cli import build_parser; build_parser(); "
+             "print(sorted({'torch', 'numba'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
