@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
 
@@ -14,7 +15,8 @@ from moment.errors import UsageError
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", metavar="FILE", help="workload YAML/JSON (default: the profile's, else built-in)")
     p.add_argument("--nvlink", choices=("on", "off"), default="on", help="what-if: drop the profile's NVLink (off)")
-    p.add_argument("--engine", choices=("ortools", "networkx"), default="ortools", help="max-flow engine of the paper model")
+    engine = p.add_argument("--engine", default="ortools", help="max-flow engine of the paper model")
+    registry_choices(engine, "moment.planner.flow.engines", "ENGINES")
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
