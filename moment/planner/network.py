@@ -142,7 +142,8 @@ class Skeleton:
                 cap = port.link.bandwidth_gbps()
                 if cap is None:
                     self.notes.append(f"uplink of {port.switch.id} ({port.id}) has no known bandwidth: treated as unlimited")
-                self._link(pos, switch_node(port.switch.id), switch_node(port.switch.id), cap, f"uplink of {port.switch.id}")
+                sw = switch_node(port.switch.id)
+                self._link(pos, sw, sw, cap, f"uplink of {port.switch.id}")
             elif port.id in movable:
                 self.positions[port.id] = pos
             elif port.device is not None and port.device.kind in ("gpu", "nvme"):
@@ -152,7 +153,8 @@ class Skeleton:
         for link in machine.socket_links:
             a, b = link.between
             for x, y in ((a, b), (b, a)):
-                self._add(socket_edge(x, y), socket_node(x), socket_node(y), link.bandwidth_gbps(), f"{link.kind} {x}→{y}")
+                cap = link.bandwidth_gbps()
+                self._add(socket_edge(x, y), socket_node(x), socket_node(y), cap, f"{link.kind} {x}→{y}")
         # Switch ports whose ACS sends peer requests up to the root complex: no turn at that switch.
         self.redirect = {port.id for port, _ in machine.iter_ports() if port.acs_redirect}
         self.socket_path = _socket_paths(self.sockets, [link.between for link in machine.socket_links])
