@@ -50,3 +50,11 @@ def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
              "print(sorted({'torch', 'numba'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_registered_max_flow_engine_is_a_choice_of_plan_and_score(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moment.planner.flow.engines import ENGINES
+
+    monkeypatch.setitem(ENGINES, "mine", ENGINES["networkx"])
+    for verb in ("plan", "score"):
+        assert build_parser().parse_args([verb, "--profile", "p", "--engine", "mine"]).engine == "mine"

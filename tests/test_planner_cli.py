@@ -120,3 +120,19 @@ def test_gpu_in_an_ssd_bay_is_refused(tmp_path: Path) -> None:
     done = run("score", "--profile", "moment-machine-a", "--layout", str(layout))
     assert done.returncode == 2
     assert "does not fit" in done.stderr
+
+
+def test_plan_takes_either_milp_solver() -> None:
+    """--milp-solver pulp-cbc (CBC) finds the time ortools' SCIP finds; an unknown solver is refused."""
+    times = {}
+    for solver in ("ortools", "pulp-cbc"):
+        done = run("plan", "--profile", "moment-machine-b", "--gpus", "2", "--ssds", "4", "--method", "milp",
+                   "--milp-solver", solver, "--top", "1", "--json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["search"]["method"] == "milp"
+        times[solver] = data["best"]["predicted_iteration_s"]
+    assert times["pulp-cbc"] == pytest.approx(times["ortools"], rel=1e-6)
+    done = run("plan", "--profile", "moment-machine-b", "--method", "milp", "--milp-solver", "glpk")
+    assert done.returncode == 2 and "--milp-solver" in done.stderr and "pulp-cbc" in done.stderr
+

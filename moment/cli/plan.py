@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
 
@@ -14,7 +15,8 @@ from moment.errors import UsageError
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", metavar="FILE", help="workload YAML/JSON (default: the profile's, else built-in)")
     p.add_argument("--nvlink", choices=("on", "off"), default="on", help="what-if: drop the profile's NVLink (off)")
-    p.add_argument("--engine", choices=("ortools", "networkx"), default="ortools", help="max-flow engine of the paper model")
+    engine = p.add_argument("--engine", default="ortools", help="max-flow engine of the paper model")
+    registry_choices(engine, "moment.planner.flow.engines", "ENGINES")
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +35,9 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to keep (default 10)")
     p.add_argument("--method", choices=("auto", "enumerate", "milp"), default="auto",
                    help="enumerate every distinct layout (bound-pruned), or a MILP per GPU placement (auto: by size)")
+    solver = p.add_argument("--milp-solver", default="ortools",
+                            help="the MILP's solver: ortools (SCIP, default) or pulp-cbc (CBC through PuLP)")
+    registry_choices(solver, "moment.planner.flow.milp", "MILP_SOLVERS")
     p.add_argument("--out", metavar="plan.json", help="write the plan for `moment place` and the trainer")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the best layout with the flow on every link")
     p.add_argument("--json", action="store_true", help="machine-readable result")
@@ -76,7 +81,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
-    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine)
+    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine,
+                   milp_solver=args.milp_solver)
     if args.out:
         from moment.planner.planfile import save_plan
 
@@ -136,7 +142,8 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     rows = []
     for g in gpus:
         for s in ssds:
-            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine).best
+            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine,
+                        milp_solver=args.milp_solver).best
             rows.append({"gpus": g, "ssds": s, **best.to_dict()})
     if args.json:
         print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))
