@@ -19,6 +19,7 @@ memory uses :func:`short_of_space` under it) refuses a run that cannot fit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -191,10 +192,8 @@ class Staging:
         """Remove the (empty) staging directory and drop the lock."""
         where = where or self.dir
         (where / MARKER).unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(OSError):  # not empty: someone else's files stay
             where.rmdir()
-        except OSError:
-            pass
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -276,7 +275,5 @@ def _identity(path: Path) -> tuple[int, int] | str:
 def _prune_empty_dirs(root: Path) -> None:
     """Remove ``root`` and directories under it that are empty (after their files were removed)."""
     for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        try:
+        with contextlib.suppress(OSError):  # not empty
             os.rmdir(dirpath)
-        except OSError:
-            pass

@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_train import disk_read_bytes, drop_cache, make_cgroup, parse_size
+from bench_train import disk_read_bytes, drop_cache, make_cgroup, parse_size  # noqa: E402 - after the path
 
 
 def worker(args: argparse.Namespace) -> dict:

@@ -30,6 +30,7 @@ last, then the directory is published by one rename.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -500,6 +501,10 @@ def run_in_process(p: Prepared, opts: InferOptions, progress: Progress | None = 
             rank.close()
 
 
+def _advance(bars: Any, task: Any, k: int) -> None:
+    bars.advance(task, k)
+
+
 def _done(rank: Rank, state: RankProgress, stage: int) -> int:
     """Vertices of ``stage`` this rank already did (for the progress bar of a resumed run)."""
     if state.stage > stage:
@@ -648,7 +653,7 @@ def rank_main(argv: list[str] | None = None) -> int:
                 if bars is not None:
                     task = bars.add_task(f"infer: {name} (rank 0)", total=sum(b - a for a, b in worker.chunks_of(s)),
                                          completed=_done(worker, state, s))
-                    update = lambda k, task=task: bars.advance(task, k)
+                    update = functools.partial(_advance, bars, task)
                 worker.run_stage(s, state, update)
                 if world > 1:
                     dist.barrier()

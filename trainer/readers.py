@@ -34,6 +34,7 @@ and the file reader otherwise. Adding a reader (io_uring, say) is a class with t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import importlib.util
@@ -353,10 +354,8 @@ def configure_kvikio(kvikio: Any, threads: int) -> dict[str, Any]:
     wanted = {"num_threads": threads, "gds_threshold": GDS_THRESHOLD, "auto_direct_io_read": True}
     if hasattr(defaults, "set"):  # kvikio ≥ 25.04: set(key, value) / get(key)
         for key, value in wanted.items():
-            try:
+            with contextlib.suppress(KeyError):  # a setting this version does not have
                 defaults.set(key, value)
-            except KeyError:  # a setting this version does not have
-                pass
         got = {key: _kvikio_get(defaults, key) for key in wanted}
     else:  # older: <name>_reset(value) and a getter per setting
         defaults.num_threads_reset(threads)

@@ -37,7 +37,7 @@ class LayoutBound:
         self.dram_bound = self.shares["cpu"] * self.D * self.G / sum(dram) if dram else 0.0
         # Cuts: every switch's subtree (capacity: its uplink) and every socket (its socket links).
         self.cuts: dict[str, _Cut] = {}
-        for port, socket in machine.iter_ports():
+        for port, _ in machine.iter_ports():
             if port.switch is not None:
                 self.cuts[switch_node(port.switch.id)] = _Cut(port.link.bandwidth_gbps() or float("inf"), False, 0)
         for s in machine.sockets:

@@ -239,7 +239,7 @@ def build_tree(functions: list[PciFunction], sockets_hint: int | None = None) ->
     for i, s in enumerate(sockets):
         owned = [n for n in nodes if socket_index(n) == i]
         s.numa_node = owned[0] if len(owned) == 1 and not note else (i if note else None)
-    for f, port in tops:
+    for _, port in tops:
         sockets[socket_index(numa_of_rc[port.root_complex or ""])].ports.append(port)
     if builder.synthetic_ports:
         warnings.append(f"{builder.synthetic_ports} port(s) not listed by the source were added")

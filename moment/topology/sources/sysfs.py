@@ -171,7 +171,7 @@ def _udev_context() -> object | None:
         return None
     try:
         return pyudev.Context()
-    except Exception:  # libudev missing or unusable: names are optional
+    except Exception:  # noqa: BLE001 - libudev missing or unusable: names are optional
         return None
 
 
@@ -182,7 +182,7 @@ def _udev_name(context: object | None, sys_path: Path) -> str | None:
     try:
         props = pyudev.Devices.from_sys_path(context, str(sys_path)).properties
         words = [props.get("ID_VENDOR_FROM_DATABASE"), props.get("ID_MODEL_FROM_DATABASE")]
-    except Exception:  # any pyudev failure only costs the pretty name
+    except Exception:  # noqa: BLE001 - any pyudev failure only costs the pretty name
         return None
     return " ".join(w for w in words if w) or None
 
