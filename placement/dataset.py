@@ -272,6 +272,21 @@ def write_manifest(root: Path, meta: dict[str, Any]) -> DatasetManifest:
     return manifest
 
 
+def write_import_manifest(root: Path, out: Path, *, nodes: int, edges: int, dim: int, dtype: np.dtype,
+                          classes: int, undirected: bool, source: dict[str, Any]) -> DatasetManifest:
+    """dataset.json of an imported dataset (every importer: the same fields, its own provenance)."""
+    return write_manifest(root, {
+        "name": out.absolute().name,
+        "num_nodes": nodes,
+        "num_edges": edges,
+        "feature_dim": dim,
+        "feature_dtype": dtype.name,
+        "num_classes": classes,
+        "directed": not undirected,
+        "source": source,
+    })
+
+
 # Writing a dataset directory (synth and import): moment.outputs' protocol for this kind ########
 
 

@@ -30,7 +30,7 @@ from placement.dataset import (
     open_dataset,
     read_npy_header,
     staging,
-    write_manifest,
+    write_import_manifest,
 )
 from placement.importers import csr, readers
 
@@ -100,17 +100,9 @@ def import_arrays(
         _write_features(tmp, feats, features, dtype, chunk, progress)
         _write_labels(tmp, labels, labs, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
-        write_manifest(tmp, {
-            "name": out.absolute().name,
-            "num_nodes": n,
-            "num_edges": num_edges,
-            "feature_dim": dim,
-            "feature_dtype": dtype.name,
-            "num_classes": classes,
-            "directed": not undirected,
-            "source": _provenance({"features": features, "labels": labels, "edges": edges, "indptr": indptr,
-                                   "indices": indices}, splits, undirected, seed),
-        })
+        source_files = {"features": features, "labels": labels, "edges": edges, "indptr": indptr, "indices": indices}
+        write_import_manifest(tmp, out, nodes=n, edges=num_edges, dim=dim, dtype=dtype, classes=classes,
+                              undirected=undirected, source=_provenance(source_files, splits, undirected, seed))
     return open_dataset(out)
 
 

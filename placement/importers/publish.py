@@ -28,7 +28,7 @@ from placement.dataset import (
     check_free_space,
     open_dataset,
     staging,
-    write_manifest,
+    write_import_manifest,
 )
 from placement.importers import csr
 from placement.importers.readers import ArrayFile, EdgeArray, rows
@@ -101,19 +101,11 @@ def write_dataset(out: str | Path, found: Found, *, feature_dtype: str | None = 
         _check_splits(tmp, splits, n)
         for name in SPLITS:
             np.save(tmp / FILES[name], splits[name].astype(np.int64))
-        write_manifest(tmp, {
-            "name": out.absolute().name,
-            "num_nodes": n,
-            "num_edges": num_edges,
-            "feature_dim": dim,
-            "feature_dtype": dtype.name,
-            "num_classes": classes,
-            "directed": not undirected,
-            "source": {
-                "kind": "import", "format": found.fmt, "files": found.files, "given_splits": found.given_splits,
-                "undirected": undirected, "self_loops": self_loops, "seed": found.seed, "split": found.split,
-                "labelled": labelled,
-            },
+        write_import_manifest(tmp, out, nodes=n, edges=num_edges, dim=dim, dtype=dtype, classes=classes,
+                              undirected=undirected, source={
+            "kind": "import", "format": found.fmt, "files": found.files, "given_splits": found.given_splits,
+            "undirected": undirected, "self_loops": self_loops, "seed": found.seed, "split": found.split,
+            "labelled": labelled,
         })
     return open_dataset(out)
 

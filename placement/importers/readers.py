@@ -31,8 +31,23 @@ SKIP = 1 << 24  # bytes inflated and dropped at once when a compressed member is
 CSV_LINES = 1 << 15  # lines of a CSV parsed at once
 
 
+class _Sized:
+    """Element and byte counts from ``shape`` and ``dtype`` (every array description has both)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
 @dataclass(frozen=True)
-class ArrayFile:
+class ArrayFile(_Sized):
     """Where an array's bytes are: a file (or an .npz member), its shape, dtype and data offset."""
 
     path: Path
@@ -47,14 +62,6 @@ class ArrayFile:
     def label(self) -> str:
         """How errors name it: ``data.npz:edge_index`` or the file's path."""
         return f"{self.path}:{self.member.removesuffix('.npy')}" if self.member else str(self.path)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     def describe(self) -> str:
         kind = "raw (no .npy header)" if self.raw else ".npz member" if self.member else ".npy"
@@ -204,7 +211,7 @@ def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
 
 
 @dataclass(frozen=True)
-class CsvArray:
+class CsvArray(_Sized):
     """A gzip-compressed CSV array (OGB's CSV raw layout: ``edge.csv.gz``, ``node-feat.csv.gz``): one
     row per line, read a batch of lines at a time. Its shape comes from OGB's count files, not a scan."""
 
@@ -218,14 +225,6 @@ class CsvArray:
     @property
     def label(self) -> str:
         return str(self.path)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     def describe(self) -> str:
         return f"{self.label}: gzip CSV, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}"
