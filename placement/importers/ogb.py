@@ -16,8 +16,6 @@ at a time. Single-graph, single-label datasets only (not ogbn-proteins' 112 task
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import numpy as np
 from moment.errors import UsageError
 from placement.dataset import Dataset, DatasetError
 from placement.importers.publish import Found, write_dataset
-from placement.importers.readers import ArrayFile, CsvArray, EdgeArray, csv_count, csv_width, npz_member
+from placement.importers.readers import ArrayFile, CsvArray, EdgeArray, csv_count, csv_width, gzip_ints, npz_member
 
 SPLIT_FILES = {"train": "train.csv.gz", "val": "valid.csv.gz", "test": "test.csv.gz"}
 
@@ -111,13 +109,7 @@ def _only_split(root: Path) -> str:
 
 def read_ids(path: Path, n: int) -> np.ndarray:
     """One vertex id per line of a .csv.gz, checked in range (one line naming the file and line)."""
-    try:
-        with gzip.open(path, "rt") as fh:
-            ids = np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing (split file)") from None
-    except (OSError, EOFError, zlib.error, ValueError) as exc:
-        raise DatasetError(f"{path}: not a gzip-compressed list of vertex ids ({str(exc).splitlines()[0]})") from None
+    ids = gzip_ints(path, " (split file)", "list of vertex ids")
     if ids.ndim != 1:
         raise DatasetError(f"{path}: expected one vertex id per line, got {ids.shape[1]} columns")
     bad = (ids < 0) | (ids >= n)

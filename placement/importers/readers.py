@@ -286,15 +286,20 @@ class _Lines:
         self.lines, self.done = lines, 0
 
 
-def csv_count(path: Path) -> int:
-    """The single number of an OGB count file (``num-node-list.csv.gz``: one graph, one line)."""
+def gzip_ints(path: Path, missing: str, expected: str) -> np.ndarray:
+    """The integers of a small .csv.gz (a count file, a split's ids), or one line naming the file."""
     try:
         with gzip.open(path, "rt") as fh:
-            values = np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
+            return np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
     except FileNotFoundError:
-        raise DatasetError(f"{path}: missing") from None
+        raise DatasetError(f"{path}: missing{missing}") from None
     except (OSError, EOFError, zlib.error, ValueError) as exc:
-        raise DatasetError(f"{path}: not a gzip-compressed count ({str(exc).splitlines()[0]})") from None
+        raise DatasetError(f"{path}: not a gzip-compressed {expected} ({str(exc).splitlines()[0]})") from None
+
+
+def csv_count(path: Path) -> int:
+    """The single number of an OGB count file (``num-node-list.csv.gz``: one graph, one line)."""
+    values = gzip_ints(path, "", "count")
     if values.size != 1:
         raise DatasetError(f"{path}: holds {values.size} graphs' counts; only single-graph datasets are imported")
     return int(values[0])
