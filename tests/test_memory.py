@@ -5,6 +5,8 @@ shrink (issue #13; GPU review #8, #10, #11)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,8 @@ def test_parts_follow_the_run_shape(placed: Path, plan_file: Path) -> None:
     assert b.gpu["batches"] == int(5 * shape.unique_per_batch * p.row_bytes)
     assert b.host["host_caches"] == 2 * (gpu_rows + cpu_rows) * p.row_bytes
     one = shape.unique_per_batch * p.row_bytes
-    assert b.host["pinned_staging"] == 4 * 2 * memory._pow2(one) and memory._pow2(one) >= one
+    pow2 = 1 << max(0, math.ceil(math.log2(max(one, 1))))  # the next power of two
+    assert b.host["pinned_staging"] == 4 * 2 * pow2 and pow2 >= one
     assert b.gpu_bytes_per_rank == sum(b.gpu.values())
     bigger = memory.budget(shape.with_batch(2 * shape.batch_size))
     assert bigger.gpu["batches"] > b.gpu["batches"]
@@ -84,12 +87,15 @@ def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path,
     assert mem["gpu_bytes_per_rank"] == sum(mem["gpu"].values())
 
 
-def test_a_run_that_does_not_fit_is_refused_before_launch(placed: Path, plan_file: Path,
+def test_a_run_that_does_not_fit_is_refused_before_launch(placed: Path, plan_file: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """On a GPU machine whose GPUs have 512 MiB free, the run is one line, exit 1, no command."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(memory, "_nvidia_smi_free", lambda: [512 << 20, 30 << 30])
+    smi = tmp_path / "nvidia-smi"  # free MiB per GPU, as --query-gpu=memory.free --format=csv,noheader,nounits
+    smi.write_text("#!/bin/sh\necho 512\necho 30720\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     code = main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
