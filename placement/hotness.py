@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moment.contracts.hotness import FORMAT, HotnessError, HotnessMeta
+from moment.contracts.hotness import HotnessError, HotnessMeta
 from moment.fileio import atomic_file
 from moment.progress import Update
 from placement.dataset import Dataset

@@ -31,8 +31,16 @@ import numpy as np
 
 from moment.errors import UsageError
 from moment.progress import Progress
-from placement.dataset import (FEATURE_DTYPES, FILES, Dataset, DatasetError, check_free_space, open_dataset, staging,
-                               write_manifest)
+from placement.dataset import (
+    FEATURE_DTYPES,
+    FILES,
+    Dataset,
+    DatasetError,
+    check_free_space,
+    open_dataset,
+    staging,
+    write_manifest,
+)
 
 RNG_BLOCK = 1 << 12  # vertices per random stream: chunk_nodes is rounded to a multiple of it
 EDGE_SLICE = 1 << 21  # edges sampled at once (~50 bytes each): bounds memory whatever the degrees

@@ -20,6 +20,7 @@ read from disk (/proc/self/io), peak memory of the process. Run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -169,10 +170,8 @@ def main() -> None:
                   flush=True)
     finally:
         if cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 cgroup.rmdir()
-            except OSError:
-                pass
     if {"tiered", "mmap"} <= results.keys():
         t, m = results["tiered"], results["mmap"]
         same = t["embeddings_sha256"] == m["embeddings_sha256"]

@@ -4,7 +4,6 @@ SSD bin in the shares ``moment place`` predicted (placed.json ``prediction``), w
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

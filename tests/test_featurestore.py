@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvikio_fake import FakeKvikio
 from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
@@ -25,11 +25,10 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
-from kvikio_fake import FakeKvikio
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
-from trainer.shm import SharedMemoryFull
 from trainer.readers import FileReader, KvikioReader, coalesce, kvikio_mode, make_reader
+from trainer.shm import SharedMemoryFullError
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
 
@@ -159,7 +158,7 @@ def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.nd
 
 def test_shared_host_tiers_need_room(placed_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
-    with pytest.raises(SharedMemoryFull, match=f"{tmp_path}: 0.00 GiB free, the GPU and CPU cache bins need"):
+    with pytest.raises(SharedMemoryFullError, match=f"{tmp_path}: 0.00 GiB free, the GPU and CPU cache bins need"):
         TieredFeatureStore(open_placed(placed_dir), host_shm=tmp_path / "moment-host")
     assert list(tmp_path.iterdir()) == []
 

@@ -14,8 +14,6 @@ from trainer import featurestore
 from trainer.featurestore import copy_in_chunks, read_in_chunks
 
 
-
-
 def test_a_bin_is_read_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = np.random.default_rng(2).standard_normal((300, 7)).astype(np.float32)  # 8,400 bytes
     path = tmp_path / "gpu.bin"

@@ -212,7 +212,7 @@ def test_a_file_that_is_not_npy_is_named(tmp_path: Path, inputs: dict[str, Path]
 def test_truncated_and_pickled_inputs_are_named(tmp_path: Path, inputs: dict[str, Path]) -> None:
     path = inputs["labels"]
     path.write_bytes(path.read_bytes()[:-8])  # one int64 label short
-    with pytest.raises(DatasetError, match=rf"labels\.npy: truncated: \d+ bytes, expected \d+$"):
+    with pytest.raises(DatasetError, match=r"labels\.npy: truncated: \d+ bytes, expected \d+$"):
         import_arrays(tmp_path / "ds", **inputs)
     objects = tmp_path / "o.npy"
     np.save(objects, np.array([0, "x", None], dtype=object), allow_pickle=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moment.topology.pci import NVME, GPU, NIC, STORAGE, PciFunction, classify
+from moment.topology.pci import GPU, NIC, NVME, STORAGE, PciFunction, classify
 from moment.topology.profile_io import load_profile
 
 SYSFS = Path("/sys/bus/pci/devices")

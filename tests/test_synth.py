@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moment.errors import MomentError
-
-from moment.errors import UsageError
+from moment.errors import MomentError, UsageError
 from placement.dataset import FILES, Dataset, DatasetError, check_dataset, check_free_space, open_dataset
 from placement.synth import estimate, synthesize
 

@@ -21,14 +21,13 @@ import torch
 
 from moment.cli import main
 from moment.contracts.placed import PlacedManifest
-from moment.planner.planfile import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed
+from placement.sampler import NeighborSampler
 from placement.synth import synthesize
 from placement.writer import file_digest
 from trainer import checkpoint, loop, metrics, preflight
 from trainer.config import TrainConfig
-from placement.sampler import NeighborSampler
 
 TINY = ["--fanouts", "5,5", "--batch-size", "64", "--hidden", "16", "--max-batches-per-epoch", "1"]
 

@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 import torch
 
+from moment import hw
 from moment.planner.planfile import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
+from placement.sampler import NeighborSampler
 from placement.synth import synthesize
-from moment import hw
 from trainer import checkpoint, launch, loop, prefetch, shm
-from trainer.dist import DistEnv
 from trainer.config import TrainConfig, from_args
+from trainer.dist import DistEnv
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import param_digest
 from trainer.models import LAYERS, build_model
-from placement.sampler import NeighborSampler
 
 CLASSES = 8
 CHANCE = 1 / CLASSES

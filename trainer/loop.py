@@ -41,6 +41,7 @@ from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
 from placement.placed import Placed, open_placed
+from placement.sampler import NeighborSampler, derive_seed, num_batches
 from trainer import checkpoint, memory
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
@@ -50,7 +51,6 @@ from trainer.models import build_model
 from trainer.prefetch import Prefetcher, Prepared, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
-from placement.sampler import NeighborSampler, derive_seed, num_batches
 
 # derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
 _TRAIN_STREAM, _EVAL_STREAM = 2, 3

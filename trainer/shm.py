@@ -10,7 +10,7 @@ so a named file is what they can share. The protocol, all of it here:
 * who writes (:func:`socket_writer`): the socket's first local rank, pinned to the socket's cores
   so the pages land in the socket's memory;
 * writing (:func:`publish`): under a temporary name, then linked into place, so nobody maps a
-  half-written file; refused (:class:`SharedMemoryFull`) without room, and the ranks fall back
+  half-written file; refused (:class:`SharedMemoryFullError`) without room, and the ranks fall back
   to private copies;
 * mapping (:func:`map_shared`) and the barriers around it (:func:`per_socket`): the others wait
   while the writer writes; once all have mapped the file the writer unlinks it (the memory lives
@@ -39,7 +39,7 @@ from trainer.dist import DistEnv, attempt
 T = TypeVar("T")
 
 
-class SharedMemoryFull(PlacedError):
+class SharedMemoryFullError(PlacedError):
     """The memory file system has no room for the host tiers (the caller may fall back to
     private copies)."""
 
@@ -82,7 +82,7 @@ def per_socket(open_store: Callable[[Path | None], T], shm_dir: str, placed: Pla
     if path is not None and writer:
         try:
             store = open_store(path)
-        except SharedMemoryFull as exc:
+        except SharedMemoryFullError as exc:
             print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
     if path is not None:
         dist.barrier()  # the file is whole (or was not made) before the other ranks look
@@ -115,7 +115,7 @@ def publish(path: Path, sources: Sequence[Path], nbytes: int) -> None:
     another process won the race, its file is kept). A memory file system has no overhead to
     allow for: the check is for ``nbytes`` exactly."""
     for _, _, _, free in short_of_space({path.parent: nbytes}, headroom=False):
-        raise SharedMemoryFull(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
+        raise SharedMemoryFullError(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
                                f"{nbytes / 2**30:.2f} GiB")
     with atomic_file(path, binary=True, replace=False) as out:
         for src in sources:

@@ -184,9 +184,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def plan_picture(scored, path: str) -> None:
     """A layout with the flow on every link as SVG at ``path`` (``--picture``), bottleneck in red."""
+    from moment.fileio import atomic_write_text
     from moment.planner.report import edge_notes
     from moment.topology.picture import render_svg
-    from moment.fileio import atomic_write_text
 
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")

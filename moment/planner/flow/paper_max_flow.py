@@ -15,6 +15,7 @@ from moment.planner.flow.engines import ENGINES
 from moment.planner.flow.prediction import FlowModel, Prediction, check_tiers, finish
 from moment.planner.network import INF, LINK_EDGES, Network, edge_kind, gpu_node
 
+
 def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], list[str | None]]:
     G, D = len(net.gpus), net.demand_gb
     arcs: list[tuple[str, str, float]] = []
