@@ -106,6 +106,7 @@ def distinct_devices(matched: Sequence[int | None], count: int) -> list[tuple[in
 def assign_devices(wanted: Sequence[str | None], present: Sequence[str], count: int) -> list[tuple[int, str]]:
     """:func:`distinct_devices` for plan GPU addresses ``wanted`` (per local rank) among the
     devices' addresses ``present`` (CUDA order; empty where torch cannot say)."""
+
     def index(bdf: str | None) -> int | None:
         want = parse_bdf(bdf) if bdf else None
         return next((i for i, got in enumerate(present) if want is not None and parse_bdf(got) == want), None)

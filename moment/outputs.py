@@ -78,8 +78,10 @@ def check_free_space(needs: dict[Path, int], error: type[MomentError] = MomentEr
     """Enough free space on every file system the run writes to (:func:`short_of_space`, with
     headroom), before any byte is written; else ``error`` naming the target and the shortfall."""
     for target, probe, want, free in short_of_space(needs):
-        raise error(f"{target}: needs {want / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free "
-                    f"({(want - free) / 1e9:.2f} GB short)")
+        raise error(
+            f"{target}: needs {want / 1e9:.2f} GB but {probe} has {free / 1e9:.2f} GB free "
+            f"({(want - free) / 1e9:.2f} GB short)"
+        )
 
 
 def check_out(out: Path, kind: Kind, replace: bool = True) -> bool:
@@ -98,8 +100,10 @@ def check_out(out: Path, kind: Kind, replace: bool = True) -> bool:
     if not any(out.iterdir()):
         return False
     if not (out / kind.manifest).is_file():
-        raise kind.error(f"{out}: already exists and is not empty, and is not a {kind.name} (no {kind.manifest}): "
-                         f"refusing to write there; choose another output directory")
+        raise kind.error(
+            f"{out}: already exists and is not empty, and is not a {kind.name} (no {kind.manifest}): "
+            f"refusing to write there; choose another output directory"
+        )
     try:
         kind.validate(out)
     except MomentError as exc:
@@ -128,9 +132,15 @@ class Staging:
             marker = json.loads((where / MARKER).read_text())
         except (OSError, ValueError):
             marker = None
-        if not isinstance(marker, dict) or marker.get("kind") != self.kind.name or not isinstance(marker.get("run_id"), str):
-            raise self.kind.error(f"{self.dir}: exists and was not left by {self.kind.command}: remove it or choose "
-                              f"another output directory")
+        if (
+            not isinstance(marker, dict)
+            or marker.get("kind") != self.kind.name
+            or not isinstance(marker.get("run_id"), str)
+        ):
+            raise self.kind.error(
+                f"{self.dir}: exists and was not left by {self.kind.command}: remove it or choose "
+                f"another output directory"
+            )
         return marker
 
     def _lock(self, where: Path) -> None:
@@ -146,12 +156,20 @@ class Staging:
                 who = f" (pid {other.get('pid')} on {other.get('host')}, since {other.get('since')})"
             except (OSError, ValueError):
                 who = ""
-            raise self.kind.error(f"{self.out}: another {self.kind.command} is writing it{who}; wait for it to finish") from None
+            raise self.kind.error(
+                f"{self.out}: another {self.kind.command} is writing it{who}; wait for it to finish"
+            ) from None
         self._fd = fd
 
     def _write_marker(self, where: Path, run_id: str) -> None:
-        body = {"kind": self.kind.name, "command": self.kind.command, "run_id": run_id, "pid": os.getpid(),
-                "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        body = {
+            "kind": self.kind.name,
+            "command": self.kind.command,
+            "run_id": run_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         tmp = where / f".{MARKER}.tmp"
         tmp.write_text(json.dumps(body) + "\n")
         os.replace(tmp, where / MARKER)
@@ -248,7 +266,9 @@ class Staging:
             inside = real.is_relative_to(old_root)
             if not inside and not any(real.parent == d for d in given):
                 if path.exists():
-                    notes.append(f"{path}: left in place (the replaced {self.kind.name}'s file, in a directory this run was not given)")
+                    notes.append(
+                        f"{path}: left in place (the replaced {self.kind.name}'s file, in a directory this run was not given)"
+                    )
                 continue
             if _identity(path) in kept:
                 continue
@@ -261,7 +281,9 @@ class Staging:
     def _set_aside(self, why: str) -> list[str]:
         aside = self.out.with_name(f"{self.out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
         os.rename(self.old, aside)
-        return [f"the replaced {self.kind.name} was kept at {aside}: {why}; remove it yourself when you no longer need it"]
+        return [
+            f"the replaced {self.kind.name} was kept at {aside}: {why}; remove it yourself when you no longer need it"
+        ]
 
 
 def _identity(path: Path) -> tuple[int, int] | str:

@@ -21,8 +21,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) or key is None:
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

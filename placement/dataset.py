@@ -32,9 +32,24 @@ import numpy as np
 from moment import faults, outputs
 from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest
 
-__all__ = ["DATASET", "FEATURE_DTYPES", "FILES", "FORMAT", "Dataset", "DatasetError", "DatasetManifest", "FeatureShape",
-           "NpyHeader", "SPLITS", "check_dataset", "check_free_space", "open_dataset", "read_npy_header", "staging",
-           "write_manifest"]
+__all__ = [
+    "DATASET",
+    "FEATURE_DTYPES",
+    "FILES",
+    "FORMAT",
+    "Dataset",
+    "DatasetError",
+    "DatasetManifest",
+    "FeatureShape",
+    "NpyHeader",
+    "SPLITS",
+    "check_dataset",
+    "check_free_space",
+    "open_dataset",
+    "read_npy_header",
+    "staging",
+    "write_manifest",
+]
 
 SPLITS = ("train", "val", "test")
 CHUNK = 1 << 22  # entries per step of a full scan: tens of MB whatever the dataset's size
@@ -196,8 +211,9 @@ def open_dataset(path: str | Path) -> Dataset:
     e = ds.num_edges
     indptr = ds.indptr()
     if indptr[0] != 0 or indptr[-1] != e:
-        raise DatasetError(f"{ds.path('indptr')}: indptr must start at 0 and end at num_edges={e}, "
-                           f"got {indptr[0]}..{indptr[-1]}")
+        raise DatasetError(
+            f"{ds.path('indptr')}: indptr must start at 0 and end at num_edges={e}, got {indptr[0]}..{indptr[-1]}"
+        )
     if headers["train"].shape[0] == 0:
         raise DatasetError(f"{ds.path('train')}: train split is empty (no vertex to train on)")
     return ds
@@ -221,8 +237,9 @@ def check_dataset(ds: Dataset, chunk: int = CHUNK) -> None:
     labels, k = ds.labels(), ds.num_classes
     at = _first_outside(labels, -1, k, chunk)
     if at is not None:
-        raise DatasetError(f"{ds.path('labels')}: labels[{at}] = {int(labels[at])} is not a class "
-                           f"(num_classes = {k}; -1 = unlabelled)")
+        raise DatasetError(
+            f"{ds.path('labels')}: labels[{at}] = {int(labels[at])} is not a class (num_classes = {k}; -1 = unlabelled)"
+        )
     for key in SPLITS:
         _check_labelled(ds, key, labels, chunk)
 
@@ -233,8 +250,10 @@ def _check_indptr(ds: Dataset, chunk: int) -> None:
         steps = np.diff(np.asarray(indptr[start : start + chunk + 1]))
         if (steps < 0).any():
             v = start + int(np.argmax(steps < 0))
-            raise DatasetError(f"{ds.path('indptr')}: indptr[{v + 1}] = {int(indptr[v + 1])} is below "
-                               f"indptr[{v}] = {int(indptr[v])}: indptr must not decrease (vertex {v})")
+            raise DatasetError(
+                f"{ds.path('indptr')}: indptr[{v + 1}] = {int(indptr[v + 1])} is below "
+                f"indptr[{v}] = {int(indptr[v])}: indptr must not decrease (vertex {v})"
+            )
 
 
 def _first_outside(arr: np.ndarray, lo: int, hi: int, chunk: int) -> int | None:
@@ -259,8 +278,10 @@ def _check_labelled(ds: Dataset, key: str, labels: np.ndarray, chunk: int) -> No
         bad = np.asarray(labels[part]) < 0
         if bad.any():
             at = int(np.argmax(bad))
-            raise DatasetError(f"{ds.path(key)}: {key}[{start + at}] = vertex {int(part[at])} is unlabelled "
-                               f"(-1 in {ds.path('labels').name})")
+            raise DatasetError(
+                f"{ds.path(key)}: {key}[{start + at}] = vertex {int(part[at])} is unlabelled "
+                f"(-1 in {ds.path('labels').name})"
+            )
 
 
 def write_manifest(root: Path, meta: dict[str, Any]) -> DatasetManifest:
@@ -272,19 +293,32 @@ def write_manifest(root: Path, meta: dict[str, Any]) -> DatasetManifest:
     return manifest
 
 
-def write_import_manifest(root: Path, out: Path, *, nodes: int, edges: int, dim: int, dtype: np.dtype,
-                          classes: int, undirected: bool, source: dict[str, Any]) -> DatasetManifest:
+def write_import_manifest(
+    root: Path,
+    out: Path,
+    *,
+    nodes: int,
+    edges: int,
+    dim: int,
+    dtype: np.dtype,
+    classes: int,
+    undirected: bool,
+    source: dict[str, Any],
+) -> DatasetManifest:
     """dataset.json of an imported dataset (every importer: the same fields, its own provenance)."""
-    return write_manifest(root, {
-        "name": out.absolute().name,
-        "num_nodes": nodes,
-        "num_edges": edges,
-        "feature_dim": dim,
-        "feature_dtype": dtype.name,
-        "num_classes": classes,
-        "directed": not undirected,
-        "source": source,
-    })
+    return write_manifest(
+        root,
+        {
+            "name": out.absolute().name,
+            "num_nodes": nodes,
+            "num_edges": edges,
+            "feature_dim": dim,
+            "feature_dtype": dtype.name,
+            "num_classes": classes,
+            "directed": not undirected,
+            "source": source,
+        },
+    )
 
 
 # Writing a dataset directory (synth and import): moment.outputs' protocol for this kind ########

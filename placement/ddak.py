@@ -70,8 +70,14 @@ class Placement:
     def report(self) -> list[dict[str, Any]]:
         """Per bin: name, tier, capacity, used rows, target share and achieved share."""
         return [
-            {"name": b.name, "tier": b.tier, "capacity": int(b.capacity), "used": int(u), "target": float(b.target),
-             "achieved": float(s)}
+            {
+                "name": b.name,
+                "tier": b.tier,
+                "capacity": int(b.capacity),
+                "used": int(u),
+                "target": float(b.target),
+                "achieved": float(s),
+            }
             for b, u, s in zip(self.bins, self.used, self.shares())
         ]
 
@@ -88,9 +94,22 @@ def _callable_from_compiled(fn: Callable) -> Callable:
 
 # ---- kernels: plain Python on plain arrays, compiled below -------------------------------------
 
-def ddak_pools(order: np.ndarray, hotness: np.ndarray, total: int, tier_bins: np.ndarray,
-                tier_ptr: np.ndarray, tier_end: np.ndarray, capacity: np.ndarray, target: np.ndarray,
-                pool: int, bin_of: np.ndarray, used: np.ndarray, access: np.ndarray, paper: bool) -> None:
+
+def ddak_pools(
+    order: np.ndarray,
+    hotness: np.ndarray,
+    total: int,
+    tier_bins: np.ndarray,
+    tier_ptr: np.ndarray,
+    tier_end: np.ndarray,
+    capacity: np.ndarray,
+    target: np.ndarray,
+    pool: int,
+    bin_of: np.ndarray,
+    used: np.ndarray,
+    access: np.ndarray,
+    paper: bool,
+) -> None:
     """Place ``order`` (hottest first) pool by pool: tier t takes positions up to ``tier_end[t]``
     among bins ``tier_bins[tier_ptr[t]:tier_ptr[t+1]]``. Each pool (or the part of it that fits)
     goes to the bin with room of lowest projected access per target, ties to the emptier bin,
@@ -110,8 +129,9 @@ def ddak_pools(order: np.ndarray, hotness: np.ndarray, total: int, tier_bins: np
         while pos < end:
             stop = min(pos + pool, end)
             while pos < stop:
-                best = _lowest_projection(tier_bins[lo:hi], capacity, target, used, access,
-                                          left / (end - pos), (end - pos) / room, paper)
+                best = _lowest_projection(
+                    tier_bins[lo:hi], capacity, target, used, access, left / (end - pos), (end - pos) / room, paper
+                )
                 take = min(stop - pos, capacity[best] - used[best])
                 acc = 0
                 for i in range(pos, pos + take):
@@ -126,8 +146,16 @@ def ddak_pools(order: np.ndarray, hotness: np.ndarray, total: int, tier_bins: np
 
 
 @_callable_from_compiled
-def _lowest_projection(members: np.ndarray, capacity: np.ndarray, target: np.ndarray, used: np.ndarray,
-                       access: np.ndarray, rate: float, fill: float, paper: bool) -> int:
+def _lowest_projection(
+    members: np.ndarray,
+    capacity: np.ndarray,
+    target: np.ndarray,
+    used: np.ndarray,
+    access: np.ndarray,
+    rate: float,
+    fill: float,
+    paper: bool,
+) -> int:
     """The bin with room whose access would fall furthest below its target if the rest of the
     tier (``rate`` accesses per row on average, filling a ``fill`` share of the free room) were
     spread evenly: projected = (access + rate × fill × room) / target; +inf for target 0, so
@@ -151,9 +179,19 @@ def _lowest_projection(members: np.ndarray, capacity: np.ndarray, target: np.nda
     return best
 
 
-def hash_fill(order: np.ndarray, hotness: np.ndarray, tier_bins: np.ndarray, tier_ptr: np.ndarray,
-              tier_end: np.ndarray, slot_member: np.ndarray, capacity: np.ndarray, salt: np.uint64,
-              bin_of: np.ndarray, used: np.ndarray, access: np.ndarray) -> None:
+def hash_fill(
+    order: np.ndarray,
+    hotness: np.ndarray,
+    tier_bins: np.ndarray,
+    tier_ptr: np.ndarray,
+    tier_end: np.ndarray,
+    slot_member: np.ndarray,
+    capacity: np.ndarray,
+    salt: np.uint64,
+    bin_of: np.ndarray,
+    used: np.ndarray,
+    access: np.ndarray,
+) -> None:
     """Vertex ``order[i]`` of tier t goes to member ``slot_member[t, hash slot of its id]``, or,
     when that bin is full, to the next member with room (cyclically): deterministic, and no bin
     overflows. (A table lookup, not a search over bounds: no unpredictable branches.)"""
@@ -204,6 +242,7 @@ counting_order_fast = _compiled(counting_order)
 
 # ---- public API ---------------------------------------------------------------------------------
 
+
 def hotness_order(hotness: np.ndarray) -> np.ndarray:
     """Vertex ids (int64) hottest first, ties by ascending id.
 
@@ -222,8 +261,13 @@ def hotness_order(hotness: np.ndarray) -> np.ndarray:
 PRIORITIES = ("projected", "paper")
 
 
-def ddak(hotness: np.ndarray, bins: Sequence[BinSpec], pool: int = 100, order: np.ndarray | None = None,
-         priority: str = "projected") -> Placement:
+def ddak(
+    hotness: np.ndarray,
+    bins: Sequence[BinSpec],
+    pool: int = 100,
+    order: np.ndarray | None = None,
+    priority: str = "projected",
+) -> Placement:
     """Data-distribution-aware placement: each bin serves close to its target share of accesses.
 
     ``order`` may pass a precomputed :func:`hotness_order` (vertex ids hottest first).
@@ -235,14 +279,27 @@ def ddak(hotness: np.ndarray, bins: Sequence[BinSpec], pool: int = 100, order: n
         raise MomentError(f"DDAK pool must be at least 1 vertex, got {pool}")
     h, bins, order, place = _prepare(hotness, bins, order)
     tier_bins, tier_ptr, tier_end = _tier_layout(bins, h.size)
-    ddak_pools_fast(order, h, int(h.sum()), tier_bins, tier_ptr, tier_end, _capacities(bins),
-                     np.array([b.target for b in bins], dtype=np.float64), int(pool),
-                     place.bin_of, place.used, place.access, priority == "paper")
+    ddak_pools_fast(
+        order,
+        h,
+        int(h.sum()),
+        tier_bins,
+        tier_ptr,
+        tier_end,
+        _capacities(bins),
+        np.array([b.target for b in bins], dtype=np.float64),
+        int(pool),
+        place.bin_of,
+        place.used,
+        place.access,
+        priority == "paper",
+    )
     return _checked(place)
 
 
-def hash_placement(hotness: np.ndarray, bins: Sequence[BinSpec], seed: int = 0,
-                   order: np.ndarray | None = None) -> Placement:
+def hash_placement(
+    hotness: np.ndarray, bins: Sequence[BinSpec], seed: int = 0, order: np.ndarray | None = None
+) -> Placement:
     """Baseline: DDAK's tier split, but a capacity-weighted hash of the id picks the bin in a tier."""
     h, bins, order, place = _prepare(hotness, bins, order)
     tier_bins, tier_ptr, tier_end = _tier_layout(bins, h.size)
@@ -250,12 +307,14 @@ def hash_placement(hotness: np.ndarray, bins: Sequence[BinSpec], seed: int = 0,
     slot_member = _slot_members(tier_bins, tier_ptr, capacity)
     salt = np.uint64((int(seed) + 1) * int(_GOLDEN) % (1 << 64))
     with np.errstate(over="ignore"):  # the hash wraps around on purpose (numba: silently)
-        hash_fill_fast(order, h, tier_bins, tier_ptr, tier_end, slot_member, capacity, salt,
-                        place.bin_of, place.used, place.access)
+        hash_fill_fast(
+            order, h, tier_bins, tier_ptr, tier_end, slot_member, capacity, salt, place.bin_of, place.used, place.access
+        )
     return _checked(place)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
 
 def argsort_order(h: np.ndarray, hmax: int) -> np.ndarray:
     """Stable argsort of the key ``hmax - h`` in the narrowest unsigned type that holds it."""
@@ -306,15 +365,17 @@ def _check_order(order: np.ndarray, n: int) -> np.ndarray:
     return o.astype(np.int64, copy=False)
 
 
-def _prepare(hotness: np.ndarray, bins: Sequence[BinSpec],
-             order: np.ndarray | None) -> tuple[np.ndarray, list[BinSpec], np.ndarray, Placement]:
+def _prepare(
+    hotness: np.ndarray, bins: Sequence[BinSpec], order: np.ndarray | None
+) -> tuple[np.ndarray, list[BinSpec], np.ndarray, Placement]:
     """Validated inputs and an empty placement (every vertex unplaced: -1)."""
     h = _check_hotness(hotness)
     bins = _check_bins(bins, h.size)
     order = hotness_order(h) if order is None else _check_order(order, h.size)
     dtype = np.int16 if len(bins) <= np.iinfo(np.int16).max else np.int32
-    place = Placement(np.full(h.size, -1, dtype=dtype), bins,
-                      np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64))
+    place = Placement(
+        np.full(h.size, -1, dtype=dtype), bins, np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
+    )
     return h, bins, order, place
 
 

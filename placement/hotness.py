@@ -27,7 +27,6 @@ from placement.sampler import NeighborSampler, num_batches
 CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-
 @dataclass
 class Hotness:
     counts: np.ndarray  # int64, N: feature-row reads per vertex over all pre-sampled batches
@@ -49,9 +48,15 @@ class Hotness:
         """Write the counts to ``path`` (.npy) and the rest to its .json sidecar, each atomically."""
         path = Path(path)
         _atomic_save_npy(path, np.ascontiguousarray(self.counts, dtype=np.int64))
-        HotnessMeta(num_nodes=int(self.counts.shape[0]), total=self.total, batches=self.batches,
-                    mean_unique_per_batch=float(self.mean_unique_per_batch), epochs=self.epochs,
-                    fanouts=[int(f) for f in self.fanouts], batch_size=self.batch_size).write(sidecar(path))
+        HotnessMeta(
+            num_nodes=int(self.counts.shape[0]),
+            total=self.total,
+            batches=self.batches,
+            mean_unique_per_batch=float(self.mean_unique_per_batch),
+            epochs=self.epochs,
+            fanouts=[int(f) for f in self.fanouts],
+            batch_size=self.batch_size,
+        ).write(sidecar(path))
 
     @classmethod
     def load(cls, path: str | Path, num_nodes: int | None = None) -> Hotness:
@@ -66,9 +71,17 @@ class Hotness:
         if counts.size and int(counts.min()) < 0:
             raise HotnessError(f"{path}: negative counts (not a hotness file?)")
         if int(counts.sum()) != meta.total:
-            raise HotnessError(f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta.total} (corrupt or mismatched pair)")
-        return cls(counts=counts, batches=meta.batches, mean_unique_per_batch=float(meta.mean_unique_per_batch),
-                   epochs=meta.epochs, fanouts=tuple(meta.fanouts), batch_size=meta.batch_size)
+            raise HotnessError(
+                f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta.total} (corrupt or mismatched pair)"
+            )
+        return cls(
+            counts=counts,
+            batches=meta.batches,
+            mean_unique_per_batch=float(meta.mean_unique_per_batch),
+            epochs=meta.epochs,
+            fanouts=tuple(meta.fanouts),
+            batch_size=meta.batch_size,
+        )
 
 
 def presample(
@@ -159,5 +172,7 @@ def _read_counts(path: Path) -> np.ndarray:
     except (OSError, ValueError, EOFError) as exc:
         raise HotnessError(f"{path}: not a readable .npy file ({str(exc).splitlines()[0]})") from None
     if not isinstance(counts, np.ndarray) or counts.dtype != np.int64 or counts.ndim != 1:
-        raise HotnessError(f"{path}: counts must be a 1-D int64 array, got {getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '')}")
+        raise HotnessError(
+            f"{path}: counts must be a 1-D int64 array, got {getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '')}"
+        )
     return counts

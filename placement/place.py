@@ -41,8 +41,26 @@ from placement.predict import measured_workload, plan_prediction, predict, write
 from placement.writer import STATE, BinFile, file_digest, write_bins
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|%|rows)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "k": 1e3,
+    "m": 1e6,
+    "g": 1e9,
+    "t": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
 
 
 def parse_rows(text: str, what: str, num_nodes: int, row_bytes: int) -> int:
@@ -95,8 +113,15 @@ def _bins(plan: PlanDoc, ds: Dataset, caches: tuple[int, int], shares: dict[str,
     its share of reads from ``shares`` (the prediction's)."""
     cap = {"gpu": caches[0], "cpu": caches[1]}
     rb, n = ds.row_bytes, ds.num_nodes
-    return [BinSpec(t.bin, t.tier, cap[t.tier] if t.tier in cap else min(int((t.capacity_gb or 1e6) * 1e9 // rb), n),
-                    shares[t.bin]) for t in plan.bin_targets]
+    return [
+        BinSpec(
+            t.bin,
+            t.tier,
+            cap[t.tier] if t.tier in cap else min(int((t.capacity_gb or 1e6) * 1e9 // rb), n),
+            shares[t.bin],
+        )
+        for t in plan.bin_targets
+    ]
 
 
 def _key(*parts: Any) -> str:
@@ -138,9 +163,17 @@ MIN_BATCHES = 10  # fewer pre-sampled batches than this: the hotness ranking is 
 # Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
 # in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
 PLACED_FILES = {
-    "indptr": "indptr.npy", "indices": "indices.npy", "labels": "labels.npy", "train": "train_idx.npy",
-    "val": "val_idx.npy", "test": "test_idx.npy", "old_to_new": "old_to_new.npy", "new_to_old": "new_to_old.npy",
-    "hotness": "hotness_new.npy", "hotness_counts": "hotness.npy", "hotness_meta": "hotness.json",
+    "indptr": "indptr.npy",
+    "indices": "indices.npy",
+    "labels": "labels.npy",
+    "train": "train_idx.npy",
+    "val": "val_idx.npy",
+    "test": "test_idx.npy",
+    "old_to_new": "old_to_new.npy",
+    "new_to_old": "new_to_old.npy",
+    "hotness": "hotness_new.npy",
+    "hotness_counts": "hotness.npy",
+    "hotness_meta": "hotness.json",
     "workload": "workload.yaml",
 }
 
@@ -155,7 +188,9 @@ def _ssd_dirs(opts: PlaceOptions, out: Path) -> dict[str, Path]:
             raise UsageError(f"--ssd-dir {name}={d}: not a directory")
         for inner in (out.absolute(), out.absolute().with_name(out.name + ".partial")):
             if path == inner or path.is_relative_to(inner):
-                raise UsageError(f"--ssd-dir {name}={d}: inside the output directory {out}; give a directory outside it")
+                raise UsageError(
+                    f"--ssd-dir {name}={d}: inside the output directory {out}; give a directory outside it"
+                )
         dirs[name] = path
     return dirs
 
@@ -217,8 +252,14 @@ def _discard_build(stage: Staging) -> None:
     shutil.rmtree(stage.data)
 
 
-def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts: PlaceOptions,
-          progress: Progress | None = None, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def place(
+    plan_path: str | Path,
+    dataset_path: str | Path,
+    out: str | Path,
+    opts: PlaceOptions,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """Place a dataset per a plan; returns the manifest written (``placed.json``)."""
     t_start = time.perf_counter()
     out = Path(out)
@@ -244,9 +285,24 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     caches = _cache_rows(plan, ds, opts)
     fanouts, batch = tuple(plan.workload.fanouts), plan.workload.batch_size
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
-    key = _key(plan.profile.model_dump(), plan.workload.model_dump(mode="json"), [t.model_dump() for t in plan.bin_targets],
-               ds.meta, caches, machine is not None, opts.policy, opts.pool, opts.priority, opts.seed, opts.epochs, fanouts,
-               batch, hot_given, {k: str(v) for k, v in dirs.items()}, str(Path(dataset_path).resolve()))
+    key = _key(
+        plan.profile.model_dump(),
+        plan.workload.model_dump(mode="json"),
+        [t.model_dump() for t in plan.bin_targets],
+        ds.meta,
+        caches,
+        machine is not None,
+        opts.policy,
+        opts.pool,
+        opts.priority,
+        opts.seed,
+        opts.epochs,
+        fanouts,
+        batch,
+        hot_given,
+        {k: str(v) for k, v in dirs.items()},
+        str(Path(dataset_path).resolve()),
+    )
 
     stage = Staging(out, PLACED)
     if stage.resume():
@@ -278,15 +334,25 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     elif opts.hotness is not None:
         hot = Hotness.load(opts.hotness, num_nodes=ds.num_nodes)
     else:
-        hot = presample(ds, fanouts=fanouts, batch_size=batch, epochs=opts.epochs, seed=opts.seed,
-                        progress=stage_update(progress, "pre-sampling hotness"))
+        hot = presample(
+            ds,
+            fanouts=fanouts,
+            batch_size=batch,
+            epochs=opts.epochs,
+            seed=opts.seed,
+            progress=stage_update(progress, "pre-sampling hotness"),
+        )
     if hot.counts.shape != (ds.num_nodes,):
         raise UsageError(f"hotness has {hot.counts.shape[0]} vertices, the dataset {ds.num_nodes}")
-    log(f"hotness: {hot.batches} batches, {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
-        f"top 1% of vertices catch {dict(hot.curve((0.01,)))[0.01]:.1%} of reads")
+    log(
+        f"hotness: {hot.batches} batches, {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
+        f"top 1% of vertices catch {dict(hot.curve((0.01,)))[0.01]:.1%} of reads"
+    )
     if hot.batches < MIN_BATCHES:
-        log(f"warning: the hotness comes from only {hot.batches} pre-sampled batch(es) (fewer than {MIN_BATCHES}), "
-            f"so its ranking of vertices is noisy: raise --epochs")
+        log(
+            f"warning: the hotness comes from only {hot.batches} pre-sampled batch(es) (fewer than {MIN_BATCHES}), "
+            f"so its ranking of vertices is noisy: raise --epochs"
+        )
 
     # 2. The plan's model re-solved for this dataset and these caches: DDAK's targets.
     workload = measured_workload(plan.workload, ds, hot, *caches)
@@ -294,8 +360,10 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         prediction = predict(plan, machine, workload)
     else:
         prediction = plan_prediction(plan)
-        log(f"warning: {no_machine}, so the targets and the prediction recorded are the plan's, made for its own "
-            f"workload ({plan.workload.nodes:,} vertices), not re-solved for this dataset")
+        log(
+            f"warning: {no_machine}, so the targets and the prediction recorded are the plan's, made for its own "
+            f"workload ({plan.workload.nodes:,} vertices), not re-solved for this dataset"
+        )
     specs = _bins(plan, ds, caches, prediction.bin_shares)
 
     # 3. Placement (deterministic: a resumed run computes the one it saved).
@@ -311,7 +379,9 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     for b, spec in enumerate(specs):
         d = dirs.get(spec.name, out)
         needs[d] = needs.get(d, 0) + int(placed.used[b]) * rb
-    needs[out] = needs.get(out, 0) + (ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8) + 4 * ds.num_nodes * 8
+    needs[out] = (
+        needs.get(out, 0) + (ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8) + 4 * ds.num_nodes * 8
+    )
     check_free_space(needs)
 
     stage.create()  # OUT.partial, locked (when resuming it is ours already)
@@ -321,26 +391,39 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         hot.save(hot_file)
     bin_file = data / "bin_of.npy"
     if bin_file.exists() and not np.array_equal(np.load(bin_file), placed.bin_of):
-        raise MomentError(f"{bin_file}: the resumed placement differs from the saved one (a bug): remove {stage.dir} to start over")
+        raise MomentError(
+            f"{bin_file}: the resumed placement differs from the saved one (a bug): remove {stage.dir} to start over"
+        )
     np.save(bin_file, placed.bin_of)
     faults.point("place:planned")
 
     # 5. Bins, one sequential pass over the source features (.partial names until the commit).
     def bin_path(spec: BinSpec) -> Path:
-        where = dirs.get(spec.name) or (data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}"))
+        where = dirs.get(spec.name) or (
+            data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}")
+        )
         return where / bin_file_name(spec.name, stage.run_id)
 
-    files = [BinFile(s.name, bin_path(s).with_name(bin_path(s).name + ".partial"), int(placed.used[b]))
-             for b, s in enumerate(specs)]
+    files = [
+        BinFile(s.name, bin_path(s).with_name(bin_path(s).name + ".partial"), int(placed.used[b]))
+        for b, s in enumerate(specs)
+    ]
     t0 = time.perf_counter()
-    written = write_bins(ds.features(), placed.bin_of, files, data, key,
-                         progress=stage_update(progress, "writing bins"))
+    written = write_bins(
+        ds.features(), placed.bin_of, files, data, key, progress=stage_update(progress, "writing bins")
+    )
     write_s = time.perf_counter() - t0
     faults.point("place:bins-written")
 
     # 6. Topology, labels, splits, id maps in the new ids.
-    rl.rewrite_csr(ds.indptr(), ds.indices(), r, data / "indptr.npy", data / "indices.npy",
-                   progress=stage_update(progress, "rewriting topology"))
+    rl.rewrite_csr(
+        ds.indptr(),
+        ds.indices(),
+        r,
+        data / "indptr.npy",
+        data / "indices.npy",
+        progress=stage_update(progress, "rewriting topology"),
+    )
     _save_npy(data / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
     for split in ("train", "val", "test"):
         _save_npy(data / f"{split}_idx.npy", np.sort(r.old_to_new[np.asarray(ds.split(split))]))
@@ -356,13 +439,24 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
     for idx in r.order:
         spec, w = specs[idx], written[idx]
         final = bin_path(spec)
-        bins_meta.append({
-            "name": spec.name, "tier": spec.tier, "start": int(r.starts[r.order.index(idx)]), "count": int(placed.used[idx]),
-            "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final), "bytes": w.bytes,
-            "digest": w.digest, "target": spec.target, "achieved": float(shares[idx]), "capacity": spec.capacity,
-        })
-    files_meta = {k: {"path": name, "bytes": (data / name).stat().st_size, "digest": file_digest(data / name)}
-                  for k, name in PLACED_FILES.items()}
+        bins_meta.append(
+            {
+                "name": spec.name,
+                "tier": spec.tier,
+                "start": int(r.starts[r.order.index(idx)]),
+                "count": int(placed.used[idx]),
+                "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final),
+                "bytes": w.bytes,
+                "digest": w.digest,
+                "target": spec.target,
+                "achieved": float(shares[idx]),
+                "capacity": spec.capacity,
+            }
+        )
+    files_meta = {
+        k: {"path": name, "bytes": (data / name).stat().st_size, "digest": file_digest(data / name)}
+        for k, name in PLACED_FILES.items()
+    }
     manifest = PlacedManifest(
         run_id=stage.run_id,
         key=key,
@@ -376,15 +470,23 @@ def place(plan_path: str | Path, dataset_path: str | Path, out: str | Path, opts
         feature_dim=ds.feature_dim,
         feature_dtype=ds.meta["feature_dtype"],
         num_classes=ds.num_classes,
-        hotness={"batches": hot.batches, "epochs": hot.epochs, "fanouts": list(hot.fanouts), "batch_size": hot.batch_size,
-                 "mean_unique_per_batch": hot.mean_unique_per_batch, "curve": hot.curve()},
+        hotness={
+            "batches": hot.batches,
+            "epochs": hot.epochs,
+            "fanouts": list(hot.fanouts),
+            "batch_size": hot.batch_size,
+            "mean_unique_per_batch": hot.mean_unique_per_batch,
+            "curve": hot.curve(),
+        },
         prediction=prediction,
         bins=bins_meta,
         files=files_meta,
-        timings_s={"placement": round(place_s, 3), "write_bins": round(write_s, 3),
-                   "total": round(time.perf_counter() - t_start, 3)},
+        timings_s={
+            "placement": round(place_s, 3),
+            "write_bins": round(write_s, 3),
+            "total": round(time.perf_counter() - t_start, 3),
+        },
     )
     manifest.write(data / MANIFEST)
     faults.point("place:manifest-staged")
     return _commit(stage, dirs, log).model_dump(mode="json")
-

@@ -84,8 +84,10 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         hint = f" (an interrupted `moment place` left {partial}: re-run it to resume)" if partial.exists() else ""
         raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
     m = PlacedManifest.read(manifest)
-    bins = [PlacedBin(b.name, b.tier, b.start, b.count, _abs(root, b.path), b.bytes, b.digest, b.target, b.achieved)
-            for b in m.bins]
+    bins = [
+        PlacedBin(b.name, b.tier, b.start, b.count, _abs(root, b.path), b.bytes, b.digest, b.target, b.achieved)
+        for b in m.bins
+    ]
     placed = Placed(root, m.model_dump(mode="json"), bins, m)
     checks = [(b.path, b.bytes, b.digest) for b in bins]
     checks += [(root / f.path, f.bytes, f.digest) for f in m.files.values()]
@@ -108,9 +110,15 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
         raise UsageError(f"--sample {sample}: must be 0 or more")
     placed = open_placed(path, checksums=True)
     src = open_dataset(source or placed.manifest.source.path)
-    if src.num_nodes != placed.num_nodes or src.feature_dim != placed.feature_dim or src.feature_dtype != placed.feature_dtype:
-        raise PlacedError(f"{src.root}: the source has {src.num_nodes}×{src.feature_dim} {src.feature_dtype} features, "
-                          f"the placement {placed.num_nodes}×{placed.feature_dim} {placed.feature_dtype}")
+    if (
+        src.num_nodes != placed.num_nodes
+        or src.feature_dim != placed.feature_dim
+        or src.feature_dtype != placed.feature_dtype
+    ):
+        raise PlacedError(
+            f"{src.root}: the source has {src.num_nodes}×{src.feature_dim} {src.feature_dtype} features, "
+            f"the placement {placed.num_nodes}×{placed.feature_dim} {placed.feature_dtype}"
+        )
     rng = np.random.default_rng(seed)
     old = np.unique(rng.integers(0, placed.num_nodes, size=min(sample, placed.num_nodes)))
     new = np.asarray(placed.array("old_to_new")[old])
@@ -118,7 +126,9 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
     want = np.ascontiguousarray(src.features()[old]).view(np.uint8)
     bad = np.flatnonzero((got != want).any(axis=1))
     if bad.size:
-        raise PlacedError(f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)")
+        raise PlacedError(
+            f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)"
+        )
     back = np.asarray(placed.array("new_to_old")[new])
     if not np.array_equal(back, old):
         raise PlacedError(f"{placed.file('new_to_old')}: not the inverse of old_to_new")

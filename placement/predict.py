@@ -41,26 +41,32 @@ def measured_workload(base: Workload, ds: Dataset, hot: Hotness, gpu_rows: int, 
     n, rb = ds.num_nodes, ds.row_bytes
     bounds = {gpu_rows / n, (gpu_rows + cpu_rows) / n}
     points = sorted(x for x in {*CURVE_POINTS, *bounds} if 0 < x < 1)
-    w = Workload.model_validate({
-        **base.model_dump(),
-        "dataset": ds.meta.get("name") or "dataset",
-        "nodes": n,
-        "edges": ds.num_edges,
-        "feature_dim": ds.feature_dim,
-        "feature_dtype": ds.meta["feature_dtype"],
-        "fanouts": list(hot.fanouts),
-        "batch_size": hot.batch_size,
-        "unique_per_batch": hot.mean_unique_per_batch or None,
-        "hotness": {"curve": access_curve(hot.counts, points),
-                    "source": f"measured: {hot.epochs} pre-sampled epoch(s), {hot.batches} batches"},
-        "gpu_cache_gb": gpu_rows * rb / 1e9,
-        "cpu_cache_fraction": cpu_rows / n,
-    })
+    w = Workload.model_validate(
+        {
+            **base.model_dump(),
+            "dataset": ds.meta.get("name") or "dataset",
+            "nodes": n,
+            "edges": ds.num_edges,
+            "feature_dim": ds.feature_dim,
+            "feature_dtype": ds.meta["feature_dtype"],
+            "fanouts": list(hot.fanouts),
+            "batch_size": hot.batch_size,
+            "unique_per_batch": hot.mean_unique_per_batch or None,
+            "hotness": {
+                "curve": access_curve(hot.counts, points),
+                "source": f"measured: {hot.epochs} pre-sampled epoch(s), {hot.batches} batches",
+            },
+            "gpu_cache_gb": gpu_rows * rb / 1e9,
+            "cpu_cache_fraction": cpu_rows / n,
+        }
+    )
     if w.row_bytes != rb:
         raise MomentError(f"the planner counts {w.row_bytes} bytes per row, the dataset {rb} (a bug)")
     gb = _exact(w.gpu_cache_gb, gpu_rows, lambda v: w.model_copy(update={"gpu_cache_gb": v}).gpu_cache_rows())
     w = w.model_copy(update={"gpu_cache_gb": gb})
-    frac = _exact(w.cpu_cache_fraction, cpu_rows, lambda v: w.model_copy(update={"cpu_cache_fraction": v}).cpu_cache_rows())
+    frac = _exact(
+        w.cpu_cache_fraction, cpu_rows, lambda v: w.model_copy(update={"cpu_cache_fraction": v}).cpu_cache_rows()
+    )
     return Workload.model_validate({**w.model_dump(), "cpu_cache_fraction": frac})
 
 
@@ -72,7 +78,9 @@ def _exact(value: float, rows: int, rows_of: Callable[[float], int]) -> float:
             break
         value = math.nextafter(value, math.inf)
     if rows_of(value) != rows:
-        raise MomentError(f"cannot express a cache of {rows} rows in the workload's terms (got {rows_of(value)}; a bug)")
+        raise MomentError(
+            f"cannot express a cache of {rows} rows in the workload's terms (got {rows_of(value)}; a bug)"
+        )
     return value
 
 
@@ -83,32 +91,58 @@ def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
     space = slot_space(machine)
     n_gpus = sum(s.kind == "gpu" for s in plan.layout.slots)
     n_ssds = sum(s.kind == "nvme" for s in plan.layout.slots)
-    devices = (pick_devices(space, "gpu", max(n_gpus, len(space.gpus)))  # what-if devices the plan may have added
-               + pick_devices(space, "nvme", max(n_ssds, len(space.ssds))))
+    devices = (
+        pick_devices(space, "gpu", max(n_gpus, len(space.gpus)))  # what-if devices the plan may have added
+        + pick_devices(space, "nvme", max(n_ssds, len(space.ssds)))
+    )
     scored = score(machine, plan.layout.name, layout, workload, devices)
     shares = {t["bin"]: t["share"] for t in bin_targets(scored, workload)}
     if list(shares) != [t.bin for t in plan.bin_targets]:
-        raise MomentError(f"re-solving the plan gives bins {', '.join(shares)}, the plan has "
-                          f"{', '.join(t.bin for t in plan.bin_targets)} (a bug)")
-    return Prediction(source="dataset", profile=machine.name, layout=plan.layout.name, iteration_s=scored.prop.iteration_s,
-                      tier_shares=TierShares(**scored.net.shares), bin_shares=shares, workload=_brief(workload))
+        raise MomentError(
+            f"re-solving the plan gives bins {', '.join(shares)}, the plan has "
+            f"{', '.join(t.bin for t in plan.bin_targets)} (a bug)"
+        )
+    return Prediction(
+        source="dataset",
+        profile=machine.name,
+        layout=plan.layout.name,
+        iteration_s=scored.prop.iteration_s,
+        tier_shares=TierShares(**scored.net.shares),
+        bin_shares=shares,
+        workload=_brief(workload),
+    )
 
 
 def plan_prediction(plan: PlanDoc) -> Prediction:
     """The plan's own prediction (for its workload, not the dataset's): the fallback where the
     plan's profile cannot be found to re-solve it."""
-    return Prediction(source="plan", profile=plan.profile.name, layout=plan.layout.name,
-                      iteration_s=plan.predicted.predicted_iteration_s, tier_shares=plan.tier_shares,
-                      bin_shares={t.bin: t.share for t in plan.bin_targets}, workload=_brief(plan.workload))
+    return Prediction(
+        source="plan",
+        profile=plan.profile.name,
+        layout=plan.layout.name,
+        iteration_s=plan.predicted.predicted_iteration_s,
+        tier_shares=plan.tier_shares,
+        bin_shares={t.bin: t.share for t in plan.bin_targets},
+        workload=_brief(plan.workload),
+    )
 
 
 def _brief(w: Workload) -> PredictedWorkload:
-    return PredictedWorkload(fanouts=list(w.fanouts), batch_size=w.batch_size, unique_per_batch=w.vertices_per_batch(),
-                             gpu_cache_rows=w.gpu_cache_rows(), cpu_cache_rows=w.cpu_cache_rows(), hotness=w.hotness.source)
+    return PredictedWorkload(
+        fanouts=list(w.fanouts),
+        batch_size=w.batch_size,
+        unique_per_batch=w.vertices_per_batch(),
+        gpu_cache_rows=w.gpu_cache_rows(),
+        cpu_cache_rows=w.cpu_cache_rows(),
+        hotness=w.hotness.source,
+    )
 
 
 def write_workload(path: Path, workload: Workload) -> None:
     """The measured workload, every field, as ``moment plan``/``score --workload`` read it."""
-    atomic_write_text(path, "# Measured by `moment place`. Re-plan with it: moment plan --profile P --workload THIS; "
-                            "`moment score --profile P --layout plan.json --workload THIS` gives placed.json's prediction.\n"
-                      + yaml.safe_dump(workload.model_dump(mode="json"), sort_keys=False))
+    atomic_write_text(
+        path,
+        "# Measured by `moment place`. Re-plan with it: moment plan --profile P --workload THIS; "
+        "`moment score --profile P --layout plan.json --workload THIS` gives placed.json's prediction.\n"
+        + yaml.safe_dump(workload.model_dump(mode="json"), sort_keys=False),
+    )

@@ -47,8 +47,15 @@ def relabel(bin_of: np.ndarray, tiers: list[str]) -> Relabel:
     return Relabel(old_to_new, new_to_old, starts, order)
 
 
-def rewrite_csr(indptr: np.ndarray, indices: np.ndarray, r: Relabel, out_indptr: Path, out_indices: Path,
-                chunk_edges: int = 1 << 24, progress: Update | None = None) -> None:
+def rewrite_csr(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    r: Relabel,
+    out_indptr: Path,
+    out_indices: Path,
+    chunk_edges: int = 1 << 24,
+    progress: Update | None = None,
+) -> None:
     """CSR in new ids: row r_new = old row new_to_old[r_new], neighbour ids mapped through
     old_to_new. Written in chunks of about ``chunk_edges`` edges into .npy memmaps."""
     n = r.new_to_old.size

@@ -24,12 +24,22 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("bin", "tier") else "right")
     for b in manifest["bins"]:
         t, g = tier_target[b["tier"]], tier_got[b["tier"]]
-        table.add_row(b["name"], b["tier"], f"{b['count']:,}", f"{b['count'] / max(b['capacity'], 1):.0%}",
-                      f"{b['target']:.2%}", f"{b['achieved']:.2%}",
-                      f"{b['target'] / t:.1%}" if t else "-", f"{b['achieved'] / g:.1%}" if g else "-")
+        table.add_row(
+            b["name"],
+            b["tier"],
+            f"{b['count']:,}",
+            f"{b['count'] / max(b['capacity'], 1):.0%}",
+            f"{b['target']:.2%}",
+            f"{b['achieved']:.2%}",
+            f"{b['target'] / t:.1%}" if t else "-",
+            f"{b['achieved'] / g:.1%}" if g else "-",
+        )
     console.print(table)
-    whose = ("predicted for this dataset" if pred["source"] == "dataset"
-             else "the plan's prediction, for its own workload")
-    console.print(f"reads served per tier, achieved vs predicted ({whose}; {pred['iteration_s']:.4g} s per iteration "
-                  f"on {pred['profile']}, layout {pred['layout']}): "
-                  + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got))
+    whose = (
+        "predicted for this dataset" if pred["source"] == "dataset" else "the plan's prediction, for its own workload"
+    )
+    console.print(
+        f"reads served per tier, achieved vs predicted ({whose}; {pred['iteration_s']:.4g} s per iteration "
+        f"on {pred['profile']}, layout {pred['layout']}): "
+        + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got)
+    )

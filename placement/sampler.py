@@ -130,7 +130,9 @@ class NeighborSampler:
         blocks.reverse()
         return SampledBatch(seeds, nodes, blocks).to(self.device)
 
-    def _sample_hop(self, targets: torch.Tensor, fanout: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_hop(
+        self, targets: torch.Tensor, fanout: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(local target index, global source id) of every sampled edge into ``targets``."""
         start = _gather(self.indptr, targets)
         deg = _gather(self.indptr, targets + 1) - start

@@ -71,8 +71,16 @@ def synthesize(
 
     If ``out`` already holds the dataset these arguments generate, it is returned as it is (an
     identical re-run is a no-op); another dataset there is refused, or replaced with ``replace``."""
-    spec = _Spec(nodes, float(avg_degree), dim, dtype, seed, classes,
-                 (train_fraction, val_fraction, test_fraction), _round_chunk(chunk_nodes))
+    spec = _Spec(
+        nodes,
+        float(avg_degree),
+        dim,
+        dtype,
+        seed,
+        classes,
+        (train_fraction, val_fraction, test_fraction),
+        _round_chunk(chunk_nodes),
+    )
     spec.validate()
     out = Path(out)
     model = _Model(spec)
@@ -252,8 +260,10 @@ def _features(tmp: Path, spec: _Spec, model: _Model, progress: Progress | None) 
     """Labels and features (centroid of the class + unit noise), one RNG block of rows at a time."""
     centroids = _stream(spec.seed, "centroids", 0).standard_normal((spec.classes, spec.dim)).astype(np.float32)
     centroids *= SIGNAL / math.sqrt(spec.dim)
-    with (_Npy(tmp / FILES["labels"], np.int64, (spec.nodes,)) as labels,
-          _Npy(tmp / FILES["features"], spec.dtype, (spec.nodes, spec.dim)) as features):
+    with (
+        _Npy(tmp / FILES["labels"], np.int64, (spec.nodes,)) as labels,
+        _Npy(tmp / FILES["features"], spec.dtype, (spec.nodes, spec.dim)) as features,
+    ):
         for a, b in _chunks("features", spec.nodes, spec.chunk, progress):
             for s, t in _rng_blocks(a, b):
                 cls = model.classes_of(np.arange(s, t, dtype=np.int64))
@@ -274,8 +284,10 @@ def _splits(tmp: Path, spec: _Spec, progress: Progress | None) -> None:
     remaining = np.array([*sizes, spec.nodes - sum(sizes)], dtype=np.int64)
     rng = _stream(spec.seed, "splits", 0)
     with ExitStack() as stack:
-        files = [stack.enter_context(_Npy(tmp / FILES[key], np.int64, (size,)))
-                 for key, size in zip(("train", "val", "test"), sizes)]
+        files = [
+            stack.enter_context(_Npy(tmp / FILES[key], np.int64, (size,)))
+            for key, size in zip(("train", "val", "test"), sizes)
+        ]
         for a, b in _chunks("splits", spec.nodes, spec.chunk, progress):
             for s, t in _rng_blocks(a, b):
                 counts = rng.multivariate_hypergeometric(remaining, t - s, method="marginals")

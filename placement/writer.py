@@ -83,7 +83,9 @@ def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, 
     _save_state(work, key, row, sizes)
 
 
-def _read_chunk(features: np.ndarray, bin_of: np.ndarray, row: int, end: int, nbins: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_chunk(
+    features: np.ndarray, bin_of: np.ndarray, row: int, end: int, nbins: int
+) -> tuple[np.ndarray, np.ndarray]:
     """A chunk of source rows (as whole-row records) and their bins. Runs ahead in a thread:
     numpy copies with the GIL released, so the page faults of the next chunk's read overlap the
     grouping and writing of this one."""
@@ -94,8 +96,15 @@ def _read_chunk(features: np.ndarray, bin_of: np.ndarray, row: int, end: int, nb
     return records, np.asarray(bin_of[row:end]).astype(small)  # small ints: numpy's stable sort is a radix sort
 
 
-def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], work: Path, key: str,
-               chunk_rows: int | None = None, progress: Update | None = None) -> list[Written]:
+def write_bins(
+    features: np.ndarray,
+    bin_of: np.ndarray,
+    files: list[BinFile],
+    work: Path,
+    key: str,
+    chunk_rows: int | None = None,
+    progress: Update | None = None,
+) -> list[Written]:
     """Append each vertex's feature row to its bin's file, in original id order.
 
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs
@@ -129,12 +138,20 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
     hashed = synced = None
     try:
         since = 0
-        ahead = threads.submit(_read_chunk, features, bin_of, start, min(n, start + chunk_rows), len(files)) if start < n else None
+        ahead = (
+            threads.submit(_read_chunk, features, bin_of, start, min(n, start + chunk_rows), len(files))
+            if start < n
+            else None
+        )
         row = start
         while ahead is not None:
             records, bins = ahead.result()
             end = row + records.shape[0]
-            ahead = threads.submit(_read_chunk, features, bin_of, end, min(n, end + chunk_rows), len(files)) if end < n else None
+            ahead = (
+                threads.submit(_read_chunk, features, bin_of, end, min(n, end + chunk_rows), len(files))
+                if end < n
+                else None
+            )
             grouped = np.take(records, np.argsort(bins, kind="stable"))
             counts = np.bincount(bins, minlength=len(files))
             edges = np.concatenate(([0], np.cumsum(counts))) * row_bytes
@@ -151,8 +168,9 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
             if since >= CHECKPOINT_BYTES or row == n:
                 if synced is not None:
                     synced.result()  # one checkpoint in flight
-                synced = threads.submit(_checkpoint, handles, work, key, row,
-                                        {f.name: size for f, size in zip(files, sizes)})
+                synced = threads.submit(
+                    _checkpoint, handles, work, key, row, {f.name: size for f, size in zip(files, sizes)}
+                )
                 since = 0
             if progress:
                 progress(row, n)
@@ -175,4 +193,4 @@ def write_bins(features: np.ndarray, bin_of: np.ndarray, files: list[BinFile], w
 def _write_full(fh: BinaryIO, data: memoryview) -> None:
     """An unbuffered file's write may take part of the data; write the rest."""
     while len(data):
-        data = data[fh.write(data):]
+        data = data[fh.write(data) :]

@@ -37,7 +37,7 @@ def zipf_counts(n: int, s: float, mean: float, cap: int, seed: int) -> np.ndarra
     for a in range(0, n, CHUNK):
         b = min(a + CHUNK, n)
         rank = np.floor(rng.random(b - a) * n) + 1.0
-        out[a:b] = np.minimum(np.floor(c * rank ** -s + rng.random(b - a)), cap)
+        out[a:b] = np.minimum(np.floor(c * rank**-s + rng.random(b - a)), cap)
     return out
 
 
@@ -119,22 +119,31 @@ def timings(h: np.ndarray, args: argparse.Namespace) -> tuple[Placement, Placeme
     _, t_heap = timed(1, heap_place, h[:m], sub_order, sub_bins)
     _, t_sub = timed(r, ddak, h[:m], sub_bins, pool=args.pool)
     per_heap, per_ddak = t_heap / m, t_ddak / n
-    return p, q, [
-        ("ddak, total", t_ddak, f"sort + validation + pools; {per_ddak * 1e9:.0f} ns/vertex"),
-        ("  hotness_order (the sort)", t_sort, "numba counting sort, ties by id"),
-        ("  ddak with order given", t_pools, "validation + pools"),
-        ("np.argsort(-h)", t_argsort, f"the sort alone: {t_argsort / t_ddak:.1f}x ddak's total"),
-        ("hash_placement, total", t_hash, "same tier split, hash within a tier"),
-        (f"per-vertex heapq, {m:,} vertices", t_heap,
-         f"{per_heap * 1e9:.0f} ns/vertex = {per_heap / per_ddak:.0f}x ddak's; projected to N: {per_heap * n:,.0f} s"),
-        (f"ddak, {m:,} vertices", t_sub, f"the heap is {t_heap / t_sub:.0f}x slower on the same input"),
-    ]
+    return (
+        p,
+        q,
+        [
+            ("ddak, total", t_ddak, f"sort + validation + pools; {per_ddak * 1e9:.0f} ns/vertex"),
+            ("  hotness_order (the sort)", t_sort, "numba counting sort, ties by id"),
+            ("  ddak with order given", t_pools, "validation + pools"),
+            ("np.argsort(-h)", t_argsort, f"the sort alone: {t_argsort / t_ddak:.1f}x ddak's total"),
+            ("hash_placement, total", t_hash, "same tier split, hash within a tier"),
+            (
+                f"per-vertex heapq, {m:,} vertices",
+                t_heap,
+                f"{per_heap * 1e9:.0f} ns/vertex = {per_heap / per_ddak:.0f}x ddak's; projected to N: {per_heap * n:,.0f} s",
+            ),
+            (f"ddak, {m:,} vertices", t_sub, f"the heap is {t_heap / t_sub:.0f}x slower on the same input"),
+        ],
+    )
 
 
 def print_shares(p: Placement, q: Placement) -> None:
     """Per bin: capacity, target, and rows and achieved share under DDAK and hash."""
-    print(f"{'bin':10} {'tier':4} {'capacity':>12} {'target':>8} | {'ddak used':>12} {'achieved':>9} {'rel':>7} "
-          f"| {'hash used':>12} {'achieved':>9} {'rel':>7}")
+    print(
+        f"{'bin':10} {'tier':4} {'capacity':>12} {'target':>8} | {'ddak used':>12} {'achieved':>9} {'rel':>7} "
+        f"| {'hash used':>12} {'achieved':>9} {'rel':>7}"
+    )
     for rd, rh in zip(p.report(), q.report()):
         t = rd["target"]
         cells = [f"{r['used']:12,} {r['achieved']:9.5f} {(r['achieved'] - t) / t:+7.2%}" for r in (rd, rh)]
@@ -169,8 +178,10 @@ def main() -> None:
     hash_placement(warm, warm_bins)
 
     h, t_gen = timed(1, zipf_counts, args.nodes, args.zipf, args.mean, args.cap, args.seed)
-    print(f"hotness: {h.size:,} vertices, Zipf s={args.zipf}, cap {args.cap}, mean {h.mean():.2f} accesses, "
-          f"{np.mean(h == 0):.0%} never accessed (generated in {t_gen:.1f} s)")
+    print(
+        f"hotness: {h.size:,} vertices, Zipf s={args.zipf}, cap {args.cap}, mean {h.mean():.2f} accesses, "
+        f"{np.mean(h == 0):.0%} never accessed (generated in {t_gen:.1f} s)"
+    )
     p, q, rows = timings(h, args)
     print(f"\ntimings, best of {args.repeat} (N = {h.size:,}, pool {args.pool}, {len(p.bins)} bins)")
     for name, sec, note in rows:

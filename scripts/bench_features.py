@@ -46,16 +46,23 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: CUDA is not available on this machine")
     try:
-        reader = make_reader(args.device, threads=args.threads, direct=True, io=args.io,
-                             probe=[(str(b.path), rb) for b in placed.bins if b.tier == "ssd"])
+        reader = make_reader(
+            args.device,
+            threads=args.threads,
+            direct=True,
+            io=args.io,
+            probe=[(str(b.path), rb) for b in placed.bins if b.tier == "ssd"],
+        )
     except (ValueError, RuntimeError) as exc:
         ap.error(str(exc))
     store = TieredFeatureStore(placed, device=args.device, reader=reader)
     cuda = store.device.type == "cuda"
     rng = np.random.default_rng(0)
     raw_bytes = raw_s = store_bytes = store_s = 0.0
-    print(f"bin {ssd.name}: {ssd.count:,} rows of {rb} B ({ssd.path}); {args.batch:,} random ids per call; "
-          f"{type(reader).__name__} into {store.device}")
+    print(
+        f"bin {ssd.name}: {ssd.count:,} rows of {rb} B ({ssd.path}); {args.batch:,} random ids per call; "
+        f"{type(reader).__name__} into {store.device}"
+    )
     for r in range(args.rounds):
         raw = random_read(str(ssd.path), read_size=rb, queue_depth=args.threads, seconds=args.seconds)
         raw_bytes += raw.gbps * 1e9 * args.seconds  # random_read runs for `seconds`
@@ -70,18 +77,33 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         store_bytes += rows * rb
         store_s += elapsed
-        print(f"  round {r + 1}: raw {raw.gbps:.3f} GB/s ({raw.iops:,.0f} reads/s, direct={raw.direct}), "
-              f"store {rows * rb / elapsed / 1e9:.3f} GB/s: {rows * rb / elapsed / 1e9 / raw.gbps:.2f}")
+        print(
+            f"  round {r + 1}: raw {raw.gbps:.3f} GB/s ({raw.iops:,.0f} reads/s, direct={raw.direct}), "
+            f"store {rows * rb / elapsed / 1e9:.3f} GB/s: {rows * rb / elapsed / 1e9 / raw.gbps:.2f}"
+        )
     raw_gbps, store_gbps = raw_bytes / raw_s / 1e9, store_bytes / store_s / 1e9
     print(f"raw random reads  : {raw_gbps:.3f} GB/s ({args.threads} in flight)")
     print(f"feature store get : {store_gbps:.3f} GB/s of distinct rows")
     print(f"ratio             : {store_gbps / raw_gbps:.2f}  (target >= 0.8)")
-    io = {"reader": type(reader).__name__, "modes": dict(reader.modes), "probe": dict(reader.probe),
-          "config": getattr(reader, "config", None), "routes": getattr(reader, "routes", None)}
+    io = {
+        "reader": type(reader).__name__,
+        "modes": dict(reader.modes),
+        "probe": dict(reader.probe),
+        "config": getattr(reader, "config", None),
+        "routes": getattr(reader, "routes", None),
+    }
     print(f"reader            : {json.dumps(io)}")
     if args.json:
-        doc = {"device": str(store.device), "io_asked": args.io, "raw_gbps": raw_gbps, "store_gbps": store_gbps,
-               "ratio": store_gbps / raw_gbps, "row_bytes": rb, "batch": args.batch, **io}
+        doc = {
+            "device": str(store.device),
+            "io_asked": args.io,
+            "raw_gbps": raw_gbps,
+            "store_gbps": store_gbps,
+            "ratio": store_gbps / raw_gbps,
+            "row_bytes": rb,
+            "batch": args.batch,
+            **io,
+        }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
 
 

@@ -68,8 +68,11 @@ def run_child(argv: list[str]) -> tuple[float, int, str]:
         sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
     peak = int(found.group(1)) * 1024 if found else resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    cpu = [m.group(0) for key in ("User time", "System time", "Percent of CPU")
-           if (m := re.search(rf"{key}[^:]*: [\d.%]+", proc.stderr))]
+    cpu = [
+        m.group(0)
+        for key in ("User time", "System time", "Percent of CPU")
+        if (m := re.search(rf"{key}[^:]*: [\d.%]+", proc.stderr))
+    ]
     return wall, peak, proc.stdout + ("\n" + "; ".join(cpu) if cpu else "")
 
 
@@ -87,20 +90,41 @@ def main() -> None:
         t0 = time.perf_counter()
         size = "medium" if args.nodes == 10_000_000 else "large"
         nbytes = synthesize(work / "igb", size, args.nodes, args.edges, args.dim)
-        print(f"inputs: {args.nodes:,} vertices, {args.edges:,} edges, {args.dim}-dim float32: "
-              f"{nbytes / 1e9:.2f} GB written in {time.perf_counter() - t0:.0f} s under {work}")
-        cmd = [sys.executable, "-m", "moment", "dataset", "import", "--format", "igb", "--root", str(work / "igb"),
-               "--size", size, "--memory", args.memory, "--out", str(work / "ds"),
-               *(["--undirected"] if args.undirected else [])]
+        print(
+            f"inputs: {args.nodes:,} vertices, {args.edges:,} edges, {args.dim}-dim float32: "
+            f"{nbytes / 1e9:.2f} GB written in {time.perf_counter() - t0:.0f} s under {work}"
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "moment",
+            "dataset",
+            "import",
+            "--format",
+            "igb",
+            "--root",
+            str(work / "igb"),
+            "--size",
+            size,
+            "--memory",
+            args.memory,
+            "--out",
+            str(work / "ds"),
+            *(["--undirected"] if args.undirected else []),
+        ]
         print("$ " + " ".join(cmd))
         wall, peak, printed = run_child(cmd)
         print(" ".join(printed.split())[-500:])
         copy_wall, copy_peak, _ = run_child(["cp", "-r", str(work / "igb"), str(work / "copy")])
         out_bytes = sum(p.stat().st_size for p in (work / "ds").glob("*.npy"))
-        print(f"import: {wall:.1f} s, {nbytes / wall / 1e6:.0f} MB/s of input ({out_bytes / 1e9:.2f} GB written), "
-              f"peak RSS {peak / 2**20:.0f} MiB (--memory {args.memory})")
-        print(f"cp of the same inputs: {copy_wall:.1f} s, {nbytes / copy_wall / 1e6:.0f} MB/s, "
-              f"peak RSS {copy_peak / 2**20:.0f} MiB; import/cp time ratio {wall / copy_wall:.1f}")
+        print(
+            f"import: {wall:.1f} s, {nbytes / wall / 1e6:.0f} MB/s of input ({out_bytes / 1e9:.2f} GB written), "
+            f"peak RSS {peak / 2**20:.0f} MiB (--memory {args.memory})"
+        )
+        print(
+            f"cp of the same inputs: {copy_wall:.1f} s, {nbytes / copy_wall / 1e6:.0f} MB/s, "
+            f"peak RSS {copy_peak / 2**20:.0f} MiB; import/cp time ratio {wall / copy_wall:.1f}"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

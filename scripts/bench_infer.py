@@ -44,8 +44,9 @@ def worker(args: argparse.Namespace) -> dict:
     from trainer import infer
 
     torch.set_num_threads(args.threads)
-    opts = infer.InferOptions(data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out),
-                              batch_size=args.batch_size)
+    opts = infer.InferOptions(
+        data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out), batch_size=args.batch_size
+    )
     features = None
     if args.worker == "mmap":
         from placement.placed import open_placed
@@ -65,10 +66,14 @@ def worker(args: argparse.Namespace) -> dict:
     p = infer.prepare(opts)
     infer.run_in_process(p, opts, features=features)
     m = infer.finish(p, opts)
-    return {"wall_s": time.perf_counter() - start, "disk_read_bytes": disk_read_bytes() - before,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "throughput": [t.model_dump() for t in m.throughput], "accuracy": m.accuracy,
-            "embeddings_sha256": m.arrays["embeddings"].sha256}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "disk_read_bytes": disk_read_bytes() - before,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "throughput": [t.model_dump() for t in m.throughput],
+        "accuracy": m.accuracy,
+        "embeddings_sha256": m.arrays["embeddings"].sha256,
+    }
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
@@ -83,8 +88,17 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
     ds = work / f"ds-{args.nodes}-{args.dim}"
     if not ds.exists():
         t = time.perf_counter()
-        synthesize(ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0,
-                   train_fraction=0.01, val_fraction=0.01, test_fraction=0.01)
+        synthesize(
+            ds,
+            nodes=args.nodes,
+            avg_degree=args.degree,
+            dim=args.dim,
+            dtype="float32",
+            seed=0,
+            train_fraction=0.01,
+            val_fraction=0.01,
+            test_fraction=0.01,
+        )
         print(f"synthesised {ds} in {time.perf_counter() - t:.0f} s", flush=True)
     plan_path = work / "plan.json"
     if not plan_path.exists():
@@ -98,9 +112,26 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
         print(f"placed in {time.perf_counter() - t:.0f} s", flush=True)
     ck = work / "checkpoint"
     if not (ck / "checkpoint.pt").exists():
-        code = loop.main(["--data", str(placed), "--hidden", str(args.hidden), "--fanouts", "5,3",
-                          "--batch-size", "512", "--epochs", "1", "--max-batches-per-epoch", "20", "--device", "cpu",
-                          "--checkpoint-dir", str(ck)])
+        code = loop.main(
+            [
+                "--data",
+                str(placed),
+                "--hidden",
+                str(args.hidden),
+                "--fanouts",
+                "5,3",
+                "--batch-size",
+                "512",
+                "--epochs",
+                "1",
+                "--max-batches-per-epoch",
+                "20",
+                "--device",
+                "cpu",
+                "--checkpoint-dir",
+                str(ck),
+            ]
+        )
         if code:
             raise SystemExit("training the checkpoint failed")
     return ds, placed, ck
@@ -153,21 +184,38 @@ def main() -> None:
     cgroup = make_cgroup(limit, "moment-bench-infer") if limit else None
     feat = ds / "features.npy"
     files = [p for d in (ds, placed) for p in d.rglob("*") if p.is_file()]
-    print(f"{args.nodes:,} vertices, features {feat.stat().st_size / 2**30:.2f} GiB; "
-          + (f"memory limit per run {limit / 2**30:.2f} GiB ({cgroup})" if limit else "no memory limit"), flush=True)
+    print(
+        f"{args.nodes:,} vertices, features {feat.stat().st_size / 2**30:.2f} GiB; "
+        + (f"memory limit per run {limit / 2**30:.2f} GiB ({cgroup})" if limit else "no memory limit"),
+        flush=True,
+    )
     results = {}
     try:
         for kind in args.runs.split(","):
             out = work / f"out-{kind}"
             shutil.rmtree(out, ignore_errors=True)  # this script's own output of an earlier run
-            extra = ["--data", str(placed), "--dataset", str(ds), "--checkpoint", str(ck), "--out", str(out),
-                     "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+            extra = [
+                "--data",
+                str(placed),
+                "--dataset",
+                str(ds),
+                "--checkpoint",
+                str(ck),
+                "--out",
+                str(out),
+                "--batch-size",
+                str(args.batch_size),
+                "--threads",
+                str(args.threads),
+            ]
             results[kind] = r = run_worker(kind, cgroup, files, extra, work / f"{kind}.json")
             stages = ", ".join(f"{t['stage']} {t['vertices_per_s']:,.0f}/s" for t in r["throughput"])
-            print(f"{kind:7s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB; "
-                  f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
-                  f"test acc {r['accuracy'].get('test', float('nan')):.3f}",
-                  flush=True)
+            print(
+                f"{kind:7s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB; "
+                f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
+                f"test acc {r['accuracy'].get('test', float('nan')):.3f}",
+                flush=True,
+            )
     finally:
         if cgroup is not None:
             with contextlib.suppress(OSError):
@@ -176,8 +224,10 @@ def main() -> None:
         t, m = results["tiered"], results["mmap"]
         same = t["embeddings_sha256"] == m["embeddings_sha256"]
         speedup = t["throughput"][0]["vertices_per_s"] / m["throughput"][0]["vertices_per_s"]
-        print(f"layer 1: tiered / mmap = {speedup:.2f}x; "
-              f"whole run: {m['wall_s'] / t['wall_s']:.2f}x; embeddings identical: {same}")
+        print(
+            f"layer 1: tiered / mmap = {speedup:.2f}x; "
+            f"whole run: {m['wall_s'] / t['wall_s']:.2f}x; embeddings identical: {same}"
+        )
     (work / "results.json").write_text(json.dumps(results, indent=2))
 
 

@@ -90,17 +90,27 @@ def main() -> None:
         opts = PlaceOptions(policy=policy, gpu_cache="2%", cpu_cache="1%", epochs=args.epochs, hotness=hotness)
         m = place(plan_path, ds_dir, out, opts)
         t = m["timings_s"]
-        print(f"{policy:5}: write bins {t['write_bins']:.2f} s = {size / t['write_bins'] / 1e9:.2f} GB/s "
-              f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); placement {t['placement']:.2f} s; "
-              f"total {t['total']:.1f} s; SSD-tier L1 error vs targets {tier_error(m, 'ssd'):.4f}, "
-              f"GPU-tier {tier_error(m, 'gpu'):.4f}")
-        np.save(work / "hotness.npy", np.asarray(np.load(out / "hotness_new.npy"))[np.asarray(np.load(out / "old_to_new.npy"))])
+        print(
+            f"{policy:5}: write bins {t['write_bins']:.2f} s = {size / t['write_bins'] / 1e9:.2f} GB/s "
+            f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); placement {t['placement']:.2f} s; "
+            f"total {t['total']:.1f} s; SSD-tier L1 error vs targets {tier_error(m, 'ssd'):.4f}, "
+            f"GPU-tier {tier_error(m, 'gpu'):.4f}"
+        )
+        np.save(
+            work / "hotness.npy",
+            np.asarray(np.load(out / "hotness_new.npy"))[np.asarray(np.load(out / "old_to_new.npy"))],
+        )
         if hotness is None:  # the same hotness for hash, so only the policy differs
             from placement.hotness import Hotness
 
-            h = Hotness(counts=np.load(work / "hotness.npy"), batches=m["hotness"]["batches"],
-                        mean_unique_per_batch=m["hotness"]["mean_unique_per_batch"], epochs=m["hotness"]["epochs"],
-                        fanouts=tuple(m["hotness"]["fanouts"]), batch_size=m["hotness"]["batch_size"])
+            h = Hotness(
+                counts=np.load(work / "hotness.npy"),
+                batches=m["hotness"]["batches"],
+                mean_unique_per_batch=m["hotness"]["mean_unique_per_batch"],
+                epochs=m["hotness"]["epochs"],
+                fanouts=tuple(m["hotness"]["fanouts"]),
+                batch_size=m["hotness"]["batch_size"],
+            )
             h.save(work / "hotness-saved.npy")
             hotness = work / "hotness-saved.npy"
 

@@ -45,16 +45,23 @@ def main() -> None:
     args = ap.parse_args()
     sample = 300 if args.quick else 2000
     cases = [
-        ("moment-machine-a", 4, 8), ("moment-machine-b", 4, 8), ("example-8gpu-16ssd", 8, 16),
+        ("moment-machine-a", 4, 8),
+        ("moment-machine-b", 4, 8),
+        ("example-8gpu-16ssd", 8, 16),
         ("moment-machine-b", 1, 2),  # small enough for brute force to finish
     ]
-    print(f"{'profile':22} {'G':>2} {'S':>2} {'method':9} {'raw':>16} {'distinct':>9} {'evaluated':>9} "
-          f"{'plan s':>7} {'brute s':>11} {'ratio':>9}  best s/iter")
+    print(
+        f"{'profile':22} {'G':>2} {'S':>2} {'method':9} {'raw':>16} {'distinct':>9} {'evaluated':>9} "
+        f"{'plan s':>7} {'brute s':>11} {'ratio':>9}  best s/iter"
+    )
     for name, g, s in cases:
         machine = resolve_profile(name)
         workload = load_workload(machine.workload)
         for method in ("enumerate", "milp"):
-            if method == "enumerate" and search._space_size(machine, g, s, search.ENUMERATION_LIMIT) > search.ENUMERATION_LIMIT:
+            if (
+                method == "enumerate"
+                and search._space_size(machine, g, s, search.ENUMERATION_LIMIT) > search.ENUMERATION_LIMIT
+            ):
                 continue
             t0 = time.perf_counter()
             result = search.plan_search(machine, workload, g, s, keep=10, method=method)
@@ -64,9 +71,15 @@ def main() -> None:
             brute = secs if complete else per * result.raw
             note = "" if complete else " (projected)"
             best = result.ranked[0].prediction.iteration_s
-            check = "" if not complete else ("  = brute force" if abs(bf_best - best) <= 1e-6 * best else f"  ≠ brute {bf_best:.4f}")
-            print(f"{name:22} {g:>2} {s:>2} {method:9} {result.raw:>16,} {result.distinct:>9,} {result.evaluated:>9,} "
-                  f"{plan_s:>7.2f} {brute:>11.1f} {brute / plan_s:>8.0f}×  {best:.4f}{check}{note}")
+            check = (
+                ""
+                if not complete
+                else ("  = brute force" if abs(bf_best - best) <= 1e-6 * best else f"  ≠ brute {bf_best:.4f}")
+            )
+            print(
+                f"{name:22} {g:>2} {s:>2} {method:9} {result.raw:>16,} {result.distinct:>9,} {result.evaluated:>9,} "
+                f"{plan_s:>7.2f} {brute:>11.1f} {brute / plan_s:>8.0f}×  {best:.4f}{check}{note}"
+            )
 
 
 if __name__ == "__main__":

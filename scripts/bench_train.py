@@ -86,9 +86,26 @@ def worker_moment(args: argparse.Namespace) -> dict:
 
     metrics = Path(args.out_json).with_suffix(".metrics.json")
     before = disk_read_bytes()
-    code = trainer_main(["--data", args.data, "--device", "cpu", "--epochs", "1", "--batch-size", str(args.batch_size),
-                         "--fanouts", args.fanouts, "--max-batches-per-epoch", str(args.batches),
-                         "--metrics-json", str(metrics), "--prefetch", "2"])
+    code = trainer_main(
+        [
+            "--data",
+            args.data,
+            "--device",
+            "cpu",
+            "--epochs",
+            "1",
+            "--batch-size",
+            str(args.batch_size),
+            "--fanouts",
+            args.fanouts,
+            "--max-batches-per-epoch",
+            str(args.batches),
+            "--metrics-json",
+            str(metrics),
+            "--prefetch",
+            "2",
+        ]
+    )
     if code:
         raise SystemExit(code)
     m = json.loads(metrics.read_text())
@@ -97,10 +114,16 @@ def worker_moment(args: argparse.Namespace) -> dict:
     targets = {b["name"]: b["target"] for b in bins if b["tier"] == "ssd"}
     got, want = np.array([e["bytes_per_ssd"][k] for k in targets], float), np.array(list(targets.values()), float)
     ssd_l1 = float(np.abs(got / got.sum() - want / want.sum()).sum())
-    return {"step_s": e["iteration_s"], "epoch_s": e["epoch_s"], "bytes_per_tier": e["bytes_per_tier"],
-            "ssd_share_l1": ssd_l1, "data_wait_s": e["data_wait_s"],
-            "hit_rate": e["hit_rate"], "disk_read_bytes": disk_read_bytes() - before,
-            "loss": e["loss"]}
+    return {
+        "step_s": e["iteration_s"],
+        "epoch_s": e["epoch_s"],
+        "bytes_per_tier": e["bytes_per_tier"],
+        "ssd_share_l1": ssd_l1,
+        "data_wait_s": e["data_wait_s"],
+        "hit_rate": e["hit_rate"],
+        "disk_read_bytes": disk_read_bytes() - before,
+        "loss": e["loss"],
+    }
 
 
 def worker_pyg(args: argparse.Namespace) -> dict:
@@ -132,8 +155,9 @@ def worker_pyg(args: argparse.Namespace) -> dict:
     data = Data(x=x, adj_t=adj_t, y=y, num_nodes=n)
     train = torch.from_numpy(np.asarray(ds.split("train")).astype(np.int64))
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    loader = NeighborLoader(data, num_neighbors=fanouts, input_nodes=train, batch_size=args.batch_size,
-                            shuffle=True, num_workers=0)
+    loader = NeighborLoader(
+        data, num_neighbors=fanouts, input_nodes=train, batch_size=args.batch_size, shuffle=True, num_workers=0
+    )
     cfg = TrainConfig(data="", fanouts=tuple(fanouts))
     model = build_model(cfg, ds.feature_dim, ds.num_classes)  # the same SAGEConv layers
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -153,13 +177,21 @@ def worker_pyg(args: argparse.Namespace) -> dict:
         losses.append(float(loss))
         now = time.perf_counter()
         times.append(now - t)
-        print(f"pyg step {step + 1}: {now - t:.1f} s, disk read {(disk_read_bytes() - before) / 2**30:.1f} GiB so far",
-              file=sys.stderr, flush=True)
+        print(
+            f"pyg step {step + 1}: {now - t:.1f} s, disk read {(disk_read_bytes() - before) / 2**30:.1f} GiB so far",
+            file=sys.stderr,
+            flush=True,
+        )
         if step + 1 == args.batches:
             break  # before the loader samples and fetches a batch nobody trains on
         t = now
-    return {"step_s": float(np.mean(times)), "epoch_s": float(np.sum(times)), "backend": backend,
-            "disk_read_bytes": disk_read_bytes() - before, "loss": float(np.mean(losses))}
+    return {
+        "step_s": float(np.mean(times)),
+        "epoch_s": float(np.sum(times)),
+        "backend": backend,
+        "disk_read_bytes": disk_read_bytes() - before,
+        "loss": float(np.mean(losses)),
+    }
 
 
 # -- driver -------------------------------------------------------------------------------------
@@ -192,8 +224,16 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]
     ds_dir = work / f"ds-{args.nodes}-{args.dim}"
     if not ds_dir.exists():
         t = time.perf_counter()
-        synthesize(ds_dir, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float16", seed=0,
-                   val_fraction=0.0005, test_fraction=0.0005)
+        synthesize(
+            ds_dir,
+            nodes=args.nodes,
+            avg_degree=args.degree,
+            dim=args.dim,
+            dtype="float16",
+            seed=0,
+            val_fraction=0.0005,
+            test_fraction=0.0005,
+        )
         print(f"synthesised {ds_dir} in {time.perf_counter() - t:.0f} s", flush=True)
     plan_path = work / "plan.json"
     machine = resolve_profile("moment-machine-b")
@@ -206,15 +246,25 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]
         out = work / f"placed-{policy}"
         if not out.exists():
             t = time.perf_counter()
-            opts = PlaceOptions(policy=policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache,
-                                hotness=hotness if hotness.exists() else None)
+            opts = PlaceOptions(
+                policy=policy,
+                gpu_cache=args.gpu_cache,
+                cpu_cache=args.cpu_cache,
+                hotness=hotness if hotness.exists() else None,
+            )
             m = place(plan_path, ds_dir, out, opts)
             print(f"placed {policy} in {time.perf_counter() - t:.0f} s", flush=True)
             if not hotness.exists():  # the same hotness for hash: only the policy differs
                 counts = np.asarray(np.load(out / "hotness_new.npy"))[np.asarray(np.load(out / "old_to_new.npy"))]
                 h = m["hotness"]
-                Hotness(counts=counts, batches=h["batches"], mean_unique_per_batch=h["mean_unique_per_batch"],
-                        epochs=h["epochs"], fanouts=tuple(h["fanouts"]), batch_size=h["batch_size"]).save(hotness)
+                Hotness(
+                    counts=counts,
+                    batches=h["batches"],
+                    mean_unique_per_batch=h["mean_unique_per_batch"],
+                    epochs=h["epochs"],
+                    fanouts=tuple(h["fanouts"]),
+                    batch_size=h["batch_size"],
+                ).save(hotness)
         placed[policy] = out
     return ds_dir, placed
 
@@ -250,27 +300,39 @@ def main() -> None:
     feat = ds_dir / "features.npy"
     files = [p for d in (ds_dir, *placed.values()) for p in d.rglob("*") if p.is_file()]
     common = ["--batches", str(args.batches), "--batch-size", str(args.batch_size), "--fanouts", args.fanouts]
-    print(f"features {feat.stat().st_size / 2**30:.2f} GiB; memory limit per run "
-          f"{limit / 2**30:.2f} GiB" if limit else "no memory limit", flush=True)
+    print(
+        f"features {feat.stat().st_size / 2**30:.2f} GiB; memory limit per run {limit / 2**30:.2f} GiB"
+        if limit
+        else "no memory limit",
+        flush=True,
+    )
     results = {}
-    runs = {"ddak": ("moment, DDAK placement", "moment", ["--data", str(placed["ddak"])]),
-            "hash": ("moment, hash placement", "moment", ["--data", str(placed["hash"])]),
-            "pyg": ("PyG NeighborLoader + memmap", "pyg", ["--dataset", str(ds_dir)])}
+    runs = {
+        "ddak": ("moment, DDAK placement", "moment", ["--data", str(placed["ddak"])]),
+        "hash": ("moment, hash placement", "moment", ["--data", str(placed["hash"])]),
+        "pyg": ("PyG NeighborLoader + memmap", "pyg", ["--dataset", str(ds_dir)]),
+    }
     for key in args.runs.split(","):
         name, kind, extra = runs[key]
         results[key] = r = run_worker(kind, cgroup, files, [*common, *extra], work / f"{key}.json")
         tiers = ", ".join(f"{t} {b / 2**20:.0f} MiB" for t, b in r.get("bytes_per_tier", {}).items())
-        print(f"{name:28}: {r['step_s']:.3f} s/step  ({args.batches} steps {r['epoch_s']:.1f} s), "
-              f"disk read {r['disk_read_bytes'] / 2**30:.2f} GiB" + (f"; {tiers}" if tiers else "")
-              + (f"; SSD bytes vs the plan's per-SSD targets: L1 {r['ssd_share_l1']:.3f}" if "ssd_share_l1" in r else "")
-              + (f"; waited for data {r['data_wait_s']:.1f} s" if "data_wait_s" in r else "")
-              + (f"; sampler backend {r['backend']}" if "backend" in r else ""), flush=True)
+        print(
+            f"{name:28}: {r['step_s']:.3f} s/step  ({args.batches} steps {r['epoch_s']:.1f} s), "
+            f"disk read {r['disk_read_bytes'] / 2**30:.2f} GiB"
+            + (f"; {tiers}" if tiers else "")
+            + (f"; SSD bytes vs the plan's per-SSD targets: L1 {r['ssd_share_l1']:.3f}" if "ssd_share_l1" in r else "")
+            + (f"; waited for data {r['data_wait_s']:.1f} s" if "data_wait_s" in r else "")
+            + (f"; sampler backend {r['backend']}" if "backend" in r else ""),
+            flush=True,
+        )
     if {"ddak", "pyg"} <= results.keys():
         print(f"moment (DDAK) vs PyG: {results['pyg']['step_s'] / results['ddak']['step_s']:.2f}x faster per step")
     if {"ddak", "hash"} <= results.keys():
         ddak, hashed = results["ddak"], results["hash"]
-        print(f"DDAK vs hash placement: {hashed['step_s'] / ddak['step_s']:.2f}x faster per step, SSD bytes "
-              f"{ddak['bytes_per_tier']['ssd'] / max(hashed['bytes_per_tier']['ssd'], 1):.2f} of hash's")
+        print(
+            f"DDAK vs hash placement: {hashed['step_s'] / ddak['step_s']:.2f}x faster per step, SSD bytes "
+            f"{ddak['bytes_per_tier']['ssd'] / max(hashed['bytes_per_tier']['ssd'], 1):.2f} of hash's"
+        )
 
 
 if __name__ == "__main__":

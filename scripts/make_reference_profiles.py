@@ -13,7 +13,14 @@ import yaml
 
 OUT = Path(__file__).resolve().parent.parent / "topology_profiles"
 
-A100 = {"kind": "gpu", "model": "NVIDIA A100 40GB PCIe", "memory_gb": 40, "double_width": True, "max_gen": 4, "max_width": 16}
+A100 = {
+    "kind": "gpu",
+    "model": "NVIDIA A100 40GB PCIe",
+    "memory_gb": 40,
+    "double_width": True,
+    "max_gen": 4,
+    "max_width": 16,
+}
 P5510 = {
     "kind": "nvme",
     "model": "Intel P5510 3.84TB",
@@ -29,7 +36,12 @@ GEN4_X4 = {"gen": 4, "width": 4}
 
 
 def gpu_slot(pid: str, name: str) -> dict:
-    return {"id": pid, "kind": "downstream", "link": dict(GEN4_X16), "slot": {"name": name, "form": "pcie-double", "width": 16, "gen": 4}}
+    return {
+        "id": pid,
+        "kind": "downstream",
+        "link": dict(GEN4_X16),
+        "slot": {"name": name, "form": "pcie-double", "width": 16, "gen": 4},
+    }
 
 
 def ssd_slot(pid: str, name: str, kind: str = "downstream", form: str = "u2") -> dict:
@@ -62,15 +74,28 @@ def machine_a() -> tuple[dict, str]:
         }
         root = bays + [uplink]
         if s == 1:
-            root.append({"id": "cpu1-nic", "kind": "root_port", "link": dict(GEN4_X16),
-                         "slot": {"name": "CPU1 NIC slot", "form": "pcie", "width": 16, "gen": 4},
-                         "device": {"id": "nic0", **NIC}})
+            root.append(
+                {
+                    "id": "cpu1-nic",
+                    "kind": "root_port",
+                    "link": dict(GEN4_X16),
+                    "slot": {"name": "CPU1 NIC slot", "form": "pcie", "width": 16, "gen": 4},
+                    "device": {"id": "nic0", **NIC},
+                }
+            )
         for p in bays + sw_ports:
             ports[p["id"]] = p
-        sockets.append({
-            "id": f"cpu{s}", "numa_node": s, "model": "Intel Xeon Gold 5320", "cores": 26,
-            "dram_gb": 384, "dram_gbps": 150, "ports": root,
-        })
+        sockets.append(
+            {
+                "id": f"cpu{s}",
+                "numa_node": s,
+                "model": "Intel Xeon Gold 5320",
+                "cores": 26,
+                "dram_gb": 384,
+                "dram_gbps": 150,
+                "ports": root,
+            }
+        )
     bays = [f"cpu{s}-bay{i}" for s in (0, 1) for i in range(4)]
     sw_ssd = [f"sw{s}-ssd{i}" for s in (0, 1) for i in range(4)]
     gpus = [f"gpu{i}" for i in range(4)]
@@ -123,24 +148,60 @@ def machine_b() -> tuple[dict, str]:
     sw1_ports = [gpu_slot(f"sw1-{bus}", f"switch 1 slot (bus {bus})") for bus in ("35", "36", "37", "38", "39")]
     sw1_ports[1]["device"] = {"id": "nic0", **NIC}  # bus 36 holds a two-function device
     sw0_ports = [gpu_slot(f"sw0-{bus}", f"switch 0 slot (bus {bus})") for bus in ("3a", "3b", "3c", "3d")]
-    cascade = {"id": "sw0-33", "kind": "downstream", "link": dict(GEN4_X16),
-               "switch": {"id": "sw1", "model": "PCIe Gen4 switch 1 (cascaded, Bus 16)", "ports": sw1_ports}}
-    rc0_slot = {"id": "rc0-17", "kind": "root_port", "root_complex": "0000:16", "link": dict(GEN4_X16),
-                "slot": {"name": "root complex 0 x16 slot (bus 17)", "form": "pcie-double", "width": 16, "gen": 4}}
-    sw0_root = {"id": "rc0-31", "kind": "root_port", "root_complex": "0000:30", "link": dict(GEN4_X16),
-                "switch": {"id": "sw0", "model": "PCIe Gen4 switch 0 (Bus 11)", "ports": sw0_ports + [cascade]}}
-    b1 = {"id": "rc1-b1", "kind": "root_port", "root_complex": "0000:b0", "link": dict(GEN4_X16),
-          "slot": {"name": "root complex 1 x16 slot (bus b1)", "form": "pcie-double", "width": 16, "gen": 4}}
-    bays = [ssd_slot(f"rc1-{bus}", f"front bay (bus {bus})", kind="root_port") for bus in ("ca", "cb", "cc", "cd", "e3", "e4", "e5", "e6")]
+    cascade = {
+        "id": "sw0-33",
+        "kind": "downstream",
+        "link": dict(GEN4_X16),
+        "switch": {"id": "sw1", "model": "PCIe Gen4 switch 1 (cascaded, Bus 16)", "ports": sw1_ports},
+    }
+    rc0_slot = {
+        "id": "rc0-17",
+        "kind": "root_port",
+        "root_complex": "0000:16",
+        "link": dict(GEN4_X16),
+        "slot": {"name": "root complex 0 x16 slot (bus 17)", "form": "pcie-double", "width": 16, "gen": 4},
+    }
+    sw0_root = {
+        "id": "rc0-31",
+        "kind": "root_port",
+        "root_complex": "0000:30",
+        "link": dict(GEN4_X16),
+        "switch": {"id": "sw0", "model": "PCIe Gen4 switch 0 (Bus 11)", "ports": sw0_ports + [cascade]},
+    }
+    b1 = {
+        "id": "rc1-b1",
+        "kind": "root_port",
+        "root_complex": "0000:b0",
+        "link": dict(GEN4_X16),
+        "slot": {"name": "root complex 1 x16 slot (bus b1)", "form": "pcie-double", "width": 16, "gen": 4},
+    }
+    bays = [
+        ssd_slot(f"rc1-{bus}", f"front bay (bus {bus})", kind="root_port")
+        for bus in ("ca", "cb", "cc", "cd", "e3", "e4", "e5", "e6")
+    ]
     for b, rc in zip(bays, ["0000:c9"] * 4 + ["0000:e2"] * 4):
         b["root_complex"] = rc
     for p in sw0_ports + sw1_ports + [rc0_slot, b1] + bays:
         ports[p["id"]] = p
     sockets = [
-        {"id": "cpu0", "numa_node": 0, "model": "Intel Xeon Gold 6426Y", "cores": 16, "dram_gb": 256, "dram_gbps": 240,
-         "ports": [rc0_slot, sw0_root]},
-        {"id": "cpu1", "numa_node": 1, "model": "Intel Xeon Gold 6426Y", "cores": 16, "dram_gb": 256, "dram_gbps": 240,
-         "ports": [b1] + bays},
+        {
+            "id": "cpu0",
+            "numa_node": 0,
+            "model": "Intel Xeon Gold 6426Y",
+            "cores": 16,
+            "dram_gb": 256,
+            "dram_gbps": 240,
+            "ports": [rc0_slot, sw0_root],
+        },
+        {
+            "id": "cpu1",
+            "numa_node": 1,
+            "model": "Intel Xeon Gold 6426Y",
+            "cores": 16,
+            "dram_gb": 256,
+            "dram_gbps": 240,
+            "ports": [b1] + bays,
+        },
     ]
     gpus = [f"gpu{i}" for i in range(4)]
     nvme = [f"nvme{i}" for i in range(8)]
@@ -236,14 +297,29 @@ def large_8gpu() -> tuple[dict, str]:
         for w in (2 * s, 2 * s + 1):
             sw_ports = [gpu_slot(f"sw{w}-gpu{i}", f"switch {w} GPU slot {i}") for i in range(4)]
             sw_ports += [ssd_slot(f"sw{w}-ssd{i}", f"switch {w} SSD slot {i}") for i in range(4)]
-            root.append({"id": f"cpu{s}-x16-{w}", "kind": "root_port", "link": dict(GEN4_X16),
-                         "switch": {"id": f"sw{w}", "model": "PCIe Gen4 switch", "ports": sw_ports}})
+            root.append(
+                {
+                    "id": f"cpu{s}-x16-{w}",
+                    "kind": "root_port",
+                    "link": dict(GEN4_X16),
+                    "switch": {"id": f"sw{w}", "model": "PCIe Gen4 switch", "ports": sw_ports},
+                }
+            )
             for p in sw_ports:
                 ports[p["id"]] = p
         for p in root[:4]:
             ports[p["id"]] = p
-        sockets.append({"id": f"cpu{s}", "numa_node": s, "model": "Intel Xeon Gold 6426Y", "cores": 16,
-                        "dram_gb": 512, "dram_gbps": 240, "ports": root})
+        sockets.append(
+            {
+                "id": f"cpu{s}",
+                "numa_node": s,
+                "model": "Intel Xeon Gold 6426Y",
+                "cores": 16,
+                "dram_gb": 512,
+                "dram_gbps": 240,
+                "ports": root,
+            }
+        )
     layout = {f"sw{w}-gpu{i}": f"gpu{2 * w + i}" for w in range(4) for i in range(2)}
     layout.update({f"cpu{s}-bay{i}": f"nvme{4 * s + i}" for s in (0, 1) for i in range(4)})
     layout.update({f"sw{w}-ssd{i}": f"nvme{8 + 2 * w + i}" for w in range(4) for i in range(2)})

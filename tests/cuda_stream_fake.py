@@ -92,6 +92,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> StreamRecorder:
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: rec.default)
     monkeypatch.setattr(torch.cuda, "Event", lambda *a, **kw: FakeEvent(rec, *a, **kw))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(torch.Tensor, "record_stream",
-                        lambda self, stream: rec.log.append(("record_stream", id(self), stream.id)))
+    monkeypatch.setattr(
+        torch.Tensor, "record_stream", lambda self, stream: rec.log.append(("record_stream", id(self), stream.id))
+    )
     return rec

@@ -33,8 +33,13 @@ EOF_MESSAGE = "POSIX error on pread: EOF"
 class _Defaults:
     def __init__(self, owner: FakeKvikio, version: str) -> None:
         self._owner = owner
-        self._values: dict[str, Any] = {"num_threads": 1, "gds_threshold": 16 << 10, "task_size": 4 << 20,
-                                        "compat_mode": "ON", "auto_direct_io_read": False}
+        self._values: dict[str, Any] = {
+            "num_threads": 1,
+            "gds_threshold": 16 << 10,
+            "task_size": 4 << 20,
+            "compat_mode": "ON",
+            "auto_direct_io_read": False,
+        }
         if version < "25.12":
             del self._values["auto_direct_io_read"]
 

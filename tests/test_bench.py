@@ -34,9 +34,24 @@ def test_dram_copy() -> None:
 def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "measured.yaml"
     done = subprocess.run(
-        [sys.executable, "-m", "moment", "bench", "--profile", "moment-machine-b", "--out", str(out),
-         "--file", f"{data_file}:nvme3", "--seconds", "0.3", "--json"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "moment",
+            "bench",
+            "--profile",
+            "moment-machine-b",
+            "--out",
+            str(out),
+            "--file",
+            f"{data_file}:nvme3",
+            "--seconds",
+            "0.3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["measurements"]
@@ -55,14 +70,29 @@ def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
     [
         (["bench", "--file", "/nonexistent/file"], "no such file"),
         (["bench", "--out", "x.yaml"], "--out needs --profile"),
-        (["bench", "--profile", "moment-machine-b", "--out", "x.yaml", "--file", "{f}:gpu0", "--no-dram", "--seconds", "0.1"],
-         "gpu0 is not an NVMe SSD"),
+        (
+            [
+                "bench",
+                "--profile",
+                "moment-machine-b",
+                "--out",
+                "x.yaml",
+                "--file",
+                "{f}:gpu0",
+                "--no-dram",
+                "--seconds",
+                "0.1",
+            ],
+            "gpu0 is not an NVMe SSD",
+        ),
         (["bench", "--read-size", "1000"], "multiple of 512"),
     ],
 )
 def test_bench_errors(args: list[str], needle: str, data_file: Path, tmp_path: Path) -> None:
     args = [a.replace("{f}", str(data_file)) for a in args]
-    done = subprocess.run([sys.executable, "-m", "moment", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "moment", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert done.returncode != 0
     assert needle in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x.yaml").exists()

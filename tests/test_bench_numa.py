@@ -32,14 +32,18 @@ def _fake_torch(log: list, peer_ok: bool) -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.uint8 = "uint8"
     torch.empty = lambda n, dtype=None, device="cpu": _FakeTensor(log, device)
-    torch.cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
-                                       synchronize=lambda i=None: None,
-                                       can_device_access_peer=lambda i, j: peer_ok)
+    torch.cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 2,
+        synchronize=lambda i=None: None,
+        can_device_access_peer=lambda i, j: peer_ok,
+    )
     return torch
 
 
 def test_each_gpus_buffer_is_pinned_near_it_and_host_staged_peers_are_skipped(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sysfs = tmp_path / "sys" / "bus" / "pci" / "devices"
     for bdf, cpus in zip(GPUS, ("0-7", "8-15")):
         (sysfs / bdf).mkdir(parents=True)

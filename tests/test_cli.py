@@ -17,9 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a subprocess, as a user would (checks the exit code and streams)."""
-    return subprocess.run(
-        [sys.executable, "-m", "moment", *args], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "moment", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize("name", ["moment-machine-a", "moment-machine-b"])
@@ -40,7 +38,9 @@ def test_inspect_prints_a_tree(capsys) -> None:
 
 def test_profile_from_dir_writes_yaml_and_picture(tmp_path: Path) -> None:
     out, pic = tmp_path / "sm.yaml", tmp_path / "sm.svg"
-    done = run("profile", "--from", str(FIXTURES / "supermicro-sys-4029gp-trt"), "--out", str(out), "--picture", str(pic))
+    done = run(
+        "profile", "--from", str(FIXTURES / "supermicro-sys-4029gp-trt"), "--out", str(out), "--picture", str(pic)
+    )
     assert done.returncode == 0, done.stderr
     again = run("inspect", str(out), "--json")
     assert json.loads(again.stdout)["gpus"] == 8

@@ -46,8 +46,10 @@ def test_a_registered_model_is_a_choice_of_both_command_lines(monkeypatch: pytes
 def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
     """The registries sit beside torch and numba code; `moment --help` and `moment plan` must not
     pay for importing them."""
-    probe = ("import sys; from moment.cli import build_parser; build_parser(); "
-             "print(sorted({'torch', 'numba'} & set(sys.modules)))")
+    probe = (
+        "import sys; from moment.cli import build_parser; build_parser(); "
+        "print(sorted({'torch', 'numba'} & set(sys.modules)))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 

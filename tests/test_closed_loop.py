@@ -27,8 +27,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     place(root / "plan.json", root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="5%", epochs=2))
     metrics = root / "metrics.json"
     # No --fanouts/--batch-size: the trainer takes the placement's (its pre-sampling's) settings.
-    assert train_main(["--data", str(root / "placed"), "--plan", str(root / "plan.json"), "--epochs", "2",
-                       "--hidden", "16", "--eval-every", "2", "--metrics-json", str(metrics)]) == 0
+    assert (
+        train_main(
+            [
+                "--data",
+                str(root / "placed"),
+                "--plan",
+                str(root / "plan.json"),
+                "--epochs",
+                "2",
+                "--hidden",
+                "16",
+                "--eval-every",
+                "2",
+                "--metrics-json",
+                str(metrics),
+            ]
+        )
+        == 0
+    )
     return json.loads(metrics.read_text())
 
 

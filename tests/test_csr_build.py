@@ -53,8 +53,14 @@ def test_every_chunk_size_and_window_gives_the_same_csr(tmp_path: Path, undirect
     want = reference(EDGES, n, undirected, self_loops)
     for chunk in range(1, len(EDGES) + 1):
         for window in (1, 2, 3, 5, 100):
-            got = built(tmp_path / f"{chunk}-{window}", EDGES, n, csr.Layout(chunk, window),
-                        undirected=undirected, self_loops=self_loops)
+            got = built(
+                tmp_path / f"{chunk}-{window}",
+                EDGES,
+                n,
+                csr.Layout(chunk, window),
+                undirected=undirected,
+                self_loops=self_loops,
+            )
             assert got == want, (chunk, window)
 
 
@@ -67,8 +73,10 @@ def test_a_random_graph_matches_an_in_memory_csr_and_reads_twice_or_thrice(tmp_p
         src = Pairs(edges)
         (tmp_path / str(window)).mkdir()
         csr.build(tmp_path / str(window), src, n, memory=0, layout=csr.Layout(1234, window))
-        assert (np.load(tmp_path / str(window) / "indptr.npy").tolist(),
-                np.load(tmp_path / str(window) / "indices.npy").tolist()) == want
+        assert (
+            np.load(tmp_path / str(window) / "indptr.npy").tolist(),
+            np.load(tmp_path / str(window) / "indices.npy").tolist(),
+        ) == want
         assert src.reads == reads and not (tmp_path / str(window) / ".csr-windows").exists()
 
 
@@ -86,8 +94,10 @@ def test_the_budget_is_split_and_a_too_small_one_is_refused() -> None:
         csr.Layout.plan(100_000_000, 10**8)
 
 
-@pytest.mark.parametrize(("text", "value"), [("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("1GiB", 2**30),
-                                             ("2e9", 2 * 10**9), ("1.5 gb", 1.5e9)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("1GiB", 2**30), ("2e9", 2 * 10**9), ("1.5 gb", 1.5e9)],
+)
 def test_memory_sizes_parse(text: str, value: int) -> None:
     assert csr.parse_memory(text) == value
 

@@ -65,10 +65,12 @@ def _edit(d: Path, **fields) -> None:
 
 def _set(name: str, index: int, value) -> Callable[[Path], None]:
     """A damage: entry ``index`` of ``name``.npy becomes ``value`` (a callable gets the array)."""
+
     def damage(d: Path) -> None:
         a = np.load(d / f"{name}.npy")
         a[index] = value(a) if callable(value) else value
         np.save(d / f"{name}.npy", a)
+
     return damage
 
 
@@ -105,11 +107,17 @@ def test_cheap_checks_on_open(good: Path, tmp_path: Path, damage, message: str) 
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (_set("indices", 1234, 10**6), r"indices\.npy: indices\[1234\] = 1000000 is not a vertex id \(N = 2000\) "
-                                       r"\(a neighbour of vertex \d+\)"),
+        (
+            _set("indices", 1234, 10**6),
+            r"indices\.npy: indices\[1234\] = 1000000 is not a vertex id \(N = 2000\) "
+            r"\(a neighbour of vertex \d+\)",
+        ),
         (_set("indices", 1234, -7), r"indices\.npy: indices\[1234\] = -7 is not a vertex id"),
-        (_set("indptr", 5, lambda a: a[6] + 100), r"indptr\.npy: indptr\[6\] = \d+ is below indptr\[5\] = \d+: "
-                                                  r"indptr must not decrease \(vertex 5\)"),
+        (
+            _set("indptr", 5, lambda a: a[6] + 100),
+            r"indptr\.npy: indptr\[6\] = \d+ is below indptr\[5\] = \d+: "
+            r"indptr must not decrease \(vertex 5\)",
+        ),
         (_set("train_idx", 0, N + 3_000), r"train_idx\.npy: train\[0\] = 5000 is not a vertex id \(N = 2000\)"),
         (_set("test_idx", 4, -1), r"test_idx\.npy: test\[4\] = -1 is not a vertex id"),
         (_set("labels", 1500, 77), r"labels\.npy: labels\[1500\] = 77 is not a class \(num_classes = 16; "),
@@ -153,11 +161,19 @@ def _edit_json(d: Path, change) -> None:
         (lambda m: m.update(directed="yes"), r"dataset\.json: directed: Input should be a valid boolean$"),
         (lambda m: m.update(nodes=2000), r"dataset\.json: nodes: Extra inputs are not permitted$"),
         (lambda m: m["generator"].update(seed="0"), r"dataset\.json: generator\.seed: Input should be a valid integer"),
-        (lambda m: m["files"].update(train="../train_idx.npy"),
-         r"dataset\.json: files\.train: '\.\./train_idx\.npy' is not a plain file name"),
-        (lambda m: m["files"].update(features="/etc/passwd"), r"dataset\.json: files\.features: '/etc/passwd' is not a "),
+        (
+            lambda m: m["files"].update(train="../train_idx.npy"),
+            r"dataset\.json: files\.train: '\.\./train_idx\.npy' is not a plain file name",
+        ),
+        (
+            lambda m: m["files"].update(features="/etc/passwd"),
+            r"dataset\.json: files\.features: '/etc/passwd' is not a ",
+        ),
         (lambda m: m["files"].update(labels=".."), r"dataset\.json: files\.labels: '\.\.' is not a plain file name"),
-        (lambda m: m["files"].update(weights="w.npy"), r"dataset\.json: files\.weights: Extra inputs are not permitted"),
+        (
+            lambda m: m["files"].update(weights="w.npy"),
+            r"dataset\.json: files\.weights: Extra inputs are not permitted",
+        ),
         (lambda m: m["files"].update(val="train_idx.npy"), r"dataset\.json: files: train and val both name"),
         (lambda m: m.update(format="moment.dataset/2"), r"dataset\.json: format: expected 'moment\.dataset/1'"),
     ],

@@ -18,7 +18,7 @@ def zipf_counts(n: int, seed: int, s: float = 1.05, mean: float = 10.0, cap: int
     rng = np.random.default_rng(seed)
     rank = rng.permutation(n) + 1.0
     c = mean * n / np.sum(np.arange(1, n + 1, dtype=np.float64) ** -s)
-    return np.minimum(np.floor(c * rank ** -s + rng.random(n)), cap).astype(np.int64)
+    return np.minimum(np.floor(c * rank**-s + rng.random(n)), cap).astype(np.int64)
 
 
 def paper_bins(n: int, headroom: float, gpu_share: float = 0.5, cpu_share: float = 0.05) -> list[BinSpec]:
@@ -27,9 +27,11 @@ def paper_bins(n: int, headroom: float, gpu_share: float = 0.5, cpu_share: float
     ssd = int(np.ceil((n - 4 * gpu - 2 * cpu) * (1 + headroom) / 8))
     w = np.array([1, 1, 1, 1, 2, 2, 2, 2]) / 12
     ssd_share = 1 - gpu_share - cpu_share
-    return ([BinSpec(f"gpu{i}", "gpu", gpu, gpu_share / 4) for i in range(4)]
-            + [BinSpec(f"dram:cpu{i}", "cpu", cpu, cpu_share / 2) for i in range(2)]
-            + [BinSpec(f"nvme{i}", "ssd", ssd, float(ssd_share * w[i])) for i in range(8)])
+    return (
+        [BinSpec(f"gpu{i}", "gpu", gpu, gpu_share / 4) for i in range(4)]
+        + [BinSpec(f"dram:cpu{i}", "cpu", cpu, cpu_share / 2) for i in range(2)]
+        + [BinSpec(f"nvme{i}", "ssd", ssd, float(ssd_share * w[i])) for i in range(8)]
+    )
 
 
 def random_instance(seed: int) -> tuple[np.ndarray, list[BinSpec], int]:
@@ -170,16 +172,19 @@ def test_capacity_shortfall_is_named() -> None:
             place(np.ones(100, dtype=np.int64), bins)
 
 
-@pytest.mark.parametrize(("hot", "bins", "order", "message"), [
-    (np.ones(4, np.int64), [BinSpec("x", "tape", 10, 1.0)], None, "unknown tier"),
-    (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, -1.0)], None, "non-negative"),
-    (np.ones(4, np.int64), [], None, "at least one bin"),
-    (np.array([1.5, 2.0]), [BinSpec("x", "ssd", 10, 1.0)], None, "integer access counts"),
-    (np.array([1, -2]), [BinSpec("x", "ssd", 10, 1.0)], None, "negative"),
-    (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2]), "4 integer vertex ids"),
-    (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2, 4]), "outside"),
-    (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2, 2]), "not a permutation"),
-])
+@pytest.mark.parametrize(
+    ("hot", "bins", "order", "message"),
+    [
+        (np.ones(4, np.int64), [BinSpec("x", "tape", 10, 1.0)], None, "unknown tier"),
+        (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, -1.0)], None, "non-negative"),
+        (np.ones(4, np.int64), [], None, "at least one bin"),
+        (np.array([1.5, 2.0]), [BinSpec("x", "ssd", 10, 1.0)], None, "integer access counts"),
+        (np.array([1, -2]), [BinSpec("x", "ssd", 10, 1.0)], None, "negative"),
+        (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2]), "4 integer vertex ids"),
+        (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2, 4]), "outside"),
+        (np.ones(4, np.int64), [BinSpec("x", "ssd", 10, 1.0)], np.array([0, 1, 2, 2]), "not a permutation"),
+    ],
+)
 def test_bad_input_is_a_moment_error(hot, bins, order, message) -> None:
     for place in (ddak, hash_placement):
         with pytest.raises(MomentError, match=message):

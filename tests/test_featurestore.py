@@ -144,9 +144,11 @@ def test_host_tiers_are_one_copy_across_processes(placed_dir: Path, truth: np.nd
         ids = np.random.default_rng(3).integers(0, len(truth), 20_000)
         assert np.array_equal(a.get(torch.from_numpy(ids)).numpy(), truth[ids])
         assert all(a.stats()["tiers"][t]["rows"] > 0 for t in ("gpu", "cpu", "ssd"))
-        script = (f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
-                  f"from placement.placed import open_placed as o; "
-                  f"s = S(o({str(placed_dir)!r}), host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5")
+        script = (
+            f"import torch; from trainer.featurestore import TieredFeatureStore as S; "
+            f"from placement.placed import open_placed as o; "
+            f"s = S(o({str(placed_dir)!r}), host_shm={str(shm)!r}); s.cpu[0] = 7; s.gpu[0] = 5"
+        )
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
         assert (a.cpu[0] == 7).all() and (a.gpu[0] == 5).all()  # the other process wrote into this one's tiers
         with TieredFeatureStore(open_placed(placed_dir), host_shm=shm) as b:
@@ -347,8 +349,16 @@ def test_kvikio_reader_plans_like_the_file_reader_and_reads_in_parallel(tmp_path
     assert kvikio.closed == 2
 
 
-@pytest.mark.parametrize("setting, mode", [(True, "kvikio-compat"), (False, "kvikio-gds"),
-                                            ("ON", "kvikio-compat"), ("OFF", "kvikio-gds"), ("AUTO", "kvikio-auto")])
+@pytest.mark.parametrize(
+    "setting, mode",
+    [
+        (True, "kvikio-compat"),
+        (False, "kvikio-gds"),
+        ("ON", "kvikio-compat"),
+        ("OFF", "kvikio-gds"),
+        ("AUTO", "kvikio-auto"),
+    ],
+)
 def test_kvikio_mode_across_versions(setting: bool | str, mode: str) -> None:
     """kvikio ≥ 24.10 answers an enum (ON, OFF, AUTO); before, a bool."""
     value = setting if isinstance(setting, bool) else type("CompatMode", (), {"name": setting})()
@@ -389,8 +399,10 @@ def test_get_is_faster_than_a_pread_loop(placed_dir: Path) -> None:
     t_loop = _best(loop)
     for fd in fds:
         os.close(fd)
-    print(f"\nget of 50,000 random SSD ids: {t_get * 1e3:.1f} ms; single-thread pread loop: {t_loop * 1e3:.1f} ms; "
-          f"ratio loop/get {t_loop / t_get:.2f}")
+    print(
+        f"\nget of 50,000 random SSD ids: {t_get * 1e3:.1f} ms; single-thread pread loop: {t_loop * 1e3:.1f} ms; "
+        f"ratio loop/get {t_loop / t_get:.2f}"
+    )
     assert t_get < 5 * t_loop
 
 

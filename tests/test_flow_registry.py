@@ -22,8 +22,9 @@ from planner_fixtures import SSD_ONLY, one_switch
 
 def _twice_as_fast(net: Network, engine: str, known: Mapping[str, Prediction]) -> Prediction:
     first = known["proportional"]
-    return replace(first, model="half", iteration_s=first.iteration_s / 2,
-                   per_gpu_s={g: t / 2 for g, t in first.per_gpu_s.items()})
+    return replace(
+        first, model="half", iteration_s=first.iteration_s / 2, per_gpu_s={g: t / 2 for g, t in first.per_gpu_s.items()}
+    )
 
 
 def _explain(net: Network, own: Prediction, primary: Prediction) -> str:
@@ -44,7 +45,9 @@ def test_a_registered_model_reaches_scores_reports_and_the_plan(monkeypatch: pyt
     assert record["half_bottleneck"] == record["bottleneck"]
     assert record["models_differ"] == f"half says {t / 2:.3f} s"
     doc = plan_document(machine, SSD_ONLY, outcome)
-    assert doc.predicted.model_extra == {k: record[k] for k in ("half_iteration_s", "half_gbps_per_gpu", "half_bottleneck")}
+    assert doc.predicted.model_extra == {
+        k: record[k] for k in ("half_iteration_s", "half_gbps_per_gpu", "half_bottleneck")
+    }
     assert PlanDoc.model_validate(doc.model_dump(mode="json")) == doc  # reads back equal
 
     out = io.StringIO()
@@ -63,16 +66,20 @@ def test_the_default_registry_writes_the_plan_2_record() -> None:
     assert list(outcome.best.to_dict()) == list(LayoutRecord.model_fields)
 
 
-@pytest.mark.parametrize(("key", "value", "why"), [
-    ("colour", "red", "unknown field 'colour'"),
-    ("Half_iteration_s", 0.1, "unknown field 'Half_iteration_s'"),
-    ("half_iteration_s", "fast", "half_iteration_s: Input should be a valid number"),
-    ("half_bottleneck", [1], "half_bottleneck: 0: Input should be a valid string"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("colour", "red", "unknown field 'colour'"),
+        ("Half_iteration_s", 0.1, "unknown field 'Half_iteration_s'"),
+        ("half_iteration_s", "fast", "half_iteration_s: Input should be a valid number"),
+        ("half_bottleneck", [1], "half_bottleneck: 0: Input should be a valid string"),
+    ],
+)
 def test_a_layout_record_refuses_what_no_model_writes(key: str, value: object, why: str) -> None:
     outcome = plan(one_switch(), SSD_ONLY, 2, 2, top=1)
     record = {**outcome.best.to_dict(), key: value}
     with pytest.raises(ValueError, match="predicted") as info:
-        PlanDoc.model_validate({**plan_document(one_switch(), SSD_ONLY, outcome).model_dump(mode="json"),
-                                "predicted": record})
+        PlanDoc.model_validate(
+            {**plan_document(one_switch(), SSD_ONLY, outcome).model_dump(mode="json"), "predicted": record}
+        )
     assert why in str(info.value)

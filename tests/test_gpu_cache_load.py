@@ -42,7 +42,10 @@ def test_a_copy_from_the_mapping_goes_in_pieces(monkeypatch: pytest.MonkeyPatch)
     dst = torch.empty_like(src)
     copies: list[int] = []
     real = torch.Tensor.copy_
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, other, *a, **kw: (copies.append(other.shape[0]),
-                                                                               real(self, other, *a, **kw))[1])
+    monkeypatch.setattr(
+        torch.Tensor,
+        "copy_",
+        lambda self, other, *a, **kw: (copies.append(other.shape[0]), real(self, other, *a, **kw))[1],
+    )
     copy_in_chunks(src, dst)
     assert torch.equal(dst, src) and max(copies) == 8 and sum(copies) == 100

@@ -155,7 +155,9 @@ def _break(path: Path, how: str) -> None:
         meta_path.write_text(json.dumps({**meta, "fanouts": "25,10"}))
 
 
-@pytest.mark.parametrize("how", ["truncated", "shape", "sum", "dtype", "pickle", "format", "json", "no-sidecar", "fanouts"])
+@pytest.mark.parametrize(
+    "how", ["truncated", "shape", "sum", "dtype", "pickle", "format", "json", "no-sidecar", "fanouts"]
+)
 def test_load_rejects_corrupt_or_mismatched_files(hot: Hotness, tmp_path: Path, how: str) -> None:
     path = tmp_path / "hotness.npy"
     hot.save(path)

@@ -53,16 +53,16 @@ def affinity(monkeypatch: pytest.MonkeyPatch) -> list[set[int]]:
     return pinned
 
 
-def test_a_rank_is_pinned_to_its_whole_socket_not_the_node_of_that_number(snc2: Path,
-                                                                          affinity: list[set[int]]) -> None:
+def test_a_rank_is_pinned_to_its_whole_socket_not_the_node_of_that_number(snc2: Path, affinity: list[set[int]]) -> None:
     """Under SNC2 "cpu1" is socket 1 (CPUs 16-31, nodes 2 and 3), never node 1 (CPUs 8-15, on
     socket 0)."""
     said = hw.pin_to_socket("cpu1", sysfs=snc2)
     assert affinity[-1] == set(range(16, 32)) and said == "16 CPUs of socket 1 (NUMA nodes 2, 3)"
 
 
-def test_without_package_topology_the_node_of_that_number_is_the_fallback(tmp_path: Path,
-                                                                           affinity: list[set[int]]) -> None:
+def test_without_package_topology_the_node_of_that_number_is_the_fallback(
+    tmp_path: Path, affinity: list[set[int]]
+) -> None:
     node = tmp_path / "sys" / "devices" / "system" / "node" / "node1"
     node.mkdir(parents=True)
     (node / "cpulist").write_text("4-7\n")
@@ -73,12 +73,15 @@ def test_without_package_topology_the_node_of_that_number_is_the_fallback(tmp_pa
 PLAN = [GPU0, GPU1, GPU2, GPU3]
 
 
-@pytest.mark.parametrize("present, count", [
-    (PLAN, 4),  # every plan address found
-    (["0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0"], 4),  # none found (another machine)
-    ([GPU0, GPU2, "0000:e1:00.0"], 3),  # one GPU hidden (CUDA_VISIBLE_DEVICES): 2 match, 1 does not
-    ([], 4),  # torch too old to report PCI addresses
-])
+@pytest.mark.parametrize(
+    "present, count",
+    [
+        (PLAN, 4),  # every plan address found
+        (["0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0"], 4),  # none found (another machine)
+        ([GPU0, GPU2, "0000:e1:00.0"], 3),  # one GPU hidden (CUDA_VISIBLE_DEVICES): 2 match, 1 does not
+        ([], 4),  # torch too old to report PCI addresses
+    ],
+)
 def test_every_rank_gets_a_distinct_gpu(present: list[str], count: int) -> None:
     ranks = min(4, count)
     got = hw.assign_devices(PLAN[:ranks], present, count)

@@ -28,8 +28,9 @@ def _rows(ds: Dataset) -> tuple[list[int], list[int]]:
     return ds.indptr().tolist(), ds.indices().tolist()
 
 
-def _igb(root: Path, size: str, feats: np.ndarray, labels: np.ndarray, edges: np.ndarray, raw: bool,
-         classes: int = 19) -> None:
+def _igb(
+    root: Path, size: str, feats: np.ndarray, labels: np.ndarray, edges: np.ndarray, raw: bool, classes: int = 19
+) -> None:
     base = root / size / "processed"
     (base / "paper").mkdir(parents=True)
     (base / "paper__cites__paper").mkdir()
@@ -46,8 +47,11 @@ def _igb(root: Path, size: str, feats: np.ndarray, labels: np.ndarray, edges: np
 @pytest.fixture
 def graph() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(5)
-    return (rng.standard_normal((N, 16)).astype(np.float32), rng.integers(0, 19, N).astype(np.float32),
-            rng.integers(0, N, (E, 2)))
+    return (
+        rng.standard_normal((N, 16)).astype(np.float32),
+        rng.integers(0, 19, N).astype(np.float32),
+        rng.integers(0, N, (E, 2)),
+    )
 
 
 def test_igb_npy_layout_matches_a_direct_reading(tmp_path: Path, graph) -> None:
@@ -71,8 +75,12 @@ def test_igb_mlperf_split_is_mlperf_split_seeds(tmp_path: Path, graph) -> None:
     """The same ids as MLPerf's split_seeds.py: torch.manual_seed(42); torch.randperm(L); 60 %, 0.5 %."""
     feats, labels, edges = graph
     _igb(tmp_path / "igb", "small", feats, labels, edges, raw=False, classes=2983)
-    ds = run("igb", tmp_path / "ds", {"root": str(tmp_path / "igb"), "size": "small", "classes": 2983,
-                                      "split": "mlperf"}, log=lambda _: None)
+    ds = run(
+        "igb",
+        tmp_path / "ds",
+        {"root": str(tmp_path / "igb"), "size": "small", "classes": 2983, "split": "mlperf"},
+        log=lambda _: None,
+    )
     torch.manual_seed(42)
     shuffled = torch.randperm(N)
     n_train, n_val = int(N * 0.6), int(N * 0.005)
@@ -94,12 +102,15 @@ def test_igb_full_raw_files_padding_and_zero_tail(tmp_path: Path) -> None:
     _igb(tmp_path / "igb", "full", feats, labels, edges, raw=True)
     lines: list[str] = []
     given = {"root": str(tmp_path / "igb"), "size": "full", "labelled": labelled, "split": "fraction:0.25"}
-    ds = run("igb", tmp_path / "ds", {**given, "undirected": True, "self_loops": True, "feature_dtype": "float16"},
-             log=lines.append)
+    ds = run(
+        "igb",
+        tmp_path / "ds",
+        {**given, "undirected": True, "self_loops": True, "feature_dtype": "float16"},
+        log=lines.append,
+    )
     check_dataset(ds)
     assert any("no .npy header" in line and "N = 262,144 bytes / 4096 = 64 vertices" in line for line in lines)
-    assert any(line.startswith("warning:") and "all zero" in line and "node_feat_5M_tail.npy" in line
-               for line in lines)
+    assert any(line.startswith("warning:") and "all zero" in line and "node_feat_5M_tail.npy" in line for line in lines)
     want = labels.astype(np.int64)
     want[labelled:] = -1
     assert ds.labels().tolist() == want.tolist()
@@ -122,15 +133,23 @@ def _ogb(root: Path, n: int, e: int, seed: int = 0) -> dict[str, np.ndarray]:
         "node_label": np.where(rng.random((n, 1)) < 0.4, rng.integers(0, 5, (n, 1)), np.nan),
     }
     (root / "raw").mkdir(parents=True)
-    np.savez_compressed(root / "raw" / "data.npz", edge_index=arrays["edge_index"], node_feat=arrays["node_feat"],
-                        node_year=rng.integers(1990, 2020, (n, 1)), num_nodes_list=np.array([n]),
-                        num_edges_list=np.array([e]))
+    np.savez_compressed(
+        root / "raw" / "data.npz",
+        edge_index=arrays["edge_index"],
+        node_feat=arrays["node_feat"],
+        node_year=rng.integers(1990, 2020, (n, 1)),
+        num_nodes_list=np.array([n]),
+        num_edges_list=np.array([e]),
+    )
     np.savez_compressed(root / "raw" / "node-label.npz", node_label=arrays["node_label"])
     labelled = rng.permutation(np.flatnonzero(~np.isnan(arrays["node_label"][:, 0])))
     third = len(labelled) // 3
     (root / "split" / "time").mkdir(parents=True)
-    for name, ids in (("train", labelled[:third]), ("valid", labelled[third : 2 * third]),
-                      ("test", labelled[2 * third :])):
+    for name, ids in (
+        ("train", labelled[:third]),
+        ("valid", labelled[third : 2 * third]),
+        ("test", labelled[2 * third :]),
+    ):
         with gzip.open(root / "split" / "time" / f"{name}.csv.gz", "wt") as fh:
             fh.write("".join(f"{i}\n" for i in ids))
         arrays[name] = ids
@@ -143,8 +162,7 @@ def test_ogb_binary_layout_streams_the_compressed_npz(tmp_path: Path, monkeypatc
         assert zf.getinfo("edge_index.npy").compress_type == zipfile.ZIP_DEFLATED
     # a budget that forces several windows: the 2×E member is then read (inflated) three times
     monkeypatch.setattr(csr.Layout, "plan", staticmethod(lambda n, memory: csr.Layout(333, 700)))
-    ds = run("ogb", tmp_path / "ds", {"root": str(tmp_path / "papers100M-bin"), "undirected": True},
-             log=lambda _: None)
+    ds = run("ogb", tmp_path / "ds", {"root": str(tmp_path / "papers100M-bin"), "undirected": True}, log=lambda _: None)
     check_dataset(ds)
     src, dst = got["edge_index"]
     keep = src != dst
@@ -183,8 +201,11 @@ def test_ogb_csv_layout_matches_a_direct_reading(tmp_path: Path, monkeypatch) ->
     check_dataset(ds)
     assert _rows(ds) == _csr(edges[:, 0], edges[:, 1], n)
     assert np.array_equal(ds.features(), feats) and ds.labels().tolist() == labels.tolist()
-    assert (ds.split("train").tolist(), ds.split("val").tolist(), ds.split("test").tolist()) == ([1, 3, 4], [9, 15],
-                                                                                                  [5, 26])
+    assert (ds.split("train").tolist(), ds.split("val").tolist(), ds.split("test").tolist()) == (
+        [1, 3, 4],
+        [9, 15],
+        [5, 26],
+    )
     lines = [f"{s},{d}\n" for s, d in edges]
     lines[50] = "1,2,3\n"  # line 51
     with gzip.open(raw / "edge.csv.gz", "wt") as fh:
@@ -258,17 +279,64 @@ def test_bad_inputs_are_one_line_naming_the_file(tmp_path: Path, graph) -> None:
 def test_cli_import_errors_are_one_line_with_a_non_zero_exit(tmp_path: Path, graph, capfd) -> None:
     from moment.cli import main
 
-    assert main(["dataset", "import", "--format", "igb", "--root", str(tmp_path / "no"), "--size", "tiny",
-                 "--out", str(tmp_path / "ds")]) == 1
+    assert (
+        main(
+            [
+                "dataset",
+                "import",
+                "--format",
+                "igb",
+                "--root",
+                str(tmp_path / "no"),
+                "--size",
+                "tiny",
+                "--out",
+                str(tmp_path / "ds"),
+            ]
+        )
+        == 1
+    )
     err = capfd.readouterr().err
     assert "no/tiny/processed: missing" in err and len(err.strip().splitlines()) == 1
     assert main(["dataset", "import", "--format", "igb", "--root", str(tmp_path), "--out", str(tmp_path / "ds")]) == 2
     assert "--format igb needs --size" in capfd.readouterr().err
-    assert main(["dataset", "import", "--format", "ogb", "--root", str(tmp_path), "--size", "tiny",
-                 "--out", str(tmp_path / "ds")]) == 2
+    assert (
+        main(
+            [
+                "dataset",
+                "import",
+                "--format",
+                "ogb",
+                "--root",
+                str(tmp_path),
+                "--size",
+                "tiny",
+                "--out",
+                str(tmp_path / "ds"),
+            ]
+        )
+        == 2
+    )
     assert "--size is not an option of --format ogb" in capfd.readouterr().err
-    assert main(["dataset", "import", "--format", "igb", "--root", str(tmp_path), "--size", "tiny", "--memory",
-                 "lots", "--out", str(tmp_path / "ds")]) == 2
+    assert (
+        main(
+            [
+                "dataset",
+                "import",
+                "--format",
+                "igb",
+                "--root",
+                str(tmp_path),
+                "--size",
+                "tiny",
+                "--memory",
+                "lots",
+                "--out",
+                str(tmp_path / "ds"),
+            ]
+        )
+        == 2
+    )
     assert "--memory: 'lots' is not a size" in capfd.readouterr().err
 
 
@@ -277,8 +345,27 @@ def test_cli_imports_igb_and_prints_the_dataset(tmp_path: Path, graph, capfd) ->
 
     feats, labels, edges = graph
     _igb(tmp_path / "igb", "tiny", feats, labels, edges, raw=False)
-    assert main(["dataset", "import", "--format", "igb", "--root", str(tmp_path / "igb"), "--size", "tiny",
-                 "--split", "fraction:0.1", "--memory", "64MB", "--out", str(tmp_path / "ds")]) == 0
+    assert (
+        main(
+            [
+                "dataset",
+                "import",
+                "--format",
+                "igb",
+                "--root",
+                str(tmp_path / "igb"),
+                "--size",
+                "tiny",
+                "--split",
+                "fraction:0.1",
+                "--memory",
+                "64MB",
+                "--out",
+                str(tmp_path / "ds"),
+            ]
+        )
+        == 0
+    )
     printed = " ".join(capfd.readouterr().out.split())  # rich wraps long lines
     assert f"{N:,} vertices, {E:,} edges, 19 classes, 30 training vertices" in printed
 

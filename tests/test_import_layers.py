@@ -51,6 +51,10 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 def test_the_trainer_reads_plans_through_their_contract() -> None:
     """A rank reads plan.json through moment.contracts.plan: it never loads the planner's search,
     flow models or rich tables (moment.planner.*)."""
-    found = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in sorted((ROOT / "trainer").rglob("*.py"))
-             for line, name in imports(path) if name.startswith("moment.planner")]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in sorted((ROOT / "trainer").rglob("*.py"))
+        for line, name in imports(path)
+        if name.startswith("moment.planner")
+    ]
     assert not found, "\n".join(found)

@@ -59,8 +59,10 @@ def test_undirected_adds_every_reverse_but_self_loops_once(tmp_path: Path, input
 
 def test_csr_input_is_kept_as_is_or_symmetrised(tmp_path: Path, inputs: dict[str, Path]) -> None:
     indptr, indices = [0, 1, 4, 4, 4, 6], [1, 0, 2, 0, 3, 4]
-    csr = {"indptr": _save(tmp_path, "indptr", np.array(indptr)),
-           "indices": _save(tmp_path, "indices", np.array(indices, dtype=np.int32))}
+    csr = {
+        "indptr": _save(tmp_path, "indptr", np.array(indptr)),
+        "indices": _save(tmp_path, "indices", np.array(indices, dtype=np.int32)),
+    }
     plain = {k: v for k, v in inputs.items() if k != "edges"}
     assert _rows(import_arrays(tmp_path / "a", **plain, **csr, chunk=2)) == (indptr, indices)
     both = import_arrays(tmp_path / "b", **plain, **csr, undirected=True)
@@ -120,8 +122,9 @@ def test_features_convert_on_request_and_refuse_overflow(tmp_path: Path, inputs:
         ("train", np.array([1, 1]), r"train\.npy: train lists vertex 1 twice"),
     ],
 )
-def test_bad_inputs_name_the_file_and_the_problem(tmp_path: Path, inputs: dict[str, Path], key: str,
-                                                  array: np.ndarray, message: str) -> None:
+def test_bad_inputs_name_the_file_and_the_problem(
+    tmp_path: Path, inputs: dict[str, Path], key: str, array: np.ndarray, message: str
+) -> None:
     inputs[key] = _save(tmp_path, key, array)
     with pytest.raises(DatasetError, match=message):
         import_arrays(tmp_path / "ds", **inputs)
@@ -131,9 +134,11 @@ def test_bad_inputs_name_the_file_and_the_problem(tmp_path: Path, inputs: dict[s
 def test_bad_csr_and_split_relations_are_refused(tmp_path: Path, inputs: dict[str, Path]) -> None:
     plain = {k: v for k, v in inputs.items() if k != "edges"}
     indices = _save(tmp_path, "indices", np.array([1, 0, 2]))
-    for indptr, message in (([0, 1, 3, 3, 3], r"indptr has 5 entries, expected N\+1 = 6"),
-                            ([0, 2, 1, 3, 3, 3], r"indptr decreases at vertex 1"),
-                            ([0, 1, 2, 2, 2, 2], r"indptr must run from 0 to len\(indices\) = 3")):
+    for indptr, message in (
+        ([0, 1, 3, 3, 3], r"indptr has 5 entries, expected N\+1 = 6"),
+        ([0, 2, 1, 3, 3, 3], r"indptr decreases at vertex 1"),
+        ([0, 1, 2, 2, 2, 2], r"indptr must run from 0 to len\(indices\) = 3"),
+    ):
         with pytest.raises(DatasetError, match=message):
             import_arrays(tmp_path / "ds", **plain, indptr=_save(tmp_path, "indptr", np.array(indptr)), indices=indices)
     splits = {"train": _save(tmp_path, "tr", np.array([0, 1])), "val": _save(tmp_path, "va", np.array([1, 2]))}
@@ -162,8 +167,11 @@ def test_random_edge_list_matches_an_in_memory_reference(tmp_path: Path) -> None
     n, e = 300, 5000
     rng = np.random.default_rng(3)
     edges = rng.integers(0, n, (e, 2))
-    files = {"features": _save(tmp_path, "f", np.zeros((n, 1), np.float32)),
-             "labels": _save(tmp_path, "l", rng.integers(0, 4, n)), "edges": _save(tmp_path, "e", edges)}
+    files = {
+        "features": _save(tmp_path, "f", np.zeros((n, 1), np.float32)),
+        "labels": _save(tmp_path, "l", rng.integers(0, 4, n)),
+        "edges": _save(tmp_path, "e", edges),
+    }
     ds = import_arrays(tmp_path / "ds", **files, chunk=700)
     order = np.argsort(edges[:, 1], kind="stable")
     assert ds.indices().tolist() == edges[order, 0].tolist()
@@ -172,13 +180,17 @@ def test_random_edge_list_matches_an_in_memory_reference(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
-def test_non_finite_features_are_refused_naming_the_first_row(tmp_path: Path, inputs: dict[str, Path], bad: float,
-                                                              dtype: type) -> None:
+def test_non_finite_features_are_refused_naming_the_first_row(
+    tmp_path: Path, inputs: dict[str, Path], bad: float, dtype: type
+) -> None:
     """Today NaN is copied silently, and `moment verify` then reports a false corruption (NaN != NaN)."""
     x = np.random.default_rng(0).standard_normal((1000, 16)).astype(dtype)
     x[705, 3] = x[900, 0] = bad
-    files = {"features": _save(tmp_path, "x", x), "labels": _save(tmp_path, "y", np.arange(1000) % 4),
-             "edges": _save(tmp_path, "e", np.array([[0, 1]]))}
+    files = {
+        "features": _save(tmp_path, "x", x),
+        "labels": _save(tmp_path, "y", np.arange(1000) % 4),
+        "edges": _save(tmp_path, "e", np.array([[0, 1]])),
+    }
     convert = {"feature_dtype": "float32"} if dtype == np.float64 else {}
     with pytest.raises(DatasetError, match=rf"x\.npy: features row 705 holds {bad} \(column 3\): NaN and inf "):
         import_arrays(tmp_path / "ds", **files, chunk=16 * 100, **convert)  # row 705 is in the 8th chunk
@@ -200,8 +212,7 @@ def test_an_empty_train_split_is_refused(tmp_path: Path, inputs: dict[str, Path]
         (b"\x93NUMPY\x01\x00", r"t\.npy: not a readable \.npy file \(features: "),
     ],
 )
-def test_a_file_that_is_not_npy_is_named(tmp_path: Path, inputs: dict[str, Path], content: bytes,
-                                         message: str) -> None:
+def test_a_file_that_is_not_npy_is_named(tmp_path: Path, inputs: dict[str, Path], content: bytes, message: str) -> None:
     """Not numpy's allow_pickle advice, which a user with a text file cannot act on."""
     (tmp_path / "t.npy").write_bytes(content)
     with pytest.raises(DatasetError, match=message) as info:
@@ -239,7 +250,19 @@ def test_cli_import_error_is_one_line(tmp_path: Path, inputs: dict[str, Path], c
     from moment.cli import main
 
     (tmp_path / "t.npy").write_text("hello\n")
-    code = main(["dataset", "import", "--features", str(tmp_path / "t.npy"), "--labels", str(inputs["labels"]),
-                 "--edges", str(inputs["edges"]), "--out", str(tmp_path / "ds")])
+    code = main(
+        [
+            "dataset",
+            "import",
+            "--features",
+            str(tmp_path / "t.npy"),
+            "--labels",
+            str(inputs["labels"]),
+            "--edges",
+            str(inputs["edges"]),
+            "--out",
+            str(tmp_path / "ds"),
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 1 and "t.npy: not a .npy file" in err and len(err.strip().splitlines()) == 1

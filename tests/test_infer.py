@@ -26,8 +26,22 @@ from trainer.infer import InferOptions, infer
 from trainer.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = ["--fanouts", "5,3", "--batch-size", "128", "--hidden", "16", "--heads", "2", "--epochs", "1",
-         "--max-batches-per-epoch", "2", "--device", "cpu"]
+TRAIN = [
+    "--fanouts",
+    "5,3",
+    "--batch-size",
+    "128",
+    "--hidden",
+    "16",
+    "--heads",
+    "2",
+    "--epochs",
+    "1",
+    "--max-batches-per-epoch",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +49,25 @@ def data(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """A tiny placed graph (GPU, CPU and SSD bins all used), a SAGE and a GAT checkpoint, and a
     second placement of other data."""
     root = tmp_path_factory.mktemp("infer")
-    synthesize(root / "ds", nodes=1500, avg_degree=6, dim=12, dtype="float16", seed=5, classes=4,
-               train_fraction=0.2, val_fraction=0.1, test_fraction=0.1)
+    synthesize(
+        root / "ds",
+        nodes=1500,
+        avg_degree=6,
+        dim=12,
+        dtype="float16",
+        seed=5,
+        classes=4,
+        train_fraction=0.2,
+        val_fraction=0.1,
+        test_fraction=0.1,
+    )
     place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
     out = {"placed": root / "placed", "plan": plan_file}
     for model in ("sage", "gat"):
-        assert loop.main(["--data", str(root / "placed"), "--model", model, *TRAIN,
-                          "--checkpoint-dir", str(root / model)]) == 0
+        assert (
+            loop.main(["--data", str(root / "placed"), "--model", model, *TRAIN, "--checkpoint-dir", str(root / model)])
+            == 0
+        )
         out[model] = root / model
     synthesize(root / "ds2", nodes=900, avg_degree=5, dim=12, dtype="float16", seed=6, classes=4)
     place(plan_file, root / "ds2", root / "placed2", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
@@ -81,8 +107,7 @@ def _arrays(out: Path) -> dict[str, np.ndarray]:
 def test_infer_equals_a_full_graph_forward_pass(data: dict[str, Path], tmp_path: Path, model: str) -> None:
     out = tmp_path / "out"
     # small chunks and two ranks: many chunk borders, neighbours inside and outside each chunk
-    m = infer(InferOptions(data=data["placed"], checkpoint=data[model], out=out, nproc=2, layers="all",
-                           batch_size=200))
+    m = infer(InferOptions(data=data["placed"], checkpoint=data[model], out=out, nproc=2, layers="all", batch_size=200))
     got = _arrays(out)
     want = full_forward(data["placed"], data[model])
     o2n = np.asarray(open_placed(data["placed"]).array("old_to_new"))
@@ -124,8 +149,14 @@ def _run_cli(args: list[str], fault: str | None = None) -> subprocess.CompletedP
     env.pop(faults.ENV, None)
     if fault:
         env[faults.ENV] = fault
-    return subprocess.run([sys.executable, "-m", "moment", "infer", *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "moment", "infer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("point", ["infer:layer2:chunk3", pytest.param("infer:manifest", marks=pytest.mark.slow)])
@@ -141,24 +172,38 @@ def test_a_killed_infer_resumes_to_the_same_bytes(data: dict[str, Path], tmp_pat
         progress = json.loads((out.with_name("killed.partial") / "data/work/progress-0.json").read_text())
         assert (progress["stage"], progress["chunks"]) == (1, 3)  # layer 1 and 3 chunks of layer 2 recorded
     logged: list[str] = []
-    infer(InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
-          log=logged.append)
+    infer(
+        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
+        log=logged.append,
+    )
     assert any("interrupted" in line for line in logged), logged
     a, b = _arrays(straight), _arrays(out)
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert not out.with_name("killed.partial").exists()
     # the same command once more: nothing to do
     logged.clear()
-    infer(InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
-          log=logged.append)
+    infer(
+        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
+        log=logged.append,
+    )
     assert any("nothing to do" in line for line in logged), logged
 
 
 @pytest.mark.slow
-def test_two_torchrun_ranks_write_what_one_process_writes(data: dict[str, Path], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["sage"]), "--batch-size", "300",
-            "--plan", str(data["plan"])]
+def test_two_torchrun_ranks_write_what_one_process_writes(
+    data: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "infer",
+        "--data",
+        str(data["placed"]),
+        "--checkpoint",
+        str(data["sage"]),
+        "--batch-size",
+        "300",
+        "--plan",
+        str(data["plan"]),
+    ]
     assert main([*args, "--out", str(tmp_path / "ranks"), "--nproc", "2"]) == 0
     assert "torch.distributed.run" in capsys.readouterr().err
     infer(InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "loop", nproc=2, batch_size=300))
@@ -176,8 +221,10 @@ def test_bad_inputs_are_one_line(data: dict[str, Path], tmp_path: Path, capsys: 
     base = ["infer", "--data", str(data["placed"]), "--out", str(tmp_path / "o")]
     assert main([*base, "--checkpoint", str(tmp_path / "nowhere")]) == 1
     assert "nowhere: missing" in _one_line(capsys.readouterr().err)
-    assert main(["infer", "--data", str(data["other"]), "--out", str(tmp_path / "o"), "--checkpoint",
-                 str(data["sage"])]) == 1
+    assert (
+        main(["infer", "--data", str(data["other"]), "--out", str(tmp_path / "o"), "--checkpoint", str(data["sage"])])
+        == 1
+    )
     assert "trained on other data" in _one_line(capsys.readouterr().err)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "checkpoint.pt").write_bytes(b"junk")

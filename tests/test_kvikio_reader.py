@@ -148,8 +148,9 @@ def test_choose_reader_takes_the_faster(tmp_path: Path) -> None:
             return super().read_batch(requests)
 
     kvikio = FakeKvikio()
-    chosen = choose_reader({"posix": SlowFileReader(threads=2), "kvikio": _CpuKvikioReader(2, module=kvikio)},
-                           [(path, 4096)])
+    chosen = choose_reader(
+        {"posix": SlowFileReader(threads=2), "kvikio": _CpuKvikioReader(2, module=kvikio)}, [(path, 4096)]
+    )
     with chosen:
         assert isinstance(chosen, KvikioReader) and chosen.probe["kvikio"] < chosen.probe["posix"]
     kvikio.shutdown()
@@ -182,8 +183,9 @@ def test_a_reader_that_fails_its_probe_is_not_chosen(tmp_path: Path, capsys: pyt
         def CuFile(self, file: str, flags: str = "r"):  # type: ignore[no-untyped-def]  # noqa: N802
             raise RuntimeError("cuFile error: CU_FILE_DRIVER_NOT_INITIALIZED")
 
-    chosen = choose_reader({"posix": FileReader(threads=2), "kvikio": _CpuKvikioReader(2, module=Refusing())},
-                           [(path, 4096)])
+    chosen = choose_reader(
+        {"posix": FileReader(threads=2), "kvikio": _CpuKvikioReader(2, module=Refusing())}, [(path, 4096)]
+    )
     with chosen:
         assert isinstance(chosen, FileReader) and chosen.probe["kvikio"] == float("inf")
     assert "kvikio reader failed its probe" in capsys.readouterr().err

@@ -32,7 +32,9 @@ def test_live_profile_finds_sysfs_devices(tmp_path: Path) -> None:
     out = tmp_path / "live.yaml"
     done = subprocess.run(
         [sys.executable, "-m", "moment", "profile", "--out", str(out), "--name", "live", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr

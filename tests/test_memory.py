@@ -25,8 +25,18 @@ GB = 1e9
 @pytest.fixture(scope="module")
 def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("memory")
-    synthesize(root / "ds", nodes=3000, avg_degree=6, dim=64, dtype="float32", seed=1, classes=4,
-               train_fraction=0.1, val_fraction=0.05, test_fraction=0.05)
+    synthesize(
+        root / "ds",
+        nodes=3000,
+        avg_degree=6,
+        dim=64,
+        dtype="float32",
+        seed=1,
+        classes=4,
+        train_fraction=0.1,
+        val_fraction=0.05,
+        test_fraction=0.05,
+    )
     place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="10%", cpu_cache="20%"))
     return root / "placed"
 
@@ -77,8 +87,9 @@ def test_parts_follow_the_run_shape(placed: Path, plan_file: Path) -> None:
     assert cpu.gpu_bytes_per_rank == 0 and cpu.host["ranks"] > 0
 
 
-def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_json_prints_the_memory_budget(
+    placed: Path, plan_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["command"][:3][1:] == ["-m", "torch.distributed.run"]
@@ -87,9 +98,9 @@ def test_dry_run_json_prints_the_memory_budget(placed: Path, plan_file: Path,
     assert mem["gpu_bytes_per_rank"] == sum(mem["gpu"].values())
 
 
-def test_a_run_that_does_not_fit_is_refused_before_launch(placed: Path, plan_file: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_that_does_not_fit_is_refused_before_launch(
+    placed: Path, plan_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """On a GPU machine whose GPUs have 512 MiB free, the run is one line, exit 1, no command."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     smi = tmp_path / "nvidia-smi"  # free MiB per GPU, as --query-gpu=memory.free --format=csv,noheader,nounits

@@ -57,8 +57,9 @@ def test_place_refuses_a_directory_of_user_files(plan_file: Path, dataset: Path,
     docs = tmp_path / "mydocs"
     docs.mkdir()
     (docs / "thesis.txt").write_text("thesis")
-    code, err = _cli(capsys, "place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(docs),
-                     "--gpu-cache", "1%")
+    code, err = _cli(
+        capsys, "place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(docs), "--gpu-cache", "1%"
+    )
     assert code == 1 and "is not a placed dataset" in _one_line(err)
     assert (docs / "thesis.txt").read_text() == "thesis" and sorted(p.name for p in tmp_path.iterdir()) == ["mydocs"]
 
@@ -101,8 +102,21 @@ def test_a_foreign_manifest_never_names_what_is_deleted(plan_file: Path, dataset
 
 def test_an_identical_rerun_with_ssd_dirs_is_idempotent(plan_file: Path, dataset: Path, tmp_path: Path, capsys) -> None:
     """#3: re-running the same command deleted the bins it had just written."""
-    args = ["place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(tmp_path / "placed"),
-            "--gpu-cache", "2%", "--cpu-cache", "2%", "--ssd-dir", f"nvme0={tmp_path / 'ssdA'}"]
+    args = [
+        "place",
+        "--plan",
+        str(plan_file),
+        "--dataset",
+        str(dataset),
+        "--out",
+        str(tmp_path / "placed"),
+        "--gpu-cache",
+        "2%",
+        "--cpu-cache",
+        "2%",
+        "--ssd-dir",
+        f"nvme0={tmp_path / 'ssdA'}",
+    ]
     assert main(args) == 0
     first = _tree(tmp_path)
     assert main(args) == 0
@@ -114,8 +128,9 @@ def test_an_identical_rerun_with_ssd_dirs_is_idempotent(plan_file: Path, dataset
     assert sorted(p.name for p in tmp_path.iterdir()) == ["placed", "ssdA"]
 
 
-def test_a_relative_ssd_dir_gives_a_placement_that_opens(plan_file: Path, dataset: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_relative_ssd_dir_gives_a_placement_that_opens(
+    plan_file: Path, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """#4: a relative --ssd-dir was stored relative to the cwd and resolved against the placed dir."""
     monkeypatch.chdir(tmp_path)
     place(plan_file, dataset, "p3", PlaceOptions(ssd_dirs={"nvme0": Path("ssdrel")}, **OPTS))
@@ -169,8 +184,17 @@ def _killed_at(point: str, call: str) -> int:
     return done.returncode
 
 
-PLACE_POINTS = ["place:planned", "place:bins-written", "place:arrays-written", "place:manifest-staged",
-                "place:bins-renamed", "place:staged", "place:old-moved", "place:published", "place:old-removed"]
+PLACE_POINTS = [
+    "place:planned",
+    "place:bins-written",
+    "place:arrays-written",
+    "place:manifest-staged",
+    "place:bins-renamed",
+    "place:staged",
+    "place:old-moved",
+    "place:published",
+    "place:old-removed",
+]
 
 
 @pytest.mark.parametrize("point", PLACE_POINTS)
@@ -180,9 +204,11 @@ def test_place_killed_at_each_commit_step_resumes(point: str, plan_file: Path, d
     out, ssd = tmp_path / "pk", tmp_path / "ssd"
     place(plan_file, dataset, out, PlaceOptions(ssd_dirs={"nvme0": ssd}, **OPTS))  # an old placement to replace
     opts = PlaceOptions(policy="hash", ssd_dirs={"nvme0": ssd}, **OPTS)
-    call = (f"from placement.place import PlaceOptions, place; from pathlib import Path; "
-            f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions(policy='hash', "
-            f"ssd_dirs={{'nvme0': Path({str(ssd)!r})}}, **{OPTS!r}))")
+    call = (
+        f"from placement.place import PlaceOptions, place; from pathlib import Path; "
+        f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions(policy='hash', "
+        f"ssd_dirs={{'nvme0': Path({str(ssd)!r})}}, **{OPTS!r}))"
+    )
     assert _killed_at(point, call) == faults.FAULT_EXIT
     place(plan_file, dataset, out, opts)
     assert verify(out)["rows"] == 4000
@@ -191,8 +217,9 @@ def test_place_killed_at_each_commit_step_resumes(point: str, plan_file: Path, d
     assert [p.name for p in ssd.iterdir()] == [Path(b.path).name for b in open_placed(out).bins if b.name == "nvme0"]
 
 
-@pytest.mark.parametrize("point", ["dataset:written", "dataset:staged", "dataset:old-moved", "dataset:published",
-                                   "dataset:old-removed"])
+@pytest.mark.parametrize(
+    "point", ["dataset:written", "dataset:staged", "dataset:old-moved", "dataset:published", "dataset:old-removed"]
+)
 def test_synth_killed_at_each_commit_step_resumes(point: str, tmp_path: Path) -> None:
     """#7: the fixed temporary name of synth was cleared under a running writer. Each commit step of
     `dataset synth` (replacing an older dataset) is finished or redone by the next run."""
@@ -208,8 +235,9 @@ def test_synth_killed_at_each_commit_step_resumes(point: str, tmp_path: Path) ->
 # --- rule 8 and the small ones --------------------------------------------------------------------
 
 
-def test_a_preflight_refusal_leaves_nothing(plan_file: Path, dataset: Path, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_preflight_refusal_leaves_nothing(
+    plan_file: Path, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """#34: a refused preflight left an empty OUT.partial behind."""
     from collections import namedtuple
 
@@ -225,8 +253,18 @@ def test_os_errors_are_one_line(plan_file: Path, dataset: Path, tmp_path: Path, 
     (tmp_path / "afile").write_text("x")
     code, err = _cli(capsys, "plan", "--profile", "moment-machine-b", "--out", str(tmp_path))
     assert code == 1 and str(tmp_path) in _one_line(err)
-    code, err = _cli(capsys, "place", "--plan", str(plan_file), "--dataset", str(dataset),
-                     "--out", str(tmp_path / "afile" / "p"), "--gpu-cache", "1%")
+    code, err = _cli(
+        capsys,
+        "place",
+        "--plan",
+        str(plan_file),
+        "--dataset",
+        str(dataset),
+        "--out",
+        str(tmp_path / "afile" / "p"),
+        "--gpu-cache",
+        "1%",
+    )
     assert code == 1 and "afile" in _one_line(err)
     code, err = _cli(capsys, "dataset", "synth", "--nodes", "100", "--out", str(tmp_path / "afile" / "d"))
     assert code == 1 and "afile" in _one_line(err)
@@ -238,7 +276,19 @@ def test_usage_mistakes_of_place_and_verify(plan_file: Path, dataset: Path, tmp_
         main(["verify", str(tmp_path), "--sample", "-5"])
     assert stop.value.code == 2 and "--sample" in _one_line(capsys.readouterr().err)
     with pytest.raises(SystemExit) as stop:
-        main(["place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(tmp_path / "p"), "--epochs", "0"])
+        main(
+            [
+                "place",
+                "--plan",
+                str(plan_file),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(tmp_path / "p"),
+                "--epochs",
+                "0",
+            ]
+        )
     assert stop.value.code == 2 and "--epochs" in _one_line(capsys.readouterr().err)
 
 

@@ -161,8 +161,21 @@ def test_parse_rows() -> None:
 def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "placed"
     run = lambda *a: subprocess.run([sys.executable, "-m", "moment", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
-    done = run("place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(out), "--gpu-cache", "3%", "--cpu-cache", "4%",
-               "--ssd-dir", f"nvme0={tmp_path / 'ssd0'}")
+    done = run(
+        "place",
+        "--plan",
+        str(plan_file),
+        "--dataset",
+        str(dataset),
+        "--out",
+        str(out),
+        "--gpu-cache",
+        "3%",
+        "--cpu-cache",
+        "4%",
+        "--ssd-dir",
+        f"nvme0={tmp_path / 'ssd0'}",
+    )
     assert done.returncode == 0, done.stderr
     assert "achieved" in done.stdout
     assert any((tmp_path / "ssd0").glob("nvme0-*.bin"))  # the SSD bin went to its directory

@@ -89,8 +89,24 @@ def test_ddak_balances_to_the_new_targets(plan_file: Path, placed) -> None:
 def test_replan_with_the_workload_reproduces_the_prediction(plan_file: Path, placed) -> None:
     manifest, out = placed
     pred = manifest["prediction"]
-    done = subprocess.run([sys.executable, "-m", "moment", "score", "--profile", "moment-machine-b", "--layout", str(plan_file),
-                           "--workload", str(out / "workload.yaml"), "--json"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moment",
+            "score",
+            "--profile",
+            "moment-machine-b",
+            "--layout",
+            str(plan_file),
+            "--workload",
+            str(out / "workload.yaml"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     again = json.loads(done.stdout)
     assert again["tier_shares"] == pytest.approx(pred["tier_shares"], abs=1e-6)
@@ -102,10 +118,12 @@ def test_manifest_is_read_strictly(placed) -> None:
     _, out = placed
     doc = json.loads((out / MANIFEST).read_text())
     assert PlacedManifest.parse(doc, "placed.json").prediction.source == "dataset"
-    for bad, match in [({**doc, "format": "moment.placed/2"}, "format"),
-                       ({k: v for k, v in doc.items() if k != "prediction"}, "prediction"),
-                       ({**doc, "prediction": {**doc["prediction"], "bin_shares": {"nvme0": 1.0}}}, "bin_shares"),
-                       ({**doc, "prediction": {**doc["prediction"], "source": "guess"}}, "source")]:
+    for bad, match in [
+        ({**doc, "format": "moment.placed/2"}, "format"),
+        ({k: v for k, v in doc.items() if k != "prediction"}, "prediction"),
+        ({**doc, "prediction": {**doc["prediction"], "bin_shares": {"nvme0": 1.0}}}, "bin_shares"),
+        ({**doc, "prediction": {**doc["prediction"], "source": "guess"}}, "source"),
+    ]:
         with pytest.raises(PlacedError, match=match):
             PlacedManifest.parse(bad, "placed.json")
 
@@ -115,13 +133,28 @@ def test_cache_budgets_give_back_the_rows_exactly() -> None:
     base = Workload()
     naive_misses = 0
     for n, dim in [(100, 7), (10_007, 3), (999_983, 129), (1_000, 1)]:
-        ds = SimpleNamespace(num_nodes=n, num_edges=0, feature_dim=dim, row_bytes=dim * 2, meta={"feature_dtype": "float16"})
-        hot = Hotness(counts=np.ones(n, dtype=np.int64), batches=10, mean_unique_per_batch=50.0, epochs=1, fanouts=(5, 5),
-                      batch_size=8)
+        ds = SimpleNamespace(
+            num_nodes=n, num_edges=0, feature_dim=dim, row_bytes=dim * 2, meta={"feature_dtype": "float16"}
+        )
+        hot = Hotness(
+            counts=np.ones(n, dtype=np.int64),
+            batches=10,
+            mean_unique_per_batch=50.0,
+            epochs=1,
+            fanouts=(5, 5),
+            batch_size=8,
+        )
         for gpu in range(0, min(n, 60)):
             cpu = (gpu * 7) % (n - gpu + 1)
-            naive = base.model_copy(update={"nodes": n, "feature_dim": dim, "feature_dtype": "float16",
-                                            "gpu_cache_gb": gpu * dim * 2 / 1e9, "cpu_cache_fraction": cpu / n})
+            naive = base.model_copy(
+                update={
+                    "nodes": n,
+                    "feature_dim": dim,
+                    "feature_dtype": "float16",
+                    "gpu_cache_gb": gpu * dim * 2 / 1e9,
+                    "cpu_cache_fraction": cpu / n,
+                }
+            )
             naive_misses += (naive.gpu_cache_rows(), naive.cpu_cache_rows()) != (gpu, cpu)
             w = measured_workload(base, ds, hot, gpu, cpu)
             assert (w.gpu_cache_rows(), w.cpu_cache_rows()) == (gpu, cpu), (n, dim, gpu, cpu)

@@ -55,19 +55,42 @@ def set_key(part: str, index: int, key: str, value: Any) -> Edit:
 
 # (edit, field the error names, what it says): the review's #20 and #21 and the contract's rules.
 CASES: dict[str, tuple[Edit, str, str]] = {
-    "bin path traversal (#20)": (set_key("bin_targets", -1, "bin", "../../victim"), "bin_targets.9.bin", "is not a bin name"),
+    "bin path traversal (#20)": (
+        set_key("bin_targets", -1, "bin", "../../victim"),
+        "bin_targets.9.bin",
+        "is not a bin name",
+    ),
     "absolute bin path": (set_key("bin_targets", 0, "bin", "/tmp/x"), "bin_targets.0.bin", "is not a bin name"),
-    "duplicate bin (#21)": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][0])), "bin_targets.10.bin", "duplicate bin gpu-cache"),
-    "bins sharing a file name": (lambda d: d["bin_targets"].append(dict(d["bin_targets"][1], bin="cpu:cache")),
-                                 "bin_targets.10.bin", "same file name as bin cpu-cache"),
+    "duplicate bin (#21)": (
+        lambda d: d["bin_targets"].append(dict(d["bin_targets"][0])),
+        "bin_targets.10.bin",
+        "duplicate bin gpu-cache",
+    ),
+    "bins sharing a file name": (
+        lambda d: d["bin_targets"].append(dict(d["bin_targets"][1], bin="cpu:cache")),
+        "bin_targets.10.bin",
+        "same file name as bin cpu-cache",
+    ),
     "share abc (#21)": (set_key("bin_targets", 0, "share", "abc"), "bin_targets.0.share", "valid number"),
     "share out of range": (set_key("bin_targets", 0, "share", 1.5), "bin_targets.0.share", "less than or equal to 1"),
     "unknown tier": (set_key("bin_targets", 0, "tier", "tape"), "bin_targets.0.tier", "'gpu', 'cpu' or 'ssd'"),
-    "batch_size 0 (#21)": (lambda d: d["workload"].__setitem__("batch_size", 0), "workload.batch_size", "greater than 0"),
-    "fanouts 0,0 (#21)": (lambda d: d["workload"].__setitem__("fanouts", [0, 0]), "workload.fanouts.0", "must be positive"),
+    "batch_size 0 (#21)": (
+        lambda d: d["workload"].__setitem__("batch_size", 0),
+        "workload.batch_size",
+        "greater than 0",
+    ),
+    "fanouts 0,0 (#21)": (
+        lambda d: d["workload"].__setitem__("fanouts", [0, 0]),
+        "workload.fanouts.0",
+        "must be positive",
+    ),
     "no fanouts": (lambda d: d["workload"].__setitem__("fanouts", []), "workload.fanouts", "at least one"),
     "missing key": (lambda d: d.pop("bin_targets"), "bin_targets", "Field required"),
-    "unknown key": (set_key("bin_targets", 2, "colour", "red"), "bin_targets.2.colour", "Extra inputs are not permitted"),
+    "unknown key": (
+        set_key("bin_targets", 2, "colour", "red"),
+        "bin_targets.2.colour",
+        "Extra inputs are not permitted",
+    ),
     "wrong type": (lambda d: d.__setitem__("ranks", {"0": "gpu0"}), "ranks", "valid list"),
     "ranks out of order": (set_key("ranks", 2, "rank", 5), "ranks.2.rank", "expected 2"),
     "two ranks on one GPU": (set_key("ranks", 3, "gpu", "gpu1"), "ranks.3.gpu", "gpu1 already has rank 1"),
@@ -75,13 +98,25 @@ CASES: dict[str, tuple[Edit, str, str]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_place_refuses_a_bad_plan_in_one_line(case: str, good: dict[str, Any], dataset: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_place_refuses_a_bad_plan_in_one_line(
+    case: str, good: dict[str, Any], dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     edit, field, says = CASES[case]
     path = evil(tmp_path, good, edit)
     before, source = tree(tmp_path), tree(dataset)
-    code = main(["place", "--plan", str(path), "--dataset", str(dataset), "--out", str(tmp_path / "a" / "b" / "pp"),
-                 "--gpu-cache", "1%"])
+    code = main(
+        [
+            "place",
+            "--plan",
+            str(path),
+            "--dataset",
+            str(dataset),
+            "--out",
+            str(tmp_path / "a" / "b" / "pp"),
+            "--gpu-cache",
+            "1%",
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(lines) == 1, lines
     assert f"{path}: {field}: " in lines[0] and says in lines[0], lines[0]
@@ -91,17 +126,34 @@ def test_place_refuses_a_bad_plan_in_one_line(case: str, good: dict[str, Any], d
 def test_traversal_through_the_cli_writes_nothing(good: dict[str, Any], dataset: Path, tmp_path: Path) -> None:
     """The review's #20 as a user runs it: exit 1, one line, no file outside (or inside) --out."""
     path = evil(tmp_path, good, set_key("bin_targets", -1, "bin", "../../victim"))
-    done = subprocess.run([sys.executable, "-m", "moment", "place", "--plan", str(path), "--dataset", str(dataset),
-                           "--out", str(tmp_path / "a" / "b" / "pp"), "--gpu-cache", "1%"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moment",
+            "place",
+            "--plan",
+            str(path),
+            "--dataset",
+            str(dataset),
+            "--out",
+            str(tmp_path / "a" / "b" / "pp"),
+            "--gpu-cache",
+            "1%",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert f"{path}: bin_targets.9.bin: '../../victim' is not a bin name" in done.stderr
     assert tree(tmp_path) == [path]
 
 
-def test_train_refuses_a_bad_plan_in_one_line(good: dict[str, Any], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_refuses_a_bad_plan_in_one_line(
+    good: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = evil(tmp_path, good, set_key("ranks", 1, "gpu", "gpu0"))
     assert main(["train", "--plan", str(path), "--data", str(tmp_path / "placed"), "--dry-run"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
@@ -116,7 +168,11 @@ def test_a_written_plan_round_trips_exactly(tmp_path: Path, capsys: pytest.Captu
     doc = read_plan(out)
     assert doc.to_json() == text
     assert doc.model_dump(mode="json") == json.loads(text)
-    assert [(t.bin, t.tier) for t in doc.bin_targets][:3] == [("gpu-cache", "gpu"), ("cpu-cache", "cpu"), ("nvme0", "ssd")]
+    assert [(t.bin, t.tier) for t in doc.bin_targets][:3] == [
+        ("gpu-cache", "gpu"),
+        ("cpu-cache", "cpu"),
+        ("nvme0", "ssd"),
+    ]
     assert doc.rank(3) is doc.ranks[3] and doc.rank(4) is None
 
 
@@ -128,7 +184,9 @@ def test_the_writer_refuses_what_a_reader_would() -> None:
     machine = type(machine).model_validate(data)
     workload = Workload(nodes=1_000_000, feature_dim=64, gpu_cache_gb=0.01, cpu_cache_fraction=0.01)
     outcome = plan(machine, workload, 2, 2, top=1)
-    with pytest.raises(MomentError, match=r"^one-switch: cannot make a valid plan: bin_targets\.\d\.bin: 'nvme/0' is not"):
+    with pytest.raises(
+        MomentError, match=r"^one-switch: cannot make a valid plan: bin_targets\.\d\.bin: 'nvme/0' is not"
+    ):
         plan_document(machine, workload, outcome)
 
 

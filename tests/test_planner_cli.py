@@ -21,7 +21,20 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 def machine_b_plan(tmp_path_factory) -> tuple[dict, Path, Path]:
     d = tmp_path_factory.mktemp("plan")
     out, pic = d / "plan.json", d / "plan.svg"
-    done = run("plan", "--profile", "moment-machine-b", "--gpus", "4", "--ssds", "8", "--out", str(out), "--picture", str(pic), "--json")
+    done = run(
+        "plan",
+        "--profile",
+        "moment-machine-b",
+        "--gpus",
+        "4",
+        "--ssds",
+        "8",
+        "--out",
+        str(out),
+        "--picture",
+        str(pic),
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), out, pic
 
@@ -72,12 +85,16 @@ def test_score_classic_layout() -> None:
 
 def test_score_layout_file(tmp_path: Path) -> None:
     layout = tmp_path / "mine.yaml"
-    layout.write_text("sw0-gpu0: gpu0\nsw0-gpu1: gpu1\nsw1-gpu0: gpu2\nsw1-gpu1: gpu3\n"
-                      + "".join(f"cpu{i // 4}-bay{i % 4}: nvme{i}\n" for i in range(8)))
+    layout.write_text(
+        "sw0-gpu0: gpu0\nsw0-gpu1: gpu1\nsw1-gpu0: gpu2\nsw1-gpu1: gpu3\n"
+        + "".join(f"cpu{i // 4}-bay{i % 4}: nvme{i}\n" for i in range(8))
+    )
     done = run("score", "--profile", "moment-machine-a", "--layout", str(layout), "--json")
     assert done.returncode == 0, done.stderr
     same = run("score", "--profile", "moment-machine-a", "--layout", "classic-a", "--json")
-    assert json.loads(done.stdout)["predicted_iteration_s"] == pytest.approx(json.loads(same.stdout)["predicted_iteration_s"])
+    assert json.loads(done.stdout)["predicted_iteration_s"] == pytest.approx(
+        json.loads(same.stdout)["predicted_iteration_s"]
+    )
 
 
 def test_sweep_gpus() -> None:
@@ -126,8 +143,22 @@ def test_plan_takes_either_milp_solver() -> None:
     """--milp-solver pulp-cbc (CBC) finds the time ortools' SCIP finds; an unknown solver is refused."""
     times = {}
     for solver in ("ortools", "pulp-cbc"):
-        done = run("plan", "--profile", "moment-machine-b", "--gpus", "2", "--ssds", "4", "--method", "milp",
-                   "--milp-solver", solver, "--top", "1", "--json")
+        done = run(
+            "plan",
+            "--profile",
+            "moment-machine-b",
+            "--gpus",
+            "2",
+            "--ssds",
+            "4",
+            "--method",
+            "milp",
+            "--milp-solver",
+            solver,
+            "--top",
+            "1",
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         data = json.loads(done.stdout)
         assert data["search"]["method"] == "milp"
@@ -135,4 +166,3 @@ def test_plan_takes_either_milp_solver() -> None:
     assert times["pulp-cbc"] == pytest.approx(times["ortools"], rel=1e-6)
     done = run("plan", "--profile", "moment-machine-b", "--method", "milp", "--milp-solver", "glpk")
     assert done.returncode == 2 and "--milp-solver" in done.stderr and "pulp-cbc" in done.stderr
-

@@ -13,7 +13,9 @@ from moment.planner.workload import Workload, load_workload
 from moment.topology.profile_io import resolve_profile
 from planner_fixtures import SSD_ONLY, one_switch, two_sockets
 
-CACHED = Workload(nodes=2_000_000, feature_dim=1000, unique_per_batch=250_000, gpu_cache_gb=1.0, cpu_cache_fraction=0.05)
+CACHED = Workload(
+    nodes=2_000_000, feature_dim=1000, unique_per_batch=250_000, gpu_cache_gb=1.0, cpu_cache_fraction=0.05
+)
 
 
 @pytest.mark.parametrize("workload", [SSD_ONLY, CACHED], ids=["ssd-only", "with-caches"])
@@ -112,9 +114,14 @@ def test_milp_on_a_large_machine_beats_random_layouts() -> None:
 
 
 @pytest.mark.parametrize("solver", list(MILP_SOLVERS))
-@pytest.mark.parametrize(("machine", "gpus", "ssds"), [
-    ("one-switch", 2, 3), ("one-switch", 1, 2), ("moment-machine-b", 1, 2),
-])
+@pytest.mark.parametrize(
+    ("machine", "gpus", "ssds"),
+    [
+        ("one-switch", 2, 3),
+        ("one-switch", 1, 2),
+        ("moment-machine-b", 1, 2),
+    ],
+)
 def test_each_milp_solver_finds_the_brute_force_best(solver: str, machine: str, gpus: int, ssds: int) -> None:
     """SCIP (ortools) and CBC (PuLP) pick a layout brute force ranks best, at its time."""
     m = one_switch(extra_slots=True) if machine == "one-switch" else resolve_profile(machine)

@@ -59,8 +59,9 @@ def test_feature_store_serves_x_and_y_graph_store_the_csr(placed: Placed) -> Non
 def test_a_pyg_model_trains_through_nodeloader_on_the_stores(placed: Placed) -> None:
     fs, gs = pyg_stores(placed)
     train = torch.from_numpy(np.array(placed.array("train"), dtype=np.int64))
-    loader = NodeLoader((fs, gs), node_sampler=StoreNeighborSampler(gs, [5, 3], seed=0), input_nodes=train,
-                        batch_size=128, shuffle=True)
+    loader = NodeLoader(
+        (fs, gs), node_sampler=StoreNeighborSampler(gs, [5, 3], seed=0), input_nodes=train, batch_size=128, shuffle=True
+    )
     torch.manual_seed(0)
     model = GraphSAGE(placed.feature_dim, 16, num_layers=2, out_channels=placed.num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -84,4 +85,3 @@ def test_a_pyg_model_trains_through_nodeloader_on_the_stores(placed: Placed) -> 
             losses.append(loss.item())
     assert sorted(np.concatenate(seen).tolist()) == sorted(train.tolist())  # seeds first, each once per epoch
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])  # it learns
-

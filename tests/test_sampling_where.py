@@ -45,12 +45,42 @@ def test_the_metrics_say_where_sampling_ran(plan_file: Path, tmp_path: Path) -> 
     from placement.place import PlaceOptions, place
     from placement.synth import synthesize
 
-    synthesize(tmp_path / "ds", nodes=1500, avg_degree=5, dim=8, dtype="float32", seed=1, classes=3,
-               train_fraction=0.2, val_fraction=0.1, test_fraction=0.1)
+    synthesize(
+        tmp_path / "ds",
+        nodes=1500,
+        avg_degree=5,
+        dim=8,
+        dtype="float32",
+        seed=1,
+        classes=3,
+        train_fraction=0.2,
+        val_fraction=0.1,
+        test_fraction=0.1,
+    )
     place(plan_file, tmp_path / "ds", tmp_path / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%"))
     metrics = tmp_path / "m.json"
-    assert loop.main(["--data", str(tmp_path / "placed"), "--device", "cpu", "--fanouts", "3,3", "--batch-size", "64",
-                      "--hidden", "8", "--epochs", "1", "--max-batches-per-epoch", "2",
-                      "--metrics-json", str(metrics)]) == 0
+    assert (
+        loop.main(
+            [
+                "--data",
+                str(tmp_path / "placed"),
+                "--device",
+                "cpu",
+                "--fanouts",
+                "3,3",
+                "--batch-size",
+                "64",
+                "--hidden",
+                "8",
+                "--epochs",
+                "1",
+                "--max-batches-per-epoch",
+                "2",
+                "--metrics-json",
+                str(metrics),
+            ]
+        )
+        == 0
+    )
     sampling = json.loads(metrics.read_text())["sampling"]
     assert sampling["where"] == "cpu" and sampling["threads"] >= 1

@@ -27,6 +27,7 @@ def _prepare(rec: StreamRecorder) -> Any:
         rec.note("produced", k)
         blocks = [SimpleNamespace(edge_index=torch.zeros(2, 3, dtype=torch.long)) for _ in range(2)]
         return Prepared(SimpleNamespace(blocks=blocks), torch.full((4, 2), float(k)), torch.full((4,), k))
+
     return prepare
 
 
@@ -65,8 +66,12 @@ def test_every_batch_is_fenced_and_training_is_off_the_default_stream(monkeypatc
     # The training stream starts after what the default stream had queued, and the default
     # stream (checkpoints, all-reduces after the epoch) after what it did.
     s = train_stream.id
-    assert rec.index(("wait_stream", s, 0)) < rec.index(("enter", s)) < rec.index(("exit", s)) \
+    assert (
+        rec.index(("wait_stream", s, 0))
+        < rec.index(("enter", s))
+        < rec.index(("exit", s))
         < rec.index(("wait_stream", 0, s))
+    )
 
 
 def test_the_check_catches_a_consumer_that_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,14 +95,25 @@ def test_compute_stream_is_a_no_op_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -
     assert [e for e in rec.log if e[0] != "new_stream"] == []
 
 
-def test_training_and_evaluation_run_inside_compute_stream(monkeypatch: pytest.MonkeyPatch, plan_file: Path,
-                                                           tmp_path: Path) -> None:
+def test_training_and_evaluation_run_inside_compute_stream(
+    monkeypatch: pytest.MonkeyPatch, plan_file: Path, tmp_path: Path
+) -> None:
     """The run wraps every training epoch and every evaluation in compute_stream."""
     from placement.place import PlaceOptions, place
     from placement.synth import synthesize
 
-    synthesize(tmp_path / "ds", nodes=1500, avg_degree=5, dim=8, dtype="float32", seed=1, classes=3,
-               train_fraction=0.2, val_fraction=0.1, test_fraction=0.1)
+    synthesize(
+        tmp_path / "ds",
+        nodes=1500,
+        avg_degree=5,
+        dim=8,
+        dtype="float32",
+        seed=1,
+        classes=3,
+        train_fraction=0.2,
+        val_fraction=0.1,
+        test_fraction=0.1,
+    )
     place(plan_file, tmp_path / "ds", tmp_path / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%"))
     inside: list[str] = []
     depth = [0]
@@ -121,11 +137,31 @@ def test_training_and_evaluation_run_inside_compute_stream(monkeypatch: pytest.M
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             inside.append(f"{name}:{depth[0] > 0}")
             return fn(*args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(loop, "compute_stream", Counting)
     monkeypatch.setattr(loop, "train_epoch", wrap("train_epoch"))
     monkeypatch.setattr(loop, "evaluate", wrap("evaluate"))
-    assert loop.main(["--data", str(tmp_path / "placed"), "--device", "cpu", "--fanouts", "3,3", "--batch-size", "64",
-                      "--hidden", "8", "--epochs", "1", "--max-batches-per-epoch", "2"]) == 0
+    assert (
+        loop.main(
+            [
+                "--data",
+                str(tmp_path / "placed"),
+                "--device",
+                "cpu",
+                "--fanouts",
+                "3,3",
+                "--batch-size",
+                "64",
+                "--hidden",
+                "8",
+                "--epochs",
+                "1",
+                "--max-batches-per-epoch",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert inside and set(inside) == {"train_epoch:True", "evaluate:True"}, inside

@@ -78,7 +78,8 @@ def test_splits_are_disjoint_sorted_and_exactly_sized(graph: Dataset) -> None:
 
 def test_same_seed_same_bytes_whatever_the_chunk_and_another_seed_differs(tmp_path: Path) -> None:
     make = lambda where, seed, chunk: _digests(  # noqa: E731
-        synthesize(tmp_path / where / "g", 9000, 6, 8, "float32", seed=seed, chunk_nodes=chunk).root)
+        synthesize(tmp_path / where / "g", 9000, 6, 8, "float32", seed=seed, chunk_nodes=chunk).root
+    )
     first = make("a", 7, 4096)
     assert make("b", 7, 1 << 20) == first
     other = make("c", 8, 4096)
@@ -130,8 +131,14 @@ def test_an_interrupted_run_leaves_nothing_a_reader_could_open(tmp_path: Path) -
 
 def test_reports_each_stage_to_completion(tmp_path: Path) -> None:
     seen: dict[str, list[int]] = {}
-    synthesize(tmp_path / "g", 10_000, 4, 4, chunk_nodes=4096,
-               progress=lambda stage, done, total: seen.setdefault(stage, []).append(done))
+    synthesize(
+        tmp_path / "g",
+        10_000,
+        4,
+        4,
+        chunk_nodes=4096,
+        progress=lambda stage, done, total: seen.setdefault(stage, []).append(done),
+    )
     assert list(seen) == ["weights", "degrees", "edges", "features", "splits"]
     assert all(dones == [0, 4096, 8192, 10_000] for dones in seen.values())
 
@@ -149,8 +156,17 @@ def test_free_space_check_names_the_path_and_the_shortfall(tmp_path: Path) -> No
         check_free_space(tmp_path / "new" / "g", 1 << 62)
 
 
-@pytest.mark.parametrize("bad", [{"avg_degree": 0.5}, {"dtype": "float64"}, {"classes": 1}, {"nodes": 2},
-                                 {"train_fraction": 0.0}, {"train_fraction": 0.9, "val_fraction": 0.2}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"avg_degree": 0.5},
+        {"dtype": "float64"},
+        {"classes": 1},
+        {"nodes": 2},
+        {"train_fraction": 0.0},
+        {"train_fraction": 0.9, "val_fraction": 0.2},
+    ],
+)
 def test_bad_arguments_are_usage_errors(tmp_path: Path, bad: dict) -> None:
     args = {"nodes": 100, "avg_degree": 4, "dim": 4, **bad}
     with pytest.raises(UsageError, match=next(iter(bad)).split("_")[0]):

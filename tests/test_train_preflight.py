@@ -38,8 +38,18 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _placed(root: Path, plan_file: Path, name: str, nodes: int, seed: int) -> Path:
-    synthesize(root / f"{name}-ds", nodes=nodes, avg_degree=6, dim=16, dtype="float32", seed=seed, classes=4,
-               train_fraction=0.1, val_fraction=0.05, test_fraction=0.05)
+    synthesize(
+        root / f"{name}-ds",
+        nodes=nodes,
+        avg_degree=6,
+        dim=16,
+        dtype="float32",
+        seed=seed,
+        classes=4,
+        train_fraction=0.1,
+        val_fraction=0.05,
+        test_fraction=0.05,
+    )
     place(plan_file, root / f"{name}-ds", root / name, PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
     return root / name
 
@@ -70,8 +80,9 @@ def copy_with_train(placed: Path, dst: Path, train: np.ndarray) -> Path:
     manifest = PlacedManifest.read(dst / "placed.json")
     entry = manifest.files["train"]
     np.save(dst / entry.path, train.astype(np.int64))
-    manifest.files["train"] = entry.model_copy(update={"bytes": (dst / entry.path).stat().st_size,
-                                                       "digest": file_digest(dst / entry.path)})
+    manifest.files["train"] = entry.model_copy(
+        update={"bytes": (dst / entry.path).stat().st_size, "digest": file_digest(dst / entry.path)}
+    )
     manifest.write(dst / "placed.json")
     return dst
 
@@ -95,24 +106,45 @@ def one_line(err: str) -> str:
 # -- #27: trainer arguments and --epochs, before torchrun -------------------------------------
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--", "--fanouts=abc"], "--fanouts: expected positive integers"),
-    (["--", "--epochs", "0"], "--epochs: expected a positive integer"),
-    (["--", "--batch-size", "-3"], "--batch-size"),
-    (["--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--epochs", "0"], "--epochs: must be at least 1, got 0"),
-    (["--epochs", "-1"], "--epochs: must be at least 1, got -1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--", "--fanouts=abc"], "--fanouts: expected positive integers"),
+        (["--", "--epochs", "0"], "--epochs: expected a positive integer"),
+        (["--", "--batch-size", "-3"], "--batch-size"),
+        (["--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--epochs", "0"], "--epochs: must be at least 1, got 0"),
+        (["--epochs", "-1"], "--epochs: must be at least 1, got -1"),
+    ],
+)
 def test_bad_trainer_arguments_are_one_usage_line_before_torchrun(
-        plan_file: Path, placed: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    plan_file: Path, placed: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     code, out, err = train(capsys, "--plan", str(plan_file), "--data", str(placed), "--dry-run", *argv)
     assert code == 2 and out == ""  # --dry-run printed no command
     assert message in one_line(err)
 
 
 def test_bad_trainer_argument_without_dry_run_starts_no_torchrun(plan_file: Path, placed: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "moment", "train", "--plan", str(plan_file), "--data", str(placed),
-                           "--epochs", "1", "--", "--fanouts=abc"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moment",
+            "train",
+            "--plan",
+            str(plan_file),
+            "--data",
+            str(placed),
+            "--epochs",
+            "1",
+            "--",
+            "--fanouts=abc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "--fanouts" in one_line(done.stderr) and "running:" not in done.stderr
 
@@ -140,8 +172,9 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("flag, path", [("--metrics-json", "sub/m.json"), ("--checkpoint-dir", "ck")])
-def test_unwritable_outputs_are_refused_before_torchrun(plan_file: Path, placed: Path, read_only: Path,
-                                                        capsys: pytest.CaptureFixture[str], flag: str, path: str) -> None:
+def test_unwritable_outputs_are_refused_before_torchrun(
+    plan_file: Path, placed: Path, read_only: Path, capsys: pytest.CaptureFixture[str], flag: str, path: str
+) -> None:
     before = sorted(os.listdir(read_only))
     target = read_only / path
     code, out, err = train(capsys, "--plan", str(plan_file), "--data", str(placed), flag, str(target), "--dry-run")
@@ -150,14 +183,26 @@ def test_unwritable_outputs_are_refused_before_torchrun(plan_file: Path, placed:
     assert sorted(os.listdir(read_only)) == before  # no probe file, no directory left
 
 
-def test_outputs_in_new_directories_are_probed_without_creating_them(plan_file: Path, placed: Path, tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, _ = train(capsys, "--plan", str(plan_file), "--data", str(placed), "--metrics-json",
-                       str(tmp_path / "a" / "b" / "m.json"), "--checkpoint-dir", str(tmp_path / "c" / "d"), "--dry-run")
+def test_outputs_in_new_directories_are_probed_without_creating_them(
+    plan_file: Path, placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, _ = train(
+        capsys,
+        "--plan",
+        str(plan_file),
+        "--data",
+        str(placed),
+        "--metrics-json",
+        str(tmp_path / "a" / "b" / "m.json"),
+        "--checkpoint-dir",
+        str(tmp_path / "c" / "d"),
+        "--dry-run",
+    )
     assert code == 0 and list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("x")
-    code, _, err = train(capsys, "--plan", str(plan_file), "--data", str(placed), "--metrics-json", str(tmp_path),
-                         "--dry-run")
+    code, _, err = train(
+        capsys, "--plan", str(plan_file), "--data", str(placed), "--metrics-json", str(tmp_path), "--dry-run"
+    )
     assert code == 1 and "a directory, expected a file name" in one_line(err)
     code, _, err = train(capsys, "--data", str(placed), "--checkpoint-dir", str(tmp_path / "file"), "--dry-run")
     assert code == 1 and "not a directory" in one_line(err)
@@ -166,8 +211,9 @@ def test_outputs_in_new_directories_are_probed_without_creating_them(plan_file: 
 # -- #17: an existing checkpoint: --resume or --overwrite ---------------------------------------
 
 
-def test_existing_checkpoint_needs_resume_or_overwrite(placed: Path, ckpt: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_existing_checkpoint_needs_resume_or_overwrite(
+    placed: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["--data", str(placed), "--checkpoint-dir", str(ckpt), "--dry-run", "--", *TINY]
     code, _, err = train(capsys, *base)
     assert code == 1 and "--resume" in one_line(err) and "--overwrite" in err
@@ -194,8 +240,9 @@ def test_overwrite_removes_only_a_moment_checkpoint(tmp_path: Path) -> None:
     preflight.start_over(tmp_path / "empty")  # nothing there: nothing to do
 
 
-def test_rank_refuses_to_overwrite_a_checkpoint_too(placed: Path, ckpt: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_rank_refuses_to_overwrite_a_checkpoint_too(
+    placed: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A bare `torchrun -m trainer` (no launcher) gets the same refusal, from rank 0."""
     capsys.readouterr()
     assert loop.main(["--data", str(placed), *TINY, "--checkpoint-dir", str(ckpt)]) == 1
@@ -203,15 +250,39 @@ def test_rank_refuses_to_overwrite_a_checkpoint_too(placed: Path, ckpt: Path,
 
 
 @pytest.mark.slow
-def test_overwrite_starts_over_and_metrics_count_epochs_from_1(plan_file: Path, placed: Path, ckpt: Path,
-                                                               tmp_path: Path) -> None:
+def test_overwrite_starts_over_and_metrics_count_epochs_from_1(
+    plan_file: Path, placed: Path, ckpt: Path, tmp_path: Path
+) -> None:
     """Through torchrun (two gloo ranks): the old checkpoint is replaced by the new run's."""
     ck = tmp_path / "ck"
     shutil.copytree(ckpt, ck)
     m = tmp_path / "m.json"
-    done = subprocess.run([sys.executable, "-m", "moment", "train", "--plan", str(plan_file), "--data", str(placed),
-                           "--nproc", "2", "--epochs", "2", "--checkpoint-dir", str(ck), "--overwrite",
-                           "--metrics-json", str(m), "--", *TINY], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moment",
+            "train",
+            "--plan",
+            str(plan_file),
+            "--data",
+            str(placed),
+            "--nproc",
+            "2",
+            "--epochs",
+            "2",
+            "--checkpoint-dir",
+            str(ck),
+            "--overwrite",
+            "--metrics-json",
+            str(m),
+            "--",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(m.read_text())
     assert doc["format"] == "moment.metrics/2" and [e["epoch"] for e in doc["epochs"]] == [1, 2]
@@ -230,37 +301,50 @@ def test_checkpoint_records_the_data_it_trained_on(placed: Path, ckpt: Path) -> 
     assert meta is not None and meta.format == "moment.checkpoint/3" and meta.epoch == 1
     d = meta.data
     assert (d.num_nodes, d.num_edges, d.feature_dim, d.feature_dtype, d.num_classes) == (
-        manifest.num_nodes, manifest.num_edges, manifest.feature_dim, manifest.feature_dtype, manifest.num_classes)
+        manifest.num_nodes,
+        manifest.num_edges,
+        manifest.feature_dim,
+        manifest.feature_dtype,
+        manifest.num_classes,
+    )
     assert len(d.placed_sha256) == 64
     body = torch.load(checkpoint.path_in(ckpt), weights_only=True)  # tensors and primitives only
     assert body["data"] == d.model_dump()
 
 
 def test_resume_on_other_data_is_refused_before_torchrun_and_in_the_rank(
-        placed: Path, other: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = train(capsys, "--data", str(other), "--checkpoint-dir", str(ckpt), "--resume", "--dry-run",
-                           "--", *TINY)
+    placed: Path, other: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = train(
+        capsys, "--data", str(other), "--checkpoint-dir", str(ckpt), "--resume", "--dry-run", "--", *TINY
+    )
     assert code == 1 and out == ""
     assert "cannot resume: trained on other data: num_nodes 3000 (checkpoint) vs 2500 (--data)" in one_line(err)
     assert loop.main(["--data", str(other), *TINY, "--checkpoint-dir", str(ckpt), "--resume"]) == 1
     assert "trained on other data: num_nodes" in one_line(capsys.readouterr().err)
     with pytest.raises(checkpoint.CheckpointError, match="trained on other data"):
-        checkpoint.load(ckpt, TrainConfig(data=str(other), fanouts=(5, 5), hidden=16),
-                        checkpoint.DataIdentity.of(other, open_placed(other).manifest))
+        checkpoint.load(
+            ckpt,
+            TrainConfig(data=str(other), fanouts=(5, 5), hidden=16),
+            checkpoint.DataIdentity.of(other, open_placed(other).manifest),
+        )
 
 
-def test_resume_on_another_placement_of_equal_shape_is_refused(placed: Path, ckpt: Path, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_on_another_placement_of_equal_shape_is_refused(
+    placed: Path, ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Same counts and width, other ids (e.g. 150 other training vertices): only the digest tells."""
     train_ids = np.asarray(open_placed(placed).array("train"))
     copy = copy_with_train(placed, tmp_path / "copy", train_ids[::-1].copy())
-    code, _, err = train(capsys, "--data", str(copy), "--checkpoint-dir", str(ckpt), "--resume", "--dry-run",
-                         "--", *TINY)
+    code, _, err = train(
+        capsys, "--data", str(copy), "--checkpoint-dir", str(ckpt), "--resume", "--dry-run", "--", *TINY
+    )
     assert code == 1 and "placed.json sha256" in one_line(err) and "another placement" in err
 
 
-def test_old_or_damaged_checkpoint_metadata_is_one_line(tmp_path: Path, placed: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_old_or_damaged_checkpoint_metadata_is_one_line(
+    tmp_path: Path, placed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     torch.save({"format": "moment.checkpoint/2", "epoch": 1, "config": {}, "history": []}, checkpoint.path_in(tmp_path))
     with pytest.raises(checkpoint.CheckpointError, match="format: expected 'moment.checkpoint/3'"):
         checkpoint.read_meta(tmp_path)
@@ -279,8 +363,9 @@ def test_empty_train_split_is_refused(placed: Path, tmp_path: Path, capsys: pyte
     assert "train split is empty" in one_line(capsys.readouterr().err)
 
 
-def test_fewer_training_ids_than_ranks_is_refused(placed: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_fewer_training_ids_than_ranks_is_refused(
+    placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     one = copy_with_train(placed, tmp_path / "one", np.array([7]))
     code, _, err = train(capsys, "--data", str(one), "--nproc", "2", "--dry-run")
     assert code == 1 and "fewer than the 2 ranks" in one_line(err)
@@ -302,8 +387,9 @@ def test_an_empty_share_is_no_batch_and_ranks_run_equal_steps(placed: Path) -> N
 # -- #28: the plan is not the placement's, or is for other data ----------------------------------
 
 
-def test_plan_of_another_placement_is_warned(plan_file: Path, placed: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_of_another_placement_is_warned(
+    plan_file: Path, placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = json.loads(plan_file.read_text())
     doc["profile"] = {"name": "elsewhere", "sha256": "0" * 64}
     foreign = tmp_path / "foreign.json"
@@ -312,8 +398,10 @@ def test_plan_of_another_placement_is_warned(plan_file: Path, placed: Path, tmp_
     assert code == 0 and out.count("\n") == 1
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: ")
-    assert f"{foreign} (profile elsewhere, layout {doc['layout']['name']}) is not the plan {placed} was placed with" \
+    assert (
+        f"{foreign} (profile elsewhere, layout {doc['layout']['name']}) is not the plan {placed} was placed with"
         in lines[0]
+    )
     code, _, err = train(capsys, "--plan", str(plan_file), "--data", str(placed), "--dry-run")
     assert code == 0 and err == ""  # the placement's own plan; its prediction was re-solved for this data
 
@@ -328,5 +416,3 @@ def test_metrics_prediction_is_the_placements(placed: Path) -> None:
     assert pred["tier_shares"] == manifest.prediction.tier_shares.model_dump()
     kept = manifest.prediction.model_copy(update={"source": "plan"})
     assert metrics.prediction(kept, cfg)["comparable"] is False
-
-

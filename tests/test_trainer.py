@@ -44,8 +44,18 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.fixture(scope="module")
 def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
-    synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=32, dtype="float32", seed=1, classes=CLASSES,
-               train_fraction=0.2, val_fraction=0.05, test_fraction=0.05)
+    synthesize(
+        root / "ds",
+        nodes=20_000,
+        avg_degree=8,
+        dim=32,
+        dtype="float32",
+        seed=1,
+        classes=CLASSES,
+        train_fraction=0.2,
+        val_fraction=0.05,
+        test_fraction=0.05,
+    )
     place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
     return root / "placed"
 
@@ -62,8 +72,15 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     """torchrun with two CPU processes, as `moment train` launches it."""
     metrics, ckpt, shm = tmp_path / "metrics.json", tmp_path / "ckpt", tmp_path / "shm"
     shm.mkdir()
-    cmd = launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=3, metrics_json=metrics,
-                                        checkpoint_dir=ckpt, extra=[*SMALL, *CPU, "--shm-dir", str(shm)])
+    cmd = launch.build_torchrun_command(
+        plan_file,
+        placed,
+        nproc=2,
+        epochs=3,
+        metrics_json=metrics,
+        checkpoint_dir=ckpt,
+        extra=[*SMALL, *CPU, "--shm-dir", str(shm)],
+    )
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = read_json(metrics)
@@ -76,7 +93,11 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     for e in doc["epochs"]:
         assert e["epoch_s"] > 0 and e["seeds_per_s"] > 0 and np.isfinite(e["loss"])
         assert set(e["bytes_per_tier"]) == {"gpu", "cpu", "ssd"} and sum(e["bytes_per_tier"].values()) > 0
-        assert set(e["gbps_per_ssd"]) == set(e["bytes_per_ssd"]) == {b.name for b in open_placed(placed).bins if b.tier == "ssd"}
+        assert (
+            set(e["gbps_per_ssd"])
+            == set(e["bytes_per_ssd"])
+            == {b.name for b in open_placed(placed).bins if b.tier == "ssd"}
+        )
         assert sum(e["bytes_per_ssd"].values()) == e["bytes_per_tier"]["ssd"] > 0
         assert 0 < e["hit_rate"]["gpu"] < 1
         # Both ranks take 4000 // 2 // 512 → 4 steps, 2000 seeds each: all 4000 training ids.
@@ -84,7 +105,9 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     assert doc["epochs"][-1]["loss"] < doc["epochs"][0]["loss"]
     assert doc["epochs"][-1]["val_acc"] > 5 * CHANCE and doc["test_acc"] > 5 * CHANCE  # reaches ~0.93
     assert doc["measured_iteration_s"] > 0
-    assert doc["predicted_iteration_s"] == open_placed(placed).manifest.prediction.iteration_s  # the placement's, not the plan's
+    assert (
+        doc["predicted_iteration_s"] == open_placed(placed).manifest.prediction.iteration_s
+    )  # the placement's, not the plan's
     # DDP kept the replicas identical, and the checkpoint holds them.
     a, b = doc["rank_param_digests"]
     assert a == b
@@ -133,7 +156,8 @@ def _environ(pid: int) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("shared_store", [True, False], ids=["agent-store", "store-per-attempt"])
 def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_killed(
-        plan_file: Path, placed: Path, tmp_path: Path, shared_store: bool) -> None:
+    plan_file: Path, placed: Path, tmp_path: Path, shared_store: bool
+) -> None:
     """torchrun --max-restarts: rank 1 is killed (SIGKILL) after the first checkpoint; the restarted
     ranks resume from it and finish with the parameters and losses of a run never killed (every
     rank's RNG comes back: dropout draws differ per rank). With torchrun's default, one store
@@ -145,8 +169,16 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
     extra = [*SMALL, *CPU, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
 
     def command(name: str, **kw: int) -> list[str]:
-        return launch.build_torchrun_command(plan_file, placed, nproc=2, epochs=epochs, extra=extra, **kw,
-                                             metrics_json=tmp_path / f"{name}.json", checkpoint_dir=tmp_path / name)
+        return launch.build_torchrun_command(
+            plan_file,
+            placed,
+            nproc=2,
+            epochs=epochs,
+            extra=extra,
+            **kw,
+            metrics_json=tmp_path / f"{name}.json",
+            checkpoint_dir=tmp_path / name,
+        )
 
     with _torchrun(command("straight"), env) as straight:
         _, err = straight.communicate(timeout=300)
@@ -192,13 +224,25 @@ def run_main(args: list[str]) -> int:
 
 
 def test_resumed_run_ends_where_an_uninterrupted_run_ends(placed: Path, tmp_path: Path) -> None:
-    common = ["--data", str(placed), *SMALL, *CPU, "--dropout", "0.3", "--max-batches-per-epoch", "3", "--deterministic"]
+    common = [
+        "--data",
+        str(placed),
+        *SMALL,
+        *CPU,
+        "--dropout",
+        "0.3",
+        "--max-batches-per-epoch",
+        "3",
+        "--deterministic",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(straight)]) == 0
     assert run_main([*common, "--epochs", "1", "--checkpoint-dir", str(split)]) == 0
     metrics = tmp_path / "resumed.json"
-    assert run_main([*common, "--epochs", "2", "--checkpoint-dir", str(split), "--resume",
-                     "--metrics-json", str(metrics)]) == 0
+    assert (
+        run_main([*common, "--epochs", "2", "--checkpoint-dir", str(split), "--resume", "--metrics-json", str(metrics)])
+        == 0
+    )
     cfg = TrainConfig(data=str(placed), fanouts=(10, 5), hidden=64)
     a, b = checkpoint.load(straight, cfg, identity(placed)), checkpoint.load(split, cfg, identity(placed))
     assert a["epoch"] == b["epoch"] == 2
@@ -208,9 +252,20 @@ def test_resumed_run_ends_where_an_uninterrupted_run_ends(placed: Path, tmp_path
     assert read_json(metrics)["epochs"][1]["loss"] == pytest.approx(a["history"][1]["loss"], rel=1e-6)
 
 
-def test_checkpoint_of_another_model_or_damaged_is_refused(placed: Path, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--data", str(placed), *SMALL, "--epochs", "1", "--max-batches-per-epoch", "1", "--checkpoint-dir", str(tmp_path)]
+def test_checkpoint_of_another_model_or_damaged_is_refused(
+    placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "--data",
+        str(placed),
+        *SMALL,
+        "--epochs",
+        "1",
+        "--max-batches-per-epoch",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path),
+    ]
     assert run_main(args) == 0
     with pytest.raises(checkpoint.CheckpointError, match="hidden=64"):
         checkpoint.load(tmp_path, from_args([*args, "--hidden", "32"]), identity(placed))
@@ -223,8 +278,19 @@ def test_checkpoint_of_another_model_or_damaged_is_refused(placed: Path, tmp_pat
 
 def test_metrics_without_plan_carry_the_placements_prediction(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"
-    args = ["--data", str(placed), *SMALL, "--epochs", "2", "--eval-every", "2", "--max-batches-per-epoch", "2",
-            "--metrics-json", str(metrics)]
+    args = [
+        "--data",
+        str(placed),
+        *SMALL,
+        "--epochs",
+        "2",
+        "--eval-every",
+        "2",
+        "--max-batches-per-epoch",
+        "2",
+        "--metrics-json",
+        str(metrics),
+    ]
     assert run_main(args) == 0
     doc = read_json(metrics)
     pred = doc["prediction"]
@@ -235,8 +301,9 @@ def test_metrics_without_plan_carry_the_placements_prediction(placed: Path, tmp_
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove"])
-def test_damaged_bin_is_one_line_and_exit_1(placed: Path, tmp_path: Path, damage: str,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_damaged_bin_is_one_line_and_exit_1(
+    placed: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     copy = tmp_path / "placed"
     shutil.copytree(placed, copy)
     ssd = next(b for b in open_placed(copy).bins if b.tier == "ssd")
@@ -253,8 +320,9 @@ def test_damaged_bin_is_one_line_and_exit_1(placed: Path, tmp_path: Path, damage
         launch.check_inputs(None, copy)
 
 
-def test_input_errors_are_reported_by_rank_0_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_input_errors_are_reported_by_rank_0_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every rank reads the same inputs: rank 0 speaks for all, the others exit 1 quietly."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank, lines in (("0", 1), ("1", 0)):
@@ -265,13 +333,16 @@ def test_input_errors_are_reported_by_rank_0_only(tmp_path: Path, monkeypatch: p
         assert lines == 0 or "placed.json missing" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--fanouts", "10,x"], "--fanouts"),
-    (["--batch-size", "0"], "--batch-size"),
-    (["--model", "gcn"], "--model"),
-    (["--resume"], "--resume needs --checkpoint-dir"),
-    (["--dropout", "1.5"], "--dropout"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--fanouts", "10,x"], "--fanouts"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--model", "gcn"], "--model"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--dropout", "1.5"], "--dropout"),
+    ],
+)
 def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         from_args(["--data", "d", *argv])
@@ -279,14 +350,23 @@ def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.Capt
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cuda, local_world, argv, message", [
-    (False, 1, ["--io", "kvikio"], "--io kvikio reads into GPU memory: it needs CUDA"),
-    (False, 1, ["--io", "nvme"], "--io: invalid choice"),
-    (True, 1, ["--io", "kvikio", "--device", "cuda"], "kvikio is not installed"),
-    (True, 2, ["--device", "cuda:1"], "every rank of the node would use that one GPU"),
-])
-def test_device_and_io_mistakes_exit_2(cuda: bool, local_world: int, argv: list[str], message: str,
-                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "cuda, local_world, argv, message",
+    [
+        (False, 1, ["--io", "kvikio"], "--io kvikio reads into GPU memory: it needs CUDA"),
+        (False, 1, ["--io", "nvme"], "--io: invalid choice"),
+        (True, 1, ["--io", "kvikio", "--device", "cuda"], "kvikio is not installed"),
+        (True, 2, ["--device", "cuda:1"], "every rank of the node would use that one GPU"),
+    ],
+)
+def test_device_and_io_mistakes_exit_2(
+    cuda: bool,
+    local_world: int,
+    argv: list[str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Checked before any rank starts: what this machine has (CUDA, kvikio) and what torchrun
     starts (LOCAL_WORLD_SIZE ranks sharing one --device cuda:N)."""
     if "kvikio is not installed" in message and importlib.util.find_spec("kvikio") is not None:
@@ -364,15 +444,40 @@ def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
     cmd = launch.build_torchrun_command(plan_file, tmp_path, epochs=2, metrics_json="m.json", extra=["--seed", "3"])
     n = str(launch.default_nproc(plan_file))
     assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", n, "--standalone"]
-    assert cmd[6:] == ["-m", "trainer", "--data", str(tmp_path), "--model", "sage", "--plan", str(plan_file),
-                       "--epochs", "2", "--metrics-json", "m.json", "--seed", "3"]
+    assert cmd[6:] == [
+        "-m",
+        "trainer",
+        "--data",
+        str(tmp_path),
+        "--model",
+        "sage",
+        "--plan",
+        str(plan_file),
+        "--epochs",
+        "2",
+        "--metrics-json",
+        "m.json",
+        "--seed",
+        "3",
+    ]
     if not torch.cuda.is_available():
         assert n == "2"
-    multi = launch.build_torchrun_command(None, "d", nproc=4, model="gat", nnodes="2", rdzv_endpoint="host:29400",
-                                          max_restarts=3, checkpoint_dir="ck")
+    multi = launch.build_torchrun_command(
+        None, "d", nproc=4, model="gat", nnodes="2", rdzv_endpoint="host:29400", max_restarts=3, checkpoint_dir="ck"
+    )
     assert multi[:2] == ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]  # a fresh store per attempt, on every node
-    assert multi[5:15] == ["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                           "host:29400", "--max-restarts", "3"]
+    assert multi[5:15] == [
+        "--nproc-per-node",
+        "4",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "host:29400",
+        "--max-restarts",
+        "3",
+    ]
     assert multi[-3:] == ["--checkpoint-dir", "ck", "--resume"]  # a restarted group continues
     assert shlex.split(launch.format_command(cmd)) == cmd
 
@@ -404,8 +509,24 @@ def restored_affinity() -> Iterator[None]:
 @cuda
 def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_affinity: None) -> None:
     metrics = tmp_path / "m.json"
-    assert run_main(["--data", str(placed), "--plan", str(plan_file), *SMALL, "--epochs", "2", "--device", "cuda",
-                     "--metrics-json", str(metrics)]) == 0
+    assert (
+        run_main(
+            [
+                "--data",
+                str(placed),
+                "--plan",
+                str(plan_file),
+                *SMALL,
+                "--epochs",
+                "2",
+                "--device",
+                "cuda",
+                "--metrics-json",
+                str(metrics),
+            ]
+        )
+        == 0
+    )
     doc = read_json(metrics)
     assert doc["ranks"][0].startswith("cuda:")
     assert doc["test_acc"] > 4 * CHANCE
@@ -414,8 +535,14 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_
 @pytest.mark.slow
 def test_missing_shm_dir_falls_back_to_private_copies(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.json"
-    cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
-                                        extra=[*SMALL, *CPU, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")])
+    cmd = launch.build_torchrun_command(
+        None,
+        placed,
+        nproc=2,
+        epochs=1,
+        metrics_json=metrics,
+        extra=[*SMALL, *CPU, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")],
+    )
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"--shm-dir {tmp_path / 'nope'}: no such directory" in done.stderr
@@ -436,8 +563,14 @@ def test_cpu_tests_stay_gloo_where_cuda_is_visible(monkeypatch: pytest.MonkeyPat
 def test_two_nccl_ranks_train(placed: Path, tmp_path: Path) -> None:
     """Two ranks on two GPUs with nccl (the gloo test above, on the GPU path)."""
     metrics = tmp_path / "metrics.json"
-    cmd = launch.build_torchrun_command(None, placed, nproc=2, epochs=1, metrics_json=metrics,
-                                        extra=[*SMALL, "--device", "cuda", "--max-batches-per-epoch", "2"])
+    cmd = launch.build_torchrun_command(
+        None,
+        placed,
+        nproc=2,
+        epochs=1,
+        metrics_json=metrics,
+        extra=[*SMALL, "--device", "cuda", "--max-batches-per-epoch", "2"],
+    )
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = read_json(metrics)
@@ -445,8 +578,9 @@ def test_two_nccl_ranks_train(placed: Path, tmp_path: Path) -> None:
     assert doc["rank_param_digests"][0] == doc["rank_param_digests"][1]
 
 
-def test_feature_read_time_is_compared_only_on_the_plans_gpus(placed: Path, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_feature_read_time_is_compared_only_on_the_plans_gpus(
+    placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A CPU run is not on the profile's machine: its data time is reported, not set against the
     prediction. The same record from ranks on the plan's GPUs is compared, with the ratio."""
     from rich.console import Console

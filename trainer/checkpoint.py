@@ -40,8 +40,13 @@ def rng_state() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -63,9 +68,17 @@ def path_in(directory: str | Path) -> Path:
     return Path(directory) / FILENAME
 
 
-def save(directory: str | Path, *, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         cfg: TrainConfig, data: DataIdentity, history: list[dict[str, Any]],
-         rng: list[dict[str, Any]] | None = None) -> Path:
+def save(
+    directory: str | Path,
+    *,
+    epoch: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    data: DataIdentity,
+    history: list[dict[str, Any]],
+    rng: list[dict[str, Any]] | None = None,
+) -> Path:
     """Write the state after ``epoch`` epochs atomically; returns the checkpoint path. ``rng``:
     every rank's :func:`rng_state`, in rank order (default: this process's alone)."""
     target = path_in(directory)

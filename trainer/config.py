@@ -66,7 +66,9 @@ class TrainConfig:
 
     def with_sampling(self, fanouts: Sequence[int], batch_size: int) -> TrainConfig:
         """This config with unset fan-outs and batch size taken from the placement's pre-sampling."""
-        return dataclasses.replace(self, fanouts=tuple(self.fanouts or fanouts), batch_size=self.batch_size or batch_size)
+        return dataclasses.replace(
+            self, fanouts=tuple(self.fanouts or fanouts), batch_size=self.batch_size or batch_size
+        )
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -139,17 +141,30 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
     p.add_argument("--model", choices=tuple(LAYERS), default=d.model)
     p.add_argument("--hidden", type=_positive, help="hidden width (default 256 for sage, 64 per head for gat)")
     p.add_argument("--heads", type=_positive, default=d.heads, help="attention heads (gat)")
-    p.add_argument("--fanouts", type=_fanouts, help="neighbours per hop, first hop first (default: those the placement "
-                   "pre-sampled with, placed.json hotness.fanouts)")
-    p.add_argument("--batch-size", type=_positive, help="seeds per rank per step (default: the placement's pre-sampling batch size)")
-    p.add_argument("--epochs", type=_positive, default=d.epochs, help="total epochs (a resumed run counts the done ones)")
+    p.add_argument(
+        "--fanouts",
+        type=_fanouts,
+        help="neighbours per hop, first hop first (default: those the placement "
+        "pre-sampled with, placed.json hotness.fanouts)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive,
+        help="seeds per rank per step (default: the placement's pre-sampling batch size)",
+    )
+    p.add_argument(
+        "--epochs", type=_positive, default=d.epochs, help="total epochs (a resumed run counts the done ones)"
+    )
     p.add_argument("--lr", type=_positive_float, default=d.lr)
     p.add_argument("--dropout", type=_fraction, default=d.dropout)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint there after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint if there is one")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start over and replace --checkpoint-dir's checkpoint (without it or --resume, an existing one is refused)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over and replace --checkpoint-dir's checkpoint (without it or --resume, an existing one is refused)",
+    )
     p.add_argument("--metrics-json", metavar="FILE", help="write per-epoch and summary metrics there")
     p.add_argument("--prefetch", type=_positive, default=d.prefetch, help="batches prepared ahead (default 2)")
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda (default auto)")
@@ -157,11 +172,14 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
     p.add_argument("--max-batches-per-epoch", type=_positive, help="stop each epoch after this many steps (smoke runs)")
     p.add_argument("--eval-every", type=_positive, default=d.eval_every, help="epochs between validation passes")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels (reproducible, slower)")
-    p.add_argument("--shm-dir", default=d.shm_dir, metavar="DIR",
-                   help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
-                        "(default /dev/shm; '' for a copy per rank)")
-    p.add_argument("--io", choices=IO_CHOICES, default=d.io,
-                   help=io_help())
+    p.add_argument(
+        "--shm-dir",
+        default=d.shm_dir,
+        metavar="DIR",
+        help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
+        "(default /dev/shm; '' for a copy per rank)",
+    )
+    p.add_argument("--io", choices=IO_CHOICES, default=d.io, help=io_help())
     return p
 
 
@@ -179,8 +197,10 @@ def from_args(argv: Sequence[str] | None = None, raising: bool = False) -> Train
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: CUDA is not available on this machine")
     if args.device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
-        p.error(f"--device {args.device}: every rank of the node would use that one GPU; "
-                "use --device cuda (each rank takes the GPU the plan gives it)")
+        p.error(
+            f"--device {args.device}: every rank of the node would use that one GPU; "
+            "use --device cuda (each rank takes the GPU the plan gives it)"
+        )
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     if (why := io_refusal(args.io, cuda)) is not None:
         p.error(f"--io {why}")

@@ -64,8 +64,10 @@ def select_device(requested: str, env: DistEnv, plan: PlanDoc | None) -> tuple[t
     count = torch.cuda.device_count()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
     if local > count:
-        raise MomentError(f"{local} ranks on this node, {count} CUDA devices visible: ranks would share a GPU "
-                          f"(use --nproc {count}, or make the other GPUs visible)")
+        raise MomentError(
+            f"{local} ranks on this node, {count} CUDA devices visible: ranks would share a GPU "
+            f"(use --nproc {count}, or make the other GPUs visible)"
+        )
     entries = [plan.rank(r) if plan else None for r in range(max(local, env.local_rank + 1))]
     matched = [hw.cuda_index_of(e.bdf) if e else None for e in entries]
     index, why = hw.distinct_devices(matched, count)[env.local_rank]
@@ -113,8 +115,11 @@ def attempt_prefix(env: DistEnv) -> str | None:
     if environ.get("GROUP_WORLD_SIZE", "1") == "1":
         return f"moment/{attempt()}"
     if int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and env.rank == 0:
-        print("warning: torchrun keeps one store across restarts on several nodes: a restarted group may "
-              "fail to connect; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (moment train does)", file=sys.stderr)
+        print(
+            "warning: torchrun keeps one store across restarts on several nodes: a restarted group may "
+            "fail to connect; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (moment train does)",
+            file=sys.stderr,
+        )
     return None
 
 

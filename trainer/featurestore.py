@@ -51,9 +51,15 @@ GPU, CPU, SSD = range(len(TIERS))
 class TieredFeatureStore:
     """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
 
-    def __init__(self, placed: Placed, device: str | torch.device = "cpu",
-                 reader: Reader | None = None, pin_memory: bool | None = None,
-                 host_shm: str | Path | None = None, io: str = "auto") -> None:
+    def __init__(
+        self,
+        placed: Placed,
+        device: str | torch.device = "cpu",
+        reader: Reader | None = None,
+        pin_memory: bool | None = None,
+        host_shm: str | Path | None = None,
+        io: str = "auto",
+    ) -> None:
         """``placed``: the opened placed dataset (``open_placed`` refuses a missing or truncated
         bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``
         probing the SSD bins, closed with the store)."""
@@ -70,7 +76,9 @@ class TieredFeatureStore:
             reader = make_reader(self.device, io=io, probe=probe)
         self.reader: Reader = reader
         if self.reader.on_device and self.device.type != "cuda":
-            raise ValueError(f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}")
+            raise ValueError(
+                f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}"
+            )
         bins = self.placed.bins
         self._tier = np.array([TIERS.index(b.tier) for b in bins], dtype=np.int8)
         self._starts = np.array([b.start for b in bins], dtype=np.int64)
@@ -116,7 +124,7 @@ class TieredFeatureStore:
         into its memory as usual."""
         host = np.flatnonzero(self._tier != SSD)
         bins = [self.placed.bins[i] for i in host]
-        if any(b.tier == "gpu" for b in bins[sum(b.tier == "gpu" for b in bins):]):
+        if any(b.tier == "gpu" for b in bins[sum(b.tier == "gpu" for b in bins) :]):
             raise PlacedError(f"{self.placed.root}: GPU bins do not come before CPU bins in the manifest")
         counts = np.array([b.count for b in bins], dtype=np.int64)
         first = np.cumsum(counts) - counts
@@ -204,8 +212,12 @@ class TieredFeatureStore:
             stage, target = host_stage, host_stage.numpy()
         edges = [0, *np.searchsorted(uniq, self._ssd_starts[1:]).tolist(), uniq.size]
         which = [k for k in range(len(self._ssd)) if edges[k + 1] > edges[k]]
-        requests = [ReadRequest(self._ssd[k].path, uniq[edges[k] : edges[k + 1]] - self._ssd[k].start,
-                                target[edges[k] : edges[k + 1]]) for k in which]
+        requests = [
+            ReadRequest(
+                self._ssd[k].path, uniq[edges[k] : edges[k + 1]] - self._ssd[k].start, target[edges[k] : edges[k + 1]]
+            )
+            for k in which
+        ]
         seconds = self.reader.read_batch(requests)
         asked = np.bincount(bins - (len(self.placed.bins) - len(self._ssd)), minlength=len(self._ssd))
         for k, secs in zip(which, seconds):
@@ -215,8 +227,15 @@ class TieredFeatureStore:
         self._count(SSD, bins.size, uniq.size * self.row_bytes, time.perf_counter() - start)
         return stage if self._dev_stage is not None else None
 
-    def _assemble_on_device(self, out: torch.Tensor, where: list[np.ndarray], row: np.ndarray, stage: torch.Tensor,
-                            src: np.ndarray, ssd_stage: torch.Tensor | None) -> None:
+    def _assemble_on_device(
+        self,
+        out: torch.Tensor,
+        where: list[np.ndarray],
+        row: np.ndarray,
+        stage: torch.Tensor,
+        src: np.ndarray,
+        ssd_stage: torch.Tensor | None,
+    ) -> None:
         """Fill a GPU output: the host-served rows in one host→device copy, the rest on the GPU."""
         dev = out.device
         on_device = np.zeros(out.shape[0], dtype=bool)
@@ -263,11 +282,15 @@ class TieredFeatureStore:
     def stats(self) -> dict[str, Any]:
         """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
         bytes are distinct rows read. Hit rates are rows served by a tier / rows asked."""
-        tiers = {name: {"rows": int(r), "bytes": int(b), "seconds": float(s)}
-                 for name, (r, b, s) in zip(TIERS, self._tier_stats)}
+        tiers = {
+            name: {"rows": int(r), "bytes": int(b), "seconds": float(s)}
+            for name, (r, b, s) in zip(TIERS, self._tier_stats)
+        }
         tiers["ssd"]["unique_rows"] = self._ssd_unique
-        bins = {b.name: {"rows": int(r), "unique_rows": int(u), "bytes": int(n), "seconds": float(s)}
-                for b, (r, u, n, s) in zip(self._ssd, self._bin_stats)}
+        bins = {
+            b.name: {"rows": int(r), "unique_rows": int(u), "bytes": int(n), "seconds": float(s)}
+            for b, (r, u, n, s) in zip(self._ssd, self._bin_stats)
+        }
         asked = max(self._asked, 1)
         return {
             "asked": self._asked,
@@ -278,9 +301,15 @@ class TieredFeatureStore:
             "ssd_bins": bins,
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
-            "io": {"reader": type(self.reader).__name__, "preads": self.reader.preads - self._preads0,
-                   "modes": dict(self.reader.modes), "route": self.reader.route, "probe": dict(self.reader.probe),
-                   "config": getattr(self.reader, "config", None), "routes": dict(getattr(self.reader, "routes", {}))},
+            "io": {
+                "reader": type(self.reader).__name__,
+                "preads": self.reader.preads - self._preads0,
+                "modes": dict(self.reader.modes),
+                "route": self.reader.route,
+                "probe": dict(self.reader.probe),
+                "config": getattr(self.reader, "config", None),
+                "routes": dict(getattr(self.reader, "routes", {})),
+            },
         }
 
     def close(self) -> None:

@@ -141,13 +141,16 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
     try:
         model.load_state_dict(body["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"{checkpoint.path_in(directory)}: its weights do not fit the model its config "
-                              f"describes ({str(exc).splitlines()[0]})") from None
+        raise CheckpointError(
+            f"{checkpoint.path_in(directory)}: its weights do not fit the model its config "
+            f"describes ({str(exc).splitlines()[0]})"
+        ) from None
     device = device or torch.device("cpu")
     model.to(device).eval()
     digest = _sha256(checkpoint.path_in(directory))
-    return Loaded(placed, identity, cfg, model, meta.epoch, list(meta.history), digest,
-                  _widths(model, placed.feature_dim, device))
+    return Loaded(
+        placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
+    )
 
 
 def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
@@ -261,12 +264,15 @@ class RankProgress:
         except FileNotFoundError:
             return cls()
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InferenceError(f"{cls.path(data, rank)}: damaged progress record ({exc}); remove "
-                                 f"{data.parent} to start over") from None
+            raise InferenceError(
+                f"{cls.path(data, rank)}: damaged progress record ({exc}); remove {data.parent} to start over"
+            ) from None
 
     def write(self, data: Path, rank: int) -> None:
-        atomic_write_text(self.path(data, rank), json.dumps({"stage": self.stage, "chunks": self.chunks,
-                                                             "timing": self.timing}) + "\n")
+        atomic_write_text(
+            self.path(data, rank),
+            json.dumps({"stage": self.stage, "chunks": self.chunks, "timing": self.timing}) + "\n",
+        )
 
 
 # -- one chunk ----------------------------------------------------------------------------------
@@ -291,8 +297,17 @@ def bipartite(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> tuple[
 class Rank:
     """One rank's share of the work: its model, feature store, CSR and arrays."""
 
-    def __init__(self, loaded: Loaded, data: Path, layout: Layout, batch_size: int, rank: int, world: int,
-                 device: torch.device, features: Features | None = None) -> None:
+    def __init__(
+        self,
+        loaded: Loaded,
+        data: Path,
+        layout: Layout,
+        batch_size: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        features: Features | None = None,
+    ) -> None:
         """``features``: where layer 1 reads its input rows (default: the placed tiers)."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
@@ -362,8 +377,9 @@ class Rank:
         else:
             out = None
             arrays = {k: self.layout.open(self.data, f) for k, (f, _, _) in self.layout.exports().items()}
-            works = {k: self.layout.open(self.data, self.layout.work(k)[0])
-                     for k in set(self.layout.sources().values())}
+            works = {
+                k: self.layout.open(self.data, self.layout.work(k)[0]) for k in set(self.layout.sources().values())
+            }
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
             start = time.perf_counter()
@@ -416,8 +432,15 @@ KIND = Kind("directory of inference outputs", MANIFEST, "moment infer", _validat
 
 
 def _key(loaded: Loaded, opts: InferOptions) -> str:
-    parts = {"placed": loaded.identity.placed_sha256, "checkpoint": loaded.checkpoint_sha256, "nproc": opts.nproc,
-             "layers": opts.layers, "dtype": opts.dtype, "batch_size": opts.batch_size, "version": 1}
+    parts = {
+        "placed": loaded.identity.placed_sha256,
+        "checkpoint": loaded.checkpoint_sha256,
+        "nproc": opts.nproc,
+        "layers": opts.layers,
+        "dtype": opts.dtype,
+        "batch_size": opts.batch_size,
+        "version": 1,
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -480,16 +503,19 @@ def _inputs_key(data: Path) -> str | None:
         return None
 
 
-def run_in_process(p: Prepared, opts: InferOptions, progress: Progress | None = None,
-                   features: Features | None = None) -> None:
+def run_in_process(
+    p: Prepared, opts: InferOptions, progress: Progress | None = None, features: Features | None = None
+) -> None:
     """Every rank's work in this process: stage by stage, each rank's chunks in turn (the barrier
     between stages is the loop's order). ``features``: another source of layer 1's input rows
     (scripts/bench_infer.py compares a memory-mapped feature file with the tiers)."""
     device = device_for()
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
-    ranks = [Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
-             for r in range(opts.nproc)]
+    ranks = [
+        Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
+        for r in range(opts.nproc)
+    ]
     states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
     try:
         for s, name in enumerate(stages(p.layout.depth)):
@@ -547,19 +573,36 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
         seconds = max(per_rank) if _ran_in_ranks(data) else sum(per_rank)
-        throughput.append(LayerThroughput(stage=name, vertices=vertices, seconds=seconds,
-                                          vertices_per_s=vertices / seconds if seconds > 0 else 0.0))
+        throughput.append(
+            LayerThroughput(
+                stage=name,
+                vertices=vertices,
+                seconds=seconds,
+                vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
+            )
+        )
     del logits
     arrays = {}
     for name, (path, shape, dt) in layout.exports().items():
-        arrays[name] = ArrayEntry(path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size,
-                                  sha256=_sha256(data / path))
+        arrays[name] = ArrayEntry(
+            path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size, sha256=_sha256(data / path)
+        )
     shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
-    manifest = InferenceManifest(key=p.key, model=loaded.cfg.to_dict(), checkpoint_sha256=loaded.checkpoint_sha256,
-                                 checkpoint_epoch=loaded.epoch, data=loaded.identity, dtype=opts.dtype,
-                                 layers=opts.layers,
-                                 nproc=opts.nproc, batch_size=opts.batch_size, arrays=arrays, accuracy=accuracy,
-                                 training_accuracy=training_accuracy(loaded.history), throughput=throughput)
+    manifest = InferenceManifest(
+        key=p.key,
+        model=loaded.cfg.to_dict(),
+        checkpoint_sha256=loaded.checkpoint_sha256,
+        checkpoint_epoch=loaded.epoch,
+        data=loaded.identity,
+        dtype=opts.dtype,
+        layers=opts.layers,
+        nproc=opts.nproc,
+        batch_size=opts.batch_size,
+        arrays=arrays,
+        accuracy=accuracy,
+        training_accuracy=training_accuracy(loaded.history),
+        throughput=throughput,
+    )
     manifest.write(data / MANIFEST)
     faults.point("infer:manifest")
     for note in p.stage.publish("infer"):
@@ -574,8 +617,12 @@ def _ran_in_ranks(data: Path) -> bool:
     return (data / WORK / RANKS_MARKER).exists()
 
 
-def infer(opts: InferOptions, progress: Progress | None = None, log: Callable[[str], None] = lambda _: None,
-          launch: Callable[[list[str]], int] | None = None) -> InferenceManifest:
+def infer(
+    opts: InferOptions,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = lambda _: None,
+    launch: Callable[[list[str]], int] | None = None,
+) -> InferenceManifest:
     """``moment infer``: prepare, run every rank (in this process, or ``launch``-ed under
     torchrun when ``nproc > 1`` and ``launch`` is given), finish and publish."""
     p = prepare(opts, log)
@@ -586,8 +633,10 @@ def infer(opts: InferOptions, progress: Progress | None = None, log: Callable[[s
             (p.stage.data / WORK / RANKS_MARKER).touch()
             code = launch(torchrun_command(opts, p.stage.data))
             if code != 0:
-                raise InferenceError(f"inference ranks failed with exit code {code}; run the same command again "
-                                     f"to continue from the last finished chunk")
+                raise InferenceError(
+                    f"inference ranks failed with exit code {code}; run the same command again "
+                    f"to continue from the last finished chunk"
+                )
         else:
             run_in_process(p, opts, progress)
         return finish(p, opts, log)
@@ -598,9 +647,28 @@ def infer(opts: InferOptions, progress: Progress | None = None, log: Callable[[s
 
 def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``."""
-    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
-            "-m", "trainer.infer", "--data", str(opts.data), "--checkpoint", str(opts.checkpoint),
-            "--work", str(data), "--layers", opts.layers, "--dtype", opts.dtype, "--batch-size", str(opts.batch_size)]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(opts.nproc),
+        "-m",
+        "trainer.infer",
+        "--data",
+        str(opts.data),
+        "--checkpoint",
+        str(opts.checkpoint),
+        "--work",
+        str(data),
+        "--layers",
+        opts.layers,
+        "--dtype",
+        opts.dtype,
+        "--batch-size",
+        str(opts.batch_size),
+    ]
 
 
 def summary(m: InferenceManifest) -> Iterator[str]:
@@ -651,8 +719,11 @@ def rank_main(argv: list[str] | None = None) -> int:
             for s, name in enumerate(stages(layout.depth)):
                 update = None
                 if bars is not None:
-                    task = bars.add_task(f"infer: {name} (rank 0)", total=sum(b - a for a, b in worker.chunks_of(s)),
-                                         completed=_done(worker, state, s))
+                    task = bars.add_task(
+                        f"infer: {name} (rank 0)",
+                        total=sum(b - a for a, b in worker.chunks_of(s)),
+                        completed=_done(worker, state, s),
+                    )
                     update = functools.partial(_advance, bars, task)
                 worker.run_stage(s, state, update)
                 if world > 1:
@@ -673,8 +744,13 @@ def _rank0_bars():
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True))
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
     bars.start()
     return bars
 

@@ -129,8 +129,17 @@ def build_torchrun_command(
     if max_restarts is not None:
         cmd += ["--max-restarts", str(int(max_restarts))]
     restarts = bool(max_restarts and checkpoint_dir is not None)
-    argv = trainer_argv(plan_path, placed_dir, model, epochs, metrics_json, checkpoint_dir, extra,
-                        resume=resume or restarts, overwrite=overwrite and not (resume or restarts))
+    argv = trainer_argv(
+        plan_path,
+        placed_dir,
+        model,
+        epochs,
+        metrics_json,
+        checkpoint_dir,
+        extra,
+        resume=resume or restarts,
+        overwrite=overwrite and not (resume or restarts),
+    )
     return [*cmd, "-m", "trainer", *argv]
 
 

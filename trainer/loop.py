@@ -59,12 +59,14 @@ _TRAIN_STREAM, _EVAL_STREAM = 2, 3
 # -- batches ---------------------------------------------------------------------------------
 
 
-def epoch_batches(sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int,
-                  world_size: int) -> Iterator[torch.Tensor]:
+def epoch_batches(
+    sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int, world_size: int
+) -> Iterator[torch.Tensor]:
     """Seed batches of ``rank`` for one training epoch: all ranks run the same number of steps,
     each id is a seed at most once per epoch across ranks (all but ``len(ids) % world_size``)."""
-    batches = sampler.batches(ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size,
-                              drop_last_uneven=True)
+    batches = sampler.batches(
+        ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size, drop_last_uneven=True
+    )
     return islice(batches, cfg.max_batches_per_epoch)
 
 
@@ -74,14 +76,17 @@ def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
     return NeighborSampler(base.indptr, base.indices, base.fanouts, base.device, seed=seed, csr_on_device=on_gpu)
 
 
-def make_prepare(sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray,
-                 device: torch.device) -> Callable[[torch.Tensor], Prepared]:
+def make_prepare(
+    sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray, device: torch.device
+) -> Callable[[torch.Tensor], Prepared]:
     """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``."""
+
     def prepare(seeds: torch.Tensor) -> Prepared:
         batch = sampler.sample(seeds)
         x = store.get(batch.nodes).to(device, torch.float32, non_blocking=True)
         y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
         return Prepared(batch, x, y)
+
     return prepare
 
 
@@ -97,8 +102,13 @@ class EpochResult:
     data_wait_s: float
 
 
-def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[Prepared],
-                device: torch.device, on_step: Callable[[], None]) -> EpochResult:
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Prepared],
+    device: torch.device,
+    on_step: Callable[[], None],
+) -> EpochResult:
     """Forward, backward and step per batch; time per iteration includes waiting for data."""
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -153,9 +163,15 @@ class Data:
 def load_data(cfg: TrainConfig) -> Data:
     """Open the placed dataset (one-line PlacedError when missing or damaged)."""
     placed = open_placed(cfg.data)
-    return Data(placed, placed.array("labels"), np.asarray(placed.array("train")), np.asarray(placed.array("val")),
-                np.asarray(placed.array("test")), int(placed.meta["num_classes"]),
-                DataIdentity.of(placed.root, placed.manifest))
+    return Data(
+        placed,
+        placed.array("labels"),
+        np.asarray(placed.array("train")),
+        np.asarray(placed.array("val")),
+        np.asarray(placed.array("test")),
+        int(placed.meta["num_classes"]),
+        DataIdentity.of(placed.root, placed.manifest),
+    )
 
 
 def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
@@ -167,21 +183,25 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
     if not cfg.checkpoint_dir or not checkpoint.path_in(cfg.checkpoint_dir).exists() or cfg.overwrite:
         return
     if not cfg.resume:
-        raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: holds a checkpoint of an earlier "
-                                         "run: pass --resume to continue it or --overwrite to start over")
+        raise checkpoint.CheckpointError(
+            f"{checkpoint.path_in(cfg.checkpoint_dir)}: holds a checkpoint of an earlier "
+            "run: pass --resume to continue it or --overwrite to start over"
+        )
     meta = checkpoint.read_meta(cfg.checkpoint_dir)
     why = meta.refusal(cfg.to_dict(), data.identity) if meta else None
     if why is not None:
         raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: cannot resume: {why}")
 
 
-def open_store(placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv,
-               plan: PlanDoc | None) -> tuple[TieredFeatureStore, str]:
+def open_store(
+    placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv, plan: PlanDoc | None
+) -> tuple[TieredFeatureStore, str]:
     """This rank's feature store (SSD reads by ``io``), and how it holds the host-memory tiers:
     with several ranks one copy per socket in ``shm_dir`` (:func:`trainer.shm.per_socket`), else
     (or without room there) a private copy."""
-    store = per_socket(lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io), shm_dir, placed,
-                       plan, env)
+    store = per_socket(
+        lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io), shm_dir, placed, plan, env
+    )
     host = store.cpu.numel() * store.cpu.element_size()
     if device.type == "cpu":
         host += store.gpu.numel() * store.gpu.element_size()
@@ -220,8 +240,7 @@ def _seed_everything(seed: int) -> None:
 class Run:
     """Everything one rank holds for a run; ``fit`` trains, evaluates, checkpoints, reports."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: PlanDoc | None,
-                 device: torch.device) -> None:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: PlanDoc | None, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -229,8 +248,9 @@ class Run:
         self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
-        self.base = NeighborSampler(data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts,
-                                    device=device, seed=cfg.seed)
+        self.base = NeighborSampler(
+            data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts, device=device, seed=cfg.seed
+        )
         self.sampling = sampling_setup(self.base, plan, env)
         if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
             budget = memory.budget(memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1))
@@ -269,8 +289,10 @@ class Run:
         cfg = self.cfg
         for epoch in range(self.start_epoch, cfg.epochs):
             seeds = epoch_batches(self.base, self.data.train, cfg, epoch, self.rank, self.world)
-            steps = min(num_batches(len(self.data.train), cfg.batch_size, self.world, self.rank, drop_last_uneven=True),
-                        cfg.max_batches_per_epoch or sys.maxsize)
+            steps = min(
+                num_batches(len(self.data.train), cfg.batch_size, self.world, self.rank, drop_last_uneven=True),
+                cfg.max_batches_per_epoch or sys.maxsize,
+            )
             self.store.reset_stats()
             batches = self._batches(seeds, derive_seed(cfg.seed, _TRAIN_STREAM, epoch, self.rank))
             try:
@@ -280,19 +302,35 @@ class Run:
                 batches.close()
             stats = all_gather(self.store.stats())
             loss_sum, iterations, seeds_done, wait = all_reduce_sum(
-                [result.loss_sum, result.iterations, result.seeds, result.data_wait_s], self.device)
+                [result.loss_sum, result.iterations, result.seeds, result.data_wait_s], self.device
+            )
             train_s = max(all_gather(result.train_s))
             evaluate_now = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             val_acc = self.accuracy(self.data.val, epoch, 0) if evaluate_now else None
-            record = epoch_record(epoch + 1, train_s=train_s, iterations=result.iterations, seeds=int(seeds_done),
-                                  loss=loss_sum / max(iterations, 1), val_acc=val_acc,
-                                  data_wait_s=wait / self.world, stats=stats)
+            record = epoch_record(
+                epoch + 1,
+                train_s=train_s,
+                iterations=result.iterations,
+                seeds=int(seeds_done),
+                loss=loss_sum / max(iterations, 1),
+                val_acc=val_acc,
+                data_wait_s=wait / self.world,
+                stats=stats,
+            )
             self.metrics.add_epoch(record)
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())
                 if self.rank == 0:
-                    checkpoint.save(cfg.checkpoint_dir, epoch=epoch + 1, model=self.module, optimizer=self.optimizer,
-                                    cfg=cfg, data=self.data.identity, history=self.metrics.history, rng=rng)
+                    checkpoint.save(
+                        cfg.checkpoint_dir,
+                        epoch=epoch + 1,
+                        model=self.module,
+                        optimizer=self.optimizer,
+                        cfg=cfg,
+                        data=self.data.identity,
+                        history=self.metrics.history,
+                        rng=rng,
+                    )
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)

@@ -99,11 +99,17 @@ class MemoryBudget:
         return sum(self.host.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu_bytes_per_rank": self.gpu_bytes_per_rank, "host_bytes_per_node": self.host_bytes_per_node,
-                "gpu": dict(self.gpu), "host": dict(self.host),
-                "gpu_capacity_bytes": self.gpu_capacity, "gpu_capacity_source": self.gpu_capacity_source,
-                "host_capacity_bytes": self.host_capacity, "host_capacity_source": self.host_capacity_source,
-                "estimate": "peak, from tensor shapes (activations are an upper-side guess)"}
+        return {
+            "gpu_bytes_per_rank": self.gpu_bytes_per_rank,
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "gpu": dict(self.gpu),
+            "host": dict(self.host),
+            "gpu_capacity_bytes": self.gpu_capacity,
+            "gpu_capacity_source": self.gpu_capacity_source,
+            "host_capacity_bytes": self.host_capacity,
+            "host_capacity_source": self.host_capacity_source,
+            "estimate": "peak, from tensor shapes (activations are an upper-side guess)",
+        }
 
 
 def model_parameters(shape: RunShape) -> int:
@@ -183,27 +189,51 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int) ->
     fanouts = tuple(cfg.fanouts or hot.fanouts)
     batch = int(cfg.batch_size or hot.batch_size)
     rows = {t: sum(b.count for b in m.bins if b.tier == t) for t in ("gpu", "cpu")}
-    base = RunShape(nodes=m.num_nodes, feature_dim=m.feature_dim, row_bytes=placed.row_bytes,
-                    fanouts=tuple(hot.fanouts), batch_size=hot.batch_size,
-                    unique_per_batch=float(hot.mean_unique_per_batch or sampled(hot.fanouts, hot.batch_size)),
-                    model=cfg.model, hidden=int(cfg.hidden), heads=int(cfg.heads), classes=m.num_classes,
-                    gpu_cache_rows=rows["gpu"], host_cache_rows=rows["gpu"] + rows["cpu"], prefetch=int(cfg.prefetch),
-                    ranks_per_node=ranks_per_node, sockets=max(1, sockets))
+    base = RunShape(
+        nodes=m.num_nodes,
+        feature_dim=m.feature_dim,
+        row_bytes=placed.row_bytes,
+        fanouts=tuple(hot.fanouts),
+        batch_size=hot.batch_size,
+        unique_per_batch=float(hot.mean_unique_per_batch or sampled(hot.fanouts, hot.batch_size)),
+        model=cfg.model,
+        hidden=int(cfg.hidden),
+        heads=int(cfg.heads),
+        classes=m.num_classes,
+        gpu_cache_rows=rows["gpu"],
+        host_cache_rows=rows["gpu"] + rows["cpu"],
+        prefetch=int(cfg.prefetch),
+        ranks_per_node=ranks_per_node,
+        sockets=max(1, sockets),
+    )
     if fanouts != base.fanouts:
         scale = sampled(fanouts, base.batch_size) / sampled(base.fanouts, base.batch_size)
         base = replace(base, fanouts=fanouts, unique_per_batch=min(base.unique_per_batch * scale, base.nodes))
     return base.with_batch(batch) if batch != base.batch_size else base
 
 
-def shape_of_workload(w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2,
-                      heads: int = 8) -> RunShape:
+def shape_of_workload(
+    w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2, heads: int = 8
+) -> RunShape:
     """The run a planner workload describes (the profiles' paper workloads: IGB has 19 classes)."""
     model = "gat" if w.model.lower().startswith("gat") else "sage"
-    return RunShape(nodes=w.nodes, feature_dim=w.feature_dim, row_bytes=w.row_bytes, fanouts=tuple(w.fanouts),
-                    batch_size=w.batch_size, unique_per_batch=float(w.vertices_per_batch()), model=model,
-                    hidden=w.hidden, heads=heads, classes=classes, gpu_cache_rows=w.gpu_cache_rows(),
-                    host_cache_rows=w.gpu_cache_rows() + w.cpu_cache_rows(), prefetch=prefetch,
-                    ranks_per_node=ranks_per_node, sockets=max(1, sockets))
+    return RunShape(
+        nodes=w.nodes,
+        feature_dim=w.feature_dim,
+        row_bytes=w.row_bytes,
+        fanouts=tuple(w.fanouts),
+        batch_size=w.batch_size,
+        unique_per_batch=float(w.vertices_per_batch()),
+        model=model,
+        hidden=w.hidden,
+        heads=heads,
+        classes=classes,
+        gpu_cache_rows=w.gpu_cache_rows(),
+        host_cache_rows=w.gpu_cache_rows() + w.cpu_cache_rows(),
+        prefetch=prefetch,
+        ranks_per_node=ranks_per_node,
+        sockets=max(1, sockets),
+    )
 
 
 def gpu_capacity(machine: Any = None, gpu_ids: list[str] | None = None) -> tuple[int | None, str]:
@@ -218,8 +248,7 @@ def gpu_capacity(machine: Any = None, gpu_ids: list[str] | None = None) -> tuple
         props = torch.cuda.get_device_properties(0)
         return int(props.total_memory), f"{props.name} (torch)"
     if machine is not None:
-        gpus = [d for d in machine.devices() if d.kind == "gpu" and d.memory_gb
-                and (not gpu_ids or d.id in gpu_ids)]
+        gpus = [d for d in machine.devices() if d.kind == "gpu" and d.memory_gb and (not gpu_ids or d.id in gpu_ids)]
         if gpus:
             small = min(gpus, key=lambda d: d.memory_gb)
             return int(small.memory_gb * GB), f"{small.model or small.id}, profile {machine.name}"
@@ -229,8 +258,13 @@ def gpu_capacity(machine: Any = None, gpu_ids: list[str] | None = None) -> tuple
 def _nvidia_smi_free() -> list[int]:
     """Free bytes per GPU from nvidia-smi ([] when it is missing or says nothing usable)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=False).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     try:
@@ -265,14 +299,18 @@ def refusal(b: MemoryBudget) -> str | None:
         if b.gpu.get("gpu_cache", 0) > 0:
             hints.append(f"a smaller GPU cache (moment place --gpu-cache; it takes {b.gpu['gpu_cache'] / GB:.1f} GB)")
         parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in sorted(b.gpu.items(), key=lambda kv: -kv[1]) if v)
-        return (f"memory: a rank needs about {b.gpu_bytes_per_rank / GB:.1f} GB of GPU memory ({parts} GB), "
-                f"{over / GB:.1f} GB more than the {b.gpu_capacity / GB:.1f} GB of the GPU ({b.gpu_capacity_source}): "
-                f"shrink with {' or '.join(hints) or 'a smaller model'}")
+        return (
+            f"memory: a rank needs about {b.gpu_bytes_per_rank / GB:.1f} GB of GPU memory ({parts} GB), "
+            f"{over / GB:.1f} GB more than the {b.gpu_capacity / GB:.1f} GB of the GPU ({b.gpu_capacity_source}): "
+            f"shrink with {' or '.join(hints) or 'a smaller model'}"
+        )
     if b.host_capacity is not None and b.host_bytes_per_node > b.host_capacity:
         parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in b.host.items())
-        return (f"memory: a node needs about {b.host_bytes_per_node / GB:.1f} GB of host memory ({parts} GB), more "
-                f"than the {b.host_capacity / GB:.1f} GB it has ({b.host_capacity_source}): shrink the CPU cache "
-                f"(moment place --cpu-cache), --batch-size or --nproc")
+        return (
+            f"memory: a node needs about {b.host_bytes_per_node / GB:.1f} GB of host memory ({parts} GB), more "
+            f"than the {b.host_capacity / GB:.1f} GB it has ({b.host_capacity_source}): shrink the CPU cache "
+            f"(moment place --cpu-cache), --batch-size or --nproc"
+        )
     return None
 
 
@@ -286,13 +324,16 @@ def live_refusal(b: MemoryBudget, free: int, device: str) -> str | None:
     shape = b.shape
     fit = largest_batch(shape, b.gpu_bytes_per_rank - need + free)
     hint = f"--batch-size {fit} or less" if fit is not None and fit < shape.batch_size else "a smaller GPU cache"
-    return (f"memory: {device} has {free / GB:.1f} GB free after loading the GPU cache and the model; the batches need "
-            f"about {need / GB:.1f} GB ({shape.prefetch + 2} batches of {shape.unique_per_batch:,.0f} rows, staging, "
-            f"activations): shrink with --prefetch 1, {hint}")
+    return (
+        f"memory: {device} has {free / GB:.1f} GB free after loading the GPU cache and the model; the batches need "
+        f"about {need / GB:.1f} GB ({shape.prefetch + 2} batches of {shape.unique_per_batch:,.0f} rows, staging, "
+        f"activations): shrink with --prefetch 1, {hint}"
+    )
 
 
 def largest_batch(shape: RunShape, capacity: int) -> int | None:
     """The largest batch size whose rank budget fits ``capacity`` (None: not even a batch of 1)."""
+
     def fits(n: int) -> bool:
         return budget(shape.with_batch(n)).gpu_bytes_per_rank <= capacity
 

@@ -84,8 +84,17 @@ def _per_iteration(history: list[dict[str, Any]], key: str) -> float | None:
     return sum(r[key] for r in history) / iterations if iterations else None
 
 
-def epoch_record(epoch: int, *, train_s: float, iterations: int, seeds: int, loss: float, val_acc: float | None,
-                 data_wait_s: float, stats: list[dict[str, Any]]) -> dict[str, Any]:
+def epoch_record(
+    epoch: int,
+    *,
+    train_s: float,
+    iterations: int,
+    seeds: int,
+    loss: float,
+    val_acc: float | None,
+    data_wait_s: float,
+    stats: list[dict[str, Any]],
+) -> dict[str, Any]:
     """One epoch's record from the loop's counters and every rank's feature-store stats."""
     merged = merge_stats(stats)
     asked = max(merged["asked"], 1)
@@ -128,15 +137,23 @@ def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
         "workload": wl.model_dump(),
         "comparable": placed.source == "dataset",  # re-solved for this data (else the plan's, for other data)
     }
-    differs = [f"{k} {theirs} (this run {mine})" for k, theirs, mine in (("fanouts", wl.fanouts, list(cfg.fanouts or ())),
-                                                                        ("batch_size", wl.batch_size, cfg.batch_size))
-               if theirs != mine]
+    differs = [
+        f"{k} {theirs} (this run {mine})"
+        for k, theirs, mine in (
+            ("fanouts", wl.fanouts, list(cfg.fanouts or ())),
+            ("batch_size", wl.batch_size, cfg.batch_size),
+        )
+        if theirs != mine
+    ]
     if differs:
         differs.append("so the read shares will differ from the prediction")
     if cfg.resolved_device() == "cpu":
         differs.append("the time is predicted for the profile's machine, this run is on the CPU")
-    where = f"predicted by moment place for this dataset on {placed.profile} ({placed.layout})" if placed.source == "dataset" \
+    where = (
+        f"predicted by moment place for this dataset on {placed.profile} ({placed.layout})"
+        if placed.source == "dataset"
         else f"the plan's prediction ({placed.profile}, {placed.layout}), not re-solved for this dataset"
+    )
     out["note"] = where + ("; " + ", ".join(differs) if differs else "")
     return out
 
@@ -151,7 +168,9 @@ def read_share_rows(pred: dict[str, Any], epochs: list[dict[str, Any]]) -> list[
     for t in TIERS:
         rows.append((t, pred["tier_shares"][t], sum(e["rows_per_tier"].get(t, 0) for e in epochs) / asked))
     for name, share in pred["bin_shares"].items():
-        measured = sum(e["read_share_per_bin"].get(name, 0.0) * sum(e["rows_per_tier"].values()) for e in epochs) / asked
+        measured = (
+            sum(e["read_share_per_bin"].get(name, 0.0) * sum(e["rows_per_tier"].values()) for e in epochs) / asked
+        )
         rows.append((name, share, measured))
     return rows
 
@@ -171,8 +190,14 @@ def _fmt(value: float | None, spec: str) -> str:
 class Metrics:
     """Collects epoch records, prints on rank 0 (``enabled``), writes the JSON document."""
 
-    def __init__(self, cfg: TrainConfig, predicted: Prediction, history: list[dict[str, Any]],
-                 enabled: bool, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        predicted: Prediction,
+        history: list[dict[str, Any]],
+        enabled: bool,
+        console: Console | None = None,
+    ) -> None:
         self.cfg = cfg
         self.enabled = enabled
         self.history = history
@@ -195,8 +220,10 @@ class Metrics:
             return
         how = {"host": "through host memory", "direct": "straight to the GPU (GPUDirect Storage)"}
         what = f"{type(reader).__name__}" + (f", {reader.mode}" if hasattr(reader, "mode") else "")
-        line = (f"the prediction assumes SSD reads {how[planned]} (plan workload ssd_reads: {planned}); this run "
-                f"reads them {how[route]} ({what}): the SSD links it loads differ from the predicted ones")
+        line = (
+            f"the prediction assumes SSD reads {how[planned]} (plan workload ssd_reads: {planned}); this run "
+            f"reads them {how[route]} ({what}): the SSD links it loads differ from the predicted ones"
+        )
         self.predicted["note"] += "; " + line
         if self.enabled:
             self.console.print(f"[yellow]note:[/] {line}", highlight=False)
@@ -220,8 +247,14 @@ class Metrics:
         if not self.enabled:
             yield lambda: None
             return
-        bar = Progress(TextColumn(f"epoch {epoch + 1}/{self.cfg.epochs}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+        bar = Progress(
+            TextColumn(f"epoch {epoch + 1}/{self.cfg.epochs}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
         task = bar.add_task("train", total=steps)
         with bar:
             yield lambda: bar.advance(task)
@@ -233,7 +266,9 @@ class Metrics:
         self.console.print(
             f"epoch {record['epoch']}: loss {record['loss']:.4f}, val acc {_fmt(record['val_acc'], '.4f')}, "
             f"{record['epoch_s']:.2f} s, {record['seeds_per_s']:,.0f} seeds/s, "
-            f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features", highlight=False)
+            f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features",
+            highlight=False,
+        )
         self._write(test_acc=None, digests=None)
 
     def document(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
@@ -268,21 +303,37 @@ class Metrics:
         return doc
 
     def _summary(self, doc: dict[str, Any]) -> None:
-        table = Table(title="training (GB/s per tier, summed over ranks)", title_justify="left",
-                      box=box.SIMPLE_HEAD, pad_edge=False)
+        table = Table(
+            title="training (GB/s per tier, summed over ranks)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc["epochs"]:
-            table.add_row(str(r["epoch"]), f"{r['epoch_s']:.1f}", f"{r['seeds_per_s']:,.0f}", f"{r['loss']:.3f}",
-                          _fmt(r["val_acc"], ".3f"), *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
-                          f"{r['hit_rate'].get('gpu', 0.0):.1%}")
+            table.add_row(
+                str(r["epoch"]),
+                f"{r['epoch_s']:.1f}",
+                f"{r['seeds_per_s']:,.0f}",
+                f"{r['loss']:.3f}",
+                _fmt(r["val_acc"], ".3f"),
+                *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
+                f"{r['hit_rate'].get('gpu', 0.0):.1%}",
+            )
         self.console.print(table)
-        shares = Table(title="share of feature reads: predicted by moment place vs measured", title_justify="left",
-                       box=box.SIMPLE_HEAD, pad_edge=False)
+        shares = Table(
+            title="share of feature reads: predicted by moment place vs measured",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
         for col in ("tier / bin", "predicted", "measured", "difference"):
             shares.add_column(col, justify="left" if col == "tier / bin" else "right", no_wrap=True)
         for name, predicted_share, measured_share in read_share_rows(doc["prediction"], doc["epochs"]):
-            shares.add_row(name, f"{predicted_share:.1%}", f"{measured_share:.1%}", f"{measured_share - predicted_share:+.1%}")
+            shares.add_row(
+                name, f"{predicted_share:.1%}", f"{measured_share:.1%}", f"{measured_share - predicted_share:+.1%}"
+            )
         self.console.print(shares)
         measured, predicted = doc["measured_iteration_s"], doc["predicted_iteration_s"]
         pred = doc["prediction"]
@@ -295,8 +346,11 @@ class Metrics:
             summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
         reads = doc["measured_feature_read_s"]
         if reads and doc["on_plan_gpus"] and pred["comparable"]:
-            summary.add_row("feature reads", f"{reads:.4f} s measured per iteration vs {predicted:.3g} s predicted "
-                            f"({reads / predicted:.2f}×), on the plan's GPUs")
+            summary.add_row(
+                "feature reads",
+                f"{reads:.4f} s measured per iteration vs {predicted:.3g} s predicted "
+                f"({reads / predicted:.2f}×), on the plan's GPUs",
+            )
         else:
             why = "ranks are not on the plan's GPUs" if not doc["on_plan_gpus"] else "the prediction is for other data"
             summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")

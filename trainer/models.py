@@ -80,7 +80,9 @@ class BlockGNN(nn.Module):
     def forward(self, x: torch.Tensor, blocks: Sequence[SampledBlock]) -> torch.Tensor:
         """Logits of the seeds (the last block's targets) from the rows of ``batch.nodes``."""
         if len(blocks) != len(self.convs):
-            raise ValueError(f"{len(blocks)} blocks for a {len(self.convs)}-layer model: fanouts and model depth differ")
+            raise ValueError(
+                f"{len(blocks)} blocks for a {len(self.convs)}-layer model: fanouts and model depth differ"
+            )
         for i, block in enumerate(blocks):
             x = self.layer(i, x[: block.num_src], block.num_dst, block.edge_index)
         return x

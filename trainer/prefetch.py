@@ -35,8 +35,13 @@ class Prefetcher:
 
     _DONE = object()
 
-    def __init__(self, seeds: Iterator[torch.Tensor], prepare: Callable[[torch.Tensor], Prepared], depth: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        seeds: Iterator[torch.Tensor],
+        prepare: Callable[[torch.Tensor], Prepared],
+        depth: int,
+        device: torch.device,
+    ) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._device = device

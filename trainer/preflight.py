@@ -47,8 +47,10 @@ def train_split_problem(placed: Placed, world_size: int) -> str | None:
     if n == 0:
         return f"{where}: train split is empty: nothing to train on"
     if n < world_size:
-        return (f"{where}: train split has {n} id(s), fewer than the {world_size} ranks: no rank would get one "
-                f"(every rank takes the same share): use fewer ranks (--nproc) or a larger train split")
+        return (
+            f"{where}: train split has {n} id(s), fewer than the {world_size} ranks: no rank would get one "
+            f"(every rank takes the same share): use fewer ranks (--nproc) or a larger train split"
+        )
     return None
 
 
@@ -79,8 +81,9 @@ def _checkpoint(cfg: TrainConfig, placed: Placed, resume: bool, overwrite: bool)
     if overwrite or not path.exists():
         return
     if not resume:
-        raise MomentError(f"{path}: holds a checkpoint of an earlier run: pass --resume to continue it "
-                          f"or --overwrite to start over")
+        raise MomentError(
+            f"{path}: holds a checkpoint of an earlier run: pass --resume to continue it or --overwrite to start over"
+        )
     meta = checkpoint.read_meta(cfg.checkpoint_dir or "")
     why = meta.refusal(cfg.to_dict(), DataIdentity.of(placed.root, placed.manifest)) if meta else None
     if why is not None:
@@ -92,16 +95,25 @@ def plan_warnings(plan: PlanDoc, plan_path: str, placed: Placed) -> list[str]:
     out = []
     ref = placed.manifest.plan
     if plan.profile.sha256 != ref.profile.get("sha256") or plan.layout.name != ref.layout:
-        out.append(f"{plan_path} (profile {plan.profile.name}, layout {plan.layout.name}) is not the plan "
-                   f"{placed.root} was placed with ({ref.path}: profile {ref.profile.get('name')}, layout {ref.layout})")
+        out.append(
+            f"{plan_path} (profile {plan.profile.name}, layout {plan.layout.name}) is not the plan "
+            f"{placed.root} was placed with ({ref.path}: profile {ref.profile.get('name')}, layout {ref.layout})"
+        )
     if placed.manifest.prediction.source == "plan":
-        out.append(f"{placed.root} carries the plan's prediction (its profile was not found when placing), made for "
-                   f"other data: measured / predicted will not be comparable")
+        out.append(
+            f"{placed.root} carries the plan's prediction (its profile was not found when placing), made for "
+            f"other data: measured / predicted will not be comparable"
+        )
     return out
 
 
-def preflight(argv: Sequence[str], world_size: int, resume: bool = False, overwrite: bool = False,
-              ranks_per_node: int | None = None) -> Checked:
+def preflight(
+    argv: Sequence[str],
+    world_size: int,
+    resume: bool = False,
+    overwrite: bool = False,
+    ranks_per_node: int | None = None,
+) -> Checked:
     """Check a training run before torchrun starts; the first problem is one MomentError line.
 
     ``argv``: the trainer's command line (``launch.trainer_argv``); ``resume``/``overwrite``: what

@@ -94,8 +94,10 @@ class PygFeatureStore(FeatureStore):
 
     def _check(self, attr: TensorAttr) -> None:
         if not self._matches(attr):
-            raise KeyError(f"no tensor for group {attr.group_name!r}, attribute {attr.attr_name!r} "
-                           f"(this store holds group None, attribute {self.attr_name!r})")
+            raise KeyError(
+                f"no tensor for group {attr.group_name!r}, attribute {attr.attr_name!r} "
+                f"(this store holds group None, attribute {self.attr_name!r})"
+            )
 
 
 class PlacedGraphStore(GraphStore):
@@ -155,8 +157,14 @@ class StoreNeighborSampler(BaseSampler):
         n = batch.nodes.numel()
         edges = torch.unique(edges[0] * n + edges[1])  # an edge sampled at several hops, once
         counts = [batch.blocks[-1].num_dst] + [b.num_src - b.num_dst for b in reversed(batch.blocks)]
-        return SamplerOutput(node=batch.nodes, row=edges // n, col=edges % n, edge=None, num_sampled_nodes=counts,
-                             metadata=(index.input_id, index.time))
+        return SamplerOutput(
+            node=batch.nodes,
+            row=edges // n,
+            col=edges % n,
+            edge=None,
+            num_sampled_nodes=counts,
+            metadata=(index.input_id, index.time),
+        )
 
     def sample_from_edges(self, index: Any, neg_sampling: Any = None) -> Any:
         raise NotImplementedError("StoreNeighborSampler samples from nodes only")

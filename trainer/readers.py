@@ -152,8 +152,10 @@ def _tasks(requests: list[_Task], threads: int) -> list[_Task]:
     total = sum(len(r.sizes) for r in requests)
     step = max(MIN_RUNS_PER_TASK, -(-total // (threads * TASKS_PER_THREAD)))
     per_request = [
-        [replace(r, offsets=r.offsets[s : s + step], dests=r.dests[s : s + step], sizes=r.sizes[s : s + step])
-         for s in range(0, len(r.offsets), step)]
+        [
+            replace(r, offsets=r.offsets[s : s + step], dests=r.dests[s : s + step], sizes=r.sizes[s : s + step])
+            for s in range(0, len(r.offsets), step)
+        ]
         for r in requests
     ]
     return _interleave(per_request)
@@ -293,8 +295,12 @@ class FileReader(_Reader):
             raise TypeError("out must be a writeable C-contiguous numpy array")
         row_bytes = _row_bytes(out.nbytes, rows.size)
         f = self._open(req.file)
-        direct = (f.direct_fd is not None and not f.direct_failed and row_bytes % DIRECT_ALIGN == 0
-                  and out.ctypes.data % DIRECT_ALIGN == 0)
+        direct = (
+            f.direct_fd is not None
+            and not f.direct_failed
+            and row_bytes % DIRECT_ALIGN == 0
+            and out.ctypes.data % DIRECT_ALIGN == 0
+        )
         offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
         return _Task(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
 
@@ -460,8 +466,10 @@ class KvikioReader(_Reader):
         OSError naming the file, after every read issued has ended (none writes into the buffer
         after this returns)."""
         handle, base, span = task.file, task.buffer[1], DeviceSpan
-        futures = [handle.pread(span(base + dest, size), size, offset)
-                   for offset, dest, size in zip(task.offsets, task.dests, task.sizes)]
+        futures = [
+            handle.pread(span(base + dest, size), size, offset)
+            for offset, dest, size in zip(task.offsets, task.dests, task.sizes)
+        ]
         failed: tuple[int, int, Exception] | None = None
         for future, size, offset in zip(futures, task.sizes, task.offsets):
             try:
@@ -520,10 +528,15 @@ class ReaderKind:
 
 
 READERS: dict[str, ReaderKind] = {
-    "posix": ReaderKind(lambda threads, direct: FileReader(threads=threads, direct=direct), False,
-                        "preads into pinned host memory"),
-    "kvikio": ReaderKind(lambda threads, direct: KvikioReader(threads=threads), True,
-                         "into GPU memory (GPUDirect Storage or its compat mode)", kvikio_refusal),
+    "posix": ReaderKind(
+        lambda threads, direct: FileReader(threads=threads, direct=direct), False, "preads into pinned host memory"
+    ),
+    "kvikio": ReaderKind(
+        lambda threads, direct: KvikioReader(threads=threads),
+        True,
+        "into GPU memory (GPUDirect Storage or its compat mode)",
+        kvikio_refusal,
+    ),
 }
 IO_CHOICES = ("auto", *READERS)
 
@@ -544,8 +557,7 @@ def io_refusal(io: str, cuda: bool) -> str | None:
 PROBE_BYTES = 4 << 20
 
 
-def probe_io(readers: dict[str, Reader], files: Sequence[tuple[FileRef, int]],
-             seed: int = 0) -> dict[str, float]:
+def probe_io(readers: dict[str, Reader], files: Sequence[tuple[FileRef, int]], seed: int = 0) -> dict[str, float]:
     """Seconds each reader took to read the same amount of random rows (different rows per reader,
     so none reads from the page cache another one filled) spread over ``files`` — (path, row
     bytes) pairs — best of two rounds. What :func:`make_reader` chooses ``io="auto"`` by."""
@@ -562,8 +574,9 @@ def probe_io(readers: dict[str, Reader], files: Sequence[tuple[FileRef, int]],
             for f, rb, n in sizes:
                 rows = np.unique(rng.integers(0, n, min(per_file, n)))
                 if reader.on_device:
-                    out: Any = torch.empty((rows.size, rb), dtype=torch.uint8,
-                                           device=getattr(reader, "device_type", "cuda"))
+                    out: Any = torch.empty(
+                        (rows.size, rb), dtype=torch.uint8, device=getattr(reader, "device_type", "cuda")
+                    )
                 else:
                     out = _aligned_rows(rows.size, rb)
                 requests.append(ReadRequest(f, rows, out))
@@ -581,8 +594,13 @@ def _aligned_rows(rows: int, row_bytes: int) -> np.ndarray:
     return raw[skew : skew + rows * row_bytes].reshape(rows, row_bytes)
 
 
-def make_reader(device: str | torch.device, threads: int = 16, direct: bool = True, io: str = "auto",
-                probe: Sequence[tuple[FileRef, int]] | None = None) -> Reader:
+def make_reader(
+    device: str | torch.device,
+    threads: int = 16,
+    direct: bool = True,
+    io: str = "auto",
+    probe: Sequence[tuple[FileRef, int]] | None = None,
+) -> Reader:
     """The reader for ``device``: a name of :data:`READERS`: that reader, or an error saying why
     not; ``io="auto"``: on a CUDA device with ``probe`` files — (path, row bytes) pairs, the SSD
     bins — whichever reader that can be made here :func:`probe_io` measured fastest (its figures

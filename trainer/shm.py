@@ -66,8 +66,9 @@ def shm_path(shm_dir: str | Path, placed: Placed, socket: str) -> Path:
     return Path(shm_dir) / f"moment-host-{key}"
 
 
-def per_socket(open_store: Callable[[Path | None], T], shm_dir: str, placed: Placed, plan: PlanDoc | None,
-               env: DistEnv) -> T:
+def per_socket(
+    open_store: Callable[[Path | None], T], shm_dir: str, placed: Placed, plan: PlanDoc | None, env: DistEnv
+) -> T:
     """``open_store(path)`` on every rank with one shared file per socket (``open_store(None)``:
     a private copy). With a process group and ``shm_dir`` set, the socket's writer opens first
     (writing the file) while the others wait at a barrier; then the others open (mapping it); a
@@ -96,8 +97,9 @@ def per_socket(open_store: Callable[[Path | None], T], shm_dir: str, placed: Pla
     return store
 
 
-def map_shared(path: Path, sources: Sequence[Path], rows: int, dim: int, dtype: torch.dtype,
-               owner: Path) -> torch.Tensor:
+def map_shared(
+    path: Path, sources: Sequence[Path], rows: int, dim: int, dtype: torch.dtype, owner: Path
+) -> torch.Tensor:
     """A (rows, dim) tensor on a shared mapping of ``path``, which holds ``sources`` back to back
     (the bins of ``owner``, a placed dataset); written there first if nobody has yet."""
     nbytes = rows * dim * torch.empty(0, dtype=dtype).element_size()
@@ -105,8 +107,10 @@ def map_shared(path: Path, sources: Sequence[Path], rows: int, dim: int, dtype: 
         publish(path, sources, nbytes)
     size = path.stat().st_size
     if size != nbytes:
-        raise PlacedError(f"{path}: holds {size} bytes, but the GPU and CPU bins of {owner} are "
-                          f"{nbytes} bytes: a file of another placement; remove it")
+        raise PlacedError(
+            f"{path}: holds {size} bytes, but the GPU and CPU bins of {owner} are "
+            f"{nbytes} bytes: a file of another placement; remove it"
+        )
     return torch.from_file(str(path), shared=True, size=rows * dim, dtype=dtype).view(rows, dim)
 
 
@@ -115,8 +119,9 @@ def publish(path: Path, sources: Sequence[Path], nbytes: int) -> None:
     another process won the race, its file is kept). A memory file system has no overhead to
     allow for: the check is for ``nbytes`` exactly."""
     for _, _, _, free in short_of_space({path.parent: nbytes}, headroom=False):
-        raise SharedMemoryFullError(f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need "
-                               f"{nbytes / 2**30:.2f} GiB")
+        raise SharedMemoryFullError(
+            f"{path.parent}: {free / 2**30:.2f} GiB free, the GPU and CPU cache bins need {nbytes / 2**30:.2f} GiB"
+        )
     with atomic_file(path, binary=True, replace=False) as out:
         for src in sources:
             with open(src, "rb") as f:

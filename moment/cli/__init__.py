@@ -28,8 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="moment",
         description=(
-            "Out-of-core GNN training planned around a server's PCIe topology: "
-            "profile → plan → place → train."
+            "Out-of-core GNN training planned around a server's PCIe topology: profile → plan → place → train."
         ),
     )
     parser.add_argument("--version", action="version", version=f"moment {__version__}")

@@ -30,8 +30,12 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--dim", type=int, default=128, help="feature dimension")
     s.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="feature type (default float16)")
     s.add_argument("--classes", type=int, default=16, help="planted communities = label classes (default 16)")
-    s.add_argument("--train-fraction", type=float, default=0.01,
-                   help="share of vertices in the train split (default 0.01, as the paper's runs)")
+    s.add_argument(
+        "--train-fraction",
+        type=float,
+        default=0.01,
+        help="share of vertices in the train split (default 0.01, as the paper's runs)",
+    )
     s.add_argument("--seed", type=int, default=0, help="the same seed gives the same dataset (default 0)")
     s.add_argument("--out", required=True, help="dataset directory to create")
     s.set_defaults(func=cmd_dataset_synth)
@@ -41,21 +45,28 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
         "import",
         help="import a dataset from disk: plain .npy arrays, IGB, or OGB (papers100M) files",
         description="Read the files users have on disk and write a moment dataset; the CSR is built out of core "
-                    "within --memory. Formats: " + "; ".join(f"{k}: {v.help}" for k, v in IMPORTERS.items()) + ".",
+        "within --memory. Formats: " + "; ".join(f"{k}: {v.help}" for k, v in IMPORTERS.items()) + ".",
         epilog="IGB splits (IGB ships none), over the L labelled vertices, from one torch.randperm(L) seeded with "
-               "--seed: mlperf (seed 42): train = first int(0.6 L), val = next int(0.005 L) (MLPerf's "
-               "split_seeds.py), test = next int(0.005 L); igb (seed 0): 60/20/20 (int(0.6 L), int(0.2 L), the "
-               "rest), shuffled; fraction:F (seed 0): train round(F L), val and test round(F L / 2) each.",
+        "--seed: mlperf (seed 42): train = first int(0.6 L), val = next int(0.005 L) (MLPerf's "
+        "split_seeds.py), test = next int(0.005 L); igb (seed 0): 60/20/20 (int(0.6 L), int(0.2 L), the "
+        "rest), shuffled; fraction:F (seed 0): train round(F L), val and test round(F L / 2) each.",
     )
-    i.add_argument("--format", choices=tuple(IMPORTERS), default="npy", help="what --root or the files hold "
-                   "(default npy)")
+    i.add_argument(
+        "--format", choices=tuple(IMPORTERS), default="npy", help="what --root or the files hold (default npy)"
+    )
     i.add_argument("--root", help="igb: the directory holding <size>/processed; ogb: the one holding raw/ and split/")
     i.add_argument("--size", help="igb: tiny, small, medium, large or full")
     i.add_argument("--classes", type=int, help="igb: 19 (default) or 2983 label classes")
-    i.add_argument("--split", help="igb: mlperf, igb (default) or fraction:F; ogb: the split directory "
-                   "(default: the only one, e.g. time)")
-    i.add_argument("--labelled", type=int, help="igb: only the first N vertices are labelled, the rest is padding "
-                   "(default: all; full: IGB's published counts)")
+    i.add_argument(
+        "--split",
+        help="igb: mlperf, igb (default) or fraction:F; ogb: the split directory (default: the only one, e.g. time)",
+    )
+    i.add_argument(
+        "--labelled",
+        type=int,
+        help="igb: only the first N vertices are labelled, the rest is padding "
+        "(default: all; full: IGB's published counts)",
+    )
     i.add_argument("--features", help="npy: N×d .npy (float32/float16)")
     i.add_argument("--edges", help="npy: E×2 .npy edge list (src, dst)")
     i.add_argument("--indptr", help="npy: CSR indptr .npy (with --indices)")
@@ -88,25 +99,47 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
     p.add_argument("--dataset", required=True, help="dataset directory")
     p.add_argument("--out", required=True, help="placed dataset directory")
-    policy = p.add_argument("--policy", default="ddak",
-                            help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); "
-                                 "hash: a baseline spreading rows by id")
+    policy = p.add_argument(
+        "--policy",
+        default="ddak",
+        help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); "
+        "hash: a baseline spreading rows by id",
+    )
     registry_choices(policy, "placement.policies", "POLICIES")
-    p.add_argument("--gpu-cache", metavar="SIZE", help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
-                   "512MiB, 1%% (of vertices), 10000rows (default: the plan's gpu_cache_gb, 0 unless set)")
-    p.add_argument("--cpu-cache", metavar="SIZE", help="CPU feature cache (one copy in each socket's memory), same units "
-                   "(default: the plan's cpu_cache_fraction, 1%%)")
-    p.add_argument("--ssd-dir", action="append", default=[], metavar="BIN=DIR",
-                   help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)")
+    p.add_argument(
+        "--gpu-cache",
+        metavar="SIZE",
+        help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
+        "512MiB, 1%% (of vertices), 10000rows (default: the plan's gpu_cache_gb, 0 unless set)",
+    )
+    p.add_argument(
+        "--cpu-cache",
+        metavar="SIZE",
+        help="CPU feature cache (one copy in each socket's memory), same units "
+        "(default: the plan's cpu_cache_fraction, 1%%)",
+    )
+    p.add_argument(
+        "--ssd-dir",
+        action="append",
+        default=[],
+        metavar="BIN=DIR",
+        help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)",
+    )
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
     p.add_argument("--epochs", type=positive, default=1, help="pre-sampling epochs (default 1)")
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
-    priority = p.add_argument("--priority", default="projected",
-                              help="DDAK bin priority: projected (default, matches the plan's targets) or the "
-                                   "paper's (access/target)×(used/capacity)")
+    priority = p.add_argument(
+        "--priority",
+        default="projected",
+        help="DDAK bin priority: projected (default, matches the plan's targets) or the "
+        "paper's (access/target)×(used/capacity)",
+    )
     registry_choices(priority, "placement.ddak", "PRIORITIES")
-    p.add_argument("--profile", help="the plan's profile (bundled name or YAML file) where it is not bundled; "
-                                      "a plan made for another profile is refused")
+    p.add_argument(
+        "--profile",
+        help="the plan's profile (bundled name or YAML file) where it is not bundled; "
+        "a plan made for another profile is refused",
+    )
     p.add_argument("--seed", type=int, default=0, help="pre-sampling seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_place)
@@ -114,7 +147,9 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help=what, description=what)
     v.add_argument("placed", help="placed dataset directory")
     v.add_argument("--source", help="source dataset (default: the one the manifest names)")
-    v.add_argument("--sample", type=non_negative, default=10_000, help="vertices to compare with the source (default 10000)")
+    v.add_argument(
+        "--sample", type=non_negative, default=10_000, help="vertices to compare with the source (default 10000)"
+    )
     v.set_defaults(func=cmd_verify)
 
 
@@ -123,14 +158,27 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
 
     need = synth.estimate(args.nodes, args.avg_degree, args.dim, args.dtype)
     total = sum(need.values())
-    out.print(f"generating {args.nodes:,} vertices, ~{args.nodes * args.avg_degree:,.0f} edges, "
-              f"{args.dim}-dim {args.dtype} features: ~{total / 1e9:.2f} GB on disk")
+    out.print(
+        f"generating {args.nodes:,} vertices, ~{args.nodes * args.avg_degree:,.0f} edges, "
+        f"{args.dim}-dim {args.dtype} features: ~{total / 1e9:.2f} GB on disk"
+    )
     synth.check_free_space(Path(args.out), total)
     with RichProgress(err) as progress:
-        ds = synth.synthesize(args.out, nodes=args.nodes, avg_degree=args.avg_degree, dim=args.dim, dtype=args.dtype,
-                              seed=args.seed, classes=args.classes, train_fraction=args.train_fraction, progress=progress)
-    out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
-              f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices")
+        ds = synth.synthesize(
+            args.out,
+            nodes=args.nodes,
+            avg_degree=args.avg_degree,
+            dim=args.dim,
+            dtype=args.dtype,
+            seed=args.seed,
+            classes=args.classes,
+            train_fraction=args.train_fraction,
+            progress=progress,
+        )
+    out.print(
+        f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
+        f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices"
+    )
     return 0
 
 
@@ -138,15 +186,34 @@ def cmd_dataset_import(args: argparse.Namespace) -> int:
     from placement.importers import COMMON, IMPORTERS, csr, run
 
     imp = IMPORTERS[args.format]
-    given = {key: getattr(args, key) for key in (*COMMON, "features", "edges", "indptr", "indices", "labels", "train",
-                                                 "val", "test", "seed", "root", "size", "classes", "split", "labelled")}
+    given = {
+        key: getattr(args, key)
+        for key in (
+            *COMMON,
+            "features",
+            "edges",
+            "indptr",
+            "indices",
+            "labels",
+            "train",
+            "val",
+            "test",
+            "seed",
+            "root",
+            "size",
+            "classes",
+            "split",
+            "labelled",
+        )
+    }
     if args.memory is not None:
         try:
             given["memory"] = csr.parse_memory(args.memory)
         except ValueError as exc:
             raise UsageError(f"--memory: {exc}") from None
-    if args.format == "npy" and (bool(args.edges) == bool(args.indptr or args.indices)
-                                 or bool(args.indptr) != bool(args.indices)):
+    if args.format == "npy" and (
+        bool(args.edges) == bool(args.indptr or args.indices) or bool(args.indptr) != bool(args.indices)
+    ):
         raise UsageError("give either --edges, or --indptr with --indices")
 
     def log(line: str) -> None:
@@ -155,8 +222,10 @@ def cmd_dataset_import(args: argparse.Namespace) -> int:
     with RichProgress(err) as progress:
         ds = run(imp.name, args.out, given, progress=None if args.dry_run else progress, log=log)
     if ds is not None:
-        out.print(f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
-                  f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices")
+        out.print(
+            f"dataset written to [bold]{ds.root}[/]: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, "
+            f"{ds.num_classes} classes, {len(ds.split('train')):,} training vertices"
+        )
     return 0
 
 
@@ -175,17 +244,28 @@ def cmd_place(args: argparse.Namespace) -> int:
         from moment.topology.profile_io import resolve_profile
 
         profile = resolve_profile(args.profile)
-    opts = PlaceOptions(policy=args.policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, ssd_dirs=dirs,
-                        hotness=Path(args.hotness) if args.hotness else None, epochs=args.epochs, pool=args.pool, priority=args.priority,
-                        seed=args.seed, profile=profile)
+    opts = PlaceOptions(
+        policy=args.policy,
+        gpu_cache=args.gpu_cache,
+        cpu_cache=args.cpu_cache,
+        ssd_dirs=dirs,
+        hotness=Path(args.hotness) if args.hotness else None,
+        epochs=args.epochs,
+        pool=args.pool,
+        priority=args.priority,
+        seed=args.seed,
+        profile=profile,
+    )
     with RichProgress(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)
     if args.json:
         print(json.dumps(manifest, indent=2))
         return 0
     print_placement(out, manifest)
-    out.print(f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`; "
-              f"re-plan with the measured workload: `moment plan --workload {args.out}/workload.yaml ...`)")
+    out.print(
+        f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`; "
+        f"re-plan with the measured workload: `moment plan --workload {args.out}/workload.yaml ...`)"
+    )
     return 0
 
 
@@ -193,6 +273,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from placement.placed import verify
 
     result = verify(args.placed, args.source, sample=args.sample)
-    out.print(f"[green]ok[/]: {result['files']} files match their checksums, {result['rows']:,} rows, "
-              f"{result['sampled']:,} sampled features equal the source")
+    out.print(
+        f"[green]ok[/]: {result['files']} files match their checksums, {result['rows']:,} rows, "
+        f"{result['sampled']:,} sampled features equal the source"
+    )
     return 0

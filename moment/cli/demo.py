@@ -67,14 +67,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     out.rule("[bold]3. place: a generated power-law graph into the planned GPU caches, CPU caches and SSD bins")
     data = work / "dataset"
-    synthesize(data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05, replace=True)
+    synthesize(
+        data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05, replace=True
+    )
     placed_dir = work / "placed"
     with RichProgress(err) as bars:
-        manifest = place(work / "plan.json", data, placed_dir, PlaceOptions(gpu_cache="2%", cpu_cache="2%", epochs=2),
-                         progress=bars, log=out.print)
+        manifest = place(
+            work / "plan.json",
+            data,
+            placed_dir,
+            PlaceOptions(gpu_cache="2%", cpu_cache="2%", epochs=2),
+            progress=bars,
+            log=out.print,
+        )
     print_placement(out, manifest)
     checked = verify(placed_dir, sample=5000)
-    out.print(f"verified: {checked['files']} files match their checksums; {checked['sampled']:,} sampled features equal the source")
+    out.print(
+        f"verified: {checked['files']} files match their checksums; {checked['sampled']:,} sampled features equal the source"
+    )
     out.rule("[bold]4. train: GraphSAGE, one DDP rank per GPU of the plan (CPU ranks with gloo here)")
     from trainer import launch, preflight
 
@@ -82,20 +92,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     nproc = launch.default_nproc(work / "plan.json") if args.nproc is None else args.nproc
     extra = ["--hidden", "128"]  # sampling: the placement's (DEMO_FANOUTS, DEMO_BATCH)
     # A demo run starts over: its own earlier checkpoint is replaced, as the earlier run's files are.
-    argv = launch.trainer_argv(work / "plan.json", placed_dir, "sage", args.epochs, metrics, checkpoints, extra, overwrite=True)
+    argv = launch.trainer_argv(
+        work / "plan.json", placed_dir, "sage", args.epochs, metrics, checkpoints, extra, overwrite=True
+    )
     for note in preflight.preflight(argv, nproc, overwrite=True).warnings:
         out.print(f"[yellow]note:[/] {note}")
     preflight.start_over(checkpoints)
-    cmd = launch.build_torchrun_command(work / "plan.json", placed_dir, nproc=nproc, model="sage", epochs=args.epochs,
-                                        metrics_json=metrics, checkpoint_dir=checkpoints, extra=extra, overwrite=True)
+    cmd = launch.build_torchrun_command(
+        work / "plan.json",
+        placed_dir,
+        nproc=nproc,
+        model="sage",
+        epochs=args.epochs,
+        metrics_json=metrics,
+        checkpoint_dir=checkpoints,
+        extra=extra,
+        overwrite=True,
+    )
     out.print(f"running: {launch.format_command(cmd)}")
     code = launch.run(cmd)
     if code != 0:
         raise MomentError(f"training failed with exit code {code}")
     m = json.loads(metrics.read_text())
     last = m["epochs"][-1]
-    out.print(f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
-              f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})")
+    out.print(
+        f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
+        f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})"
+    )
     out.rule("[bold]5. infer: embeddings and predictions for every vertex (layer by layer, full neighbourhood)")
     from trainer import infer
 
@@ -103,9 +126,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with RichProgress(err) as bars:
         inferred = infer.infer(opts, progress=bars, log=out.print)
     print_inference(work / "inference", inferred)
-    out.print(f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
-              f"checkpoints/, metrics.json, inference/ ({', '.join(e.path for e in inferred.arrays.values())}, "
-              f"inference.json)")
+    out.print(
+        f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "
+        f"checkpoints/, metrics.json, inference/ ({', '.join(e.path for e in inferred.arrays.values())}, "
+        f"inference.json)"
+    )
     return 0
 
 
@@ -121,6 +146,8 @@ def _claim_workdir(work: Path) -> None:
     if work.is_symlink() or (work.exists() and not work.is_dir()):
         raise MomentError(f"{work}: not a directory: choose another --workdir")
     if work.exists() and any(work.iterdir()) and not (work / DEMO_MARKER).is_file():
-        raise MomentError(f"{work}: exists, is not empty and is not a moment demo directory (no {DEMO_MARKER}): "
-                          f"choose another --workdir")
+        raise MomentError(
+            f"{work}: exists, is not empty and is not a moment demo directory (no {DEMO_MARKER}): "
+            f"choose another --workdir"
+        )
     atomic_write_text(work / DEMO_MARKER, json.dumps({"format": "moment.demo/1"}) + "\n")

@@ -23,13 +23,24 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plan", help="plan.json (checked; the rank count defaults to 1)")
     p.add_argument("--data", required=True, help="placed dataset directory (the one the checkpoint was trained on)")
-    p.add_argument("--checkpoint", required=True, metavar="CK",
-                   help="checkpoint directory of `moment train` (or its checkpoint.pt)")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="CK",
+        help="checkpoint directory of `moment train` (or its checkpoint.pt)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--nproc", type=positive, default=1, help="ranks, each taking a contiguous range of vertices "
-                   "(torchrun processes when more than 1; default 1)")
-    layers = p.add_argument("--layers", default="last",
-                            help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer")
+    p.add_argument(
+        "--nproc",
+        type=positive,
+        default=1,
+        help="ranks, each taking a contiguous range of vertices (torchrun processes when more than 1; default 1)",
+    )
+    layers = p.add_argument(
+        "--layers",
+        default="last",
+        help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer",
+    )
     registry_choices(layers, "trainer.infer", "LAYER_CHOICES")
     dtype = p.add_argument("--dtype", default="float32", help="of the hidden-layer arrays")
     registry_choices(dtype, "trainer.infer", "DTYPES")
@@ -40,9 +51,16 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
 def cmd_infer(args: argparse.Namespace) -> int:
     from trainer import infer, launch
 
-    opts = infer.InferOptions(data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out),
-                              plan=Path(args.plan) if args.plan else None, nproc=args.nproc, layers=args.layers,
-                              dtype=args.dtype, batch_size=args.batch_size)
+    opts = infer.InferOptions(
+        data=Path(args.data),
+        checkpoint=Path(args.checkpoint),
+        out=Path(args.out),
+        plan=Path(args.plan) if args.plan else None,
+        nproc=args.nproc,
+        layers=args.layers,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+    )
 
     def run_ranks(cmd: list[str]) -> int:
         err.print(f"running: {launch.format_command(cmd)}")

@@ -27,8 +27,14 @@ class RichProgress:
     def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                             console=console, transient=False)
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
         self.tasks: dict[str, object] = {}
 
     def __enter__(self) -> RichProgress:

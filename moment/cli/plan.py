@@ -33,10 +33,17 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", help="how many GPUs, or a range like 1..4 (default: as installed)")
     p.add_argument("--ssds", help="how many SSDs, or a range like 4..12 (default: as installed)")
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to keep (default 10)")
-    p.add_argument("--method", choices=("auto", "enumerate", "milp"), default="auto",
-                   help="enumerate every distinct layout (bound-pruned), or a MILP per GPU placement (auto: by size)")
-    solver = p.add_argument("--milp-solver", default="ortools",
-                            help="the MILP's solver: ortools (SCIP, default) or pulp-cbc (CBC through PuLP)")
+    p.add_argument(
+        "--method",
+        choices=("auto", "enumerate", "milp"),
+        default="auto",
+        help="enumerate every distinct layout (bound-pruned), or a MILP per GPU placement (auto: by size)",
+    )
+    solver = p.add_argument(
+        "--milp-solver",
+        default="ortools",
+        help="the MILP's solver: ortools (SCIP, default) or pulp-cbc (CBC through PuLP)",
+    )
     registry_choices(solver, "moment.planner.flow.milp", "MILP_SOLVERS")
     p.add_argument("--out", metavar="plan.json", help="write the plan for `moment place` and the trainer")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the best layout with the flow on every link")
@@ -81,8 +88,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
-    outcome = plan(machine, workload, gpus[0], ssds[0], top=args.top, method=args.method, engine=args.engine,
-                   milp_solver=args.milp_solver)
+    outcome = plan(
+        machine,
+        workload,
+        gpus[0],
+        ssds[0],
+        top=args.top,
+        method=args.method,
+        engine=args.engine,
+        milp_solver=args.milp_solver,
+    )
     if args.out:
         from moment.planner.planfile import save_plan
 
@@ -90,15 +105,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture:
         plan_picture(outcome.best, args.picture)
     if args.json:
-        print(json.dumps({
-            "profile": machine.name,
-            "workload": workload.describe(),
-            "tier_shares": outcome.best.net.shares,
-            "search": outcome.search,
-            "best": outcome.best.to_dict(),
-            "ranking": [s.to_dict() for s in outcome.ranking],
-            "classic": {k: v.to_dict() for k, v in outcome.classic.items()},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": machine.name,
+                    "workload": workload.describe(),
+                    "tier_shares": outcome.best.net.shares,
+                    "search": outcome.search,
+                    "best": outcome.best.to_dict(),
+                    "ranking": [s.to_dict() for s in outcome.ranking],
+                    "classic": {k: v.to_dict() for k, v in outcome.classic.items()},
+                },
+                indent=2,
+            )
+        )
         return 0
     from moment.planner.report import busiest_links_table, print_layout, print_prediction, ranking_table
 
@@ -106,7 +126,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"[bold]{machine.name}[/]: {srch['gpus']} GPUs, {srch['ssds']} SSDs")
     out.print(f"workload: {workload.describe()}")
     shares = outcome.best.net.shares
-    out.print(f"reads served by: GPU caches {shares['gpu']:.1%}, CPU cache {shares['cpu']:.1%}, SSDs {shares['ssd']:.1%}")
+    out.print(
+        f"reads served by: GPU caches {shares['gpu']:.1%}, CPU cache {shares['cpu']:.1%}, SSDs {shares['ssd']:.1%}"
+    )
     if srch["method"] == "milp":
         out.print(
             f"search: {srch['raw_layouts']:,} raw layouts; {srch['distinct_layouts']:,} distinct GPU placements, "
@@ -142,8 +164,9 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     rows = []
     for g in gpus:
         for s in ssds:
-            best = plan(machine, workload, g, s, top=1, method=args.method, engine=args.engine,
-                        milp_solver=args.milp_solver).best
+            best = plan(
+                machine, workload, g, s, top=1, method=args.method, engine=args.engine, milp_solver=args.milp_solver
+            ).best
             rows.append({"gpus": g, "ssds": s, **best.to_dict()})
     if args.json:
         print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))
@@ -154,8 +177,14 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     prev = None
     for r in rows:
         gain = f"{prev / r['predicted_iteration_s']:.2f}×" if prev else "-"
-        table.add_row(str(r["gpus"]), str(r["ssds"]), f"{r['predicted_iteration_s']:.4f}",
-                      f"{min(r['gbps_per_gpu']):.3g}", gain, (r["bottleneck"] or ["-"])[0])
+        table.add_row(
+            str(r["gpus"]),
+            str(r["ssds"]),
+            f"{r['predicted_iteration_s']:.4f}",
+            f"{min(r['gbps_per_gpu']):.3g}",
+            gain,
+            (r["bottleneck"] or ["-"])[0],
+        )
         prev = r["predicted_iteration_s"]
     out.print(table)
     return 0
@@ -172,8 +201,18 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.picture:
         plan_picture(scored, args.picture)
     if args.json:
-        print(json.dumps({"profile": machine.name, "tier_shares": scored.net.shares, **scored.to_dict(),
-                          "bin_targets": bin_targets(scored, workload), "links": links_table(scored)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": machine.name,
+                    "tier_shares": scored.net.shares,
+                    **scored.to_dict(),
+                    "bin_targets": bin_targets(scored, workload),
+                    "links": links_table(scored),
+                },
+                indent=2,
+            )
+        )
         return 0
     out.print(f"workload: {workload.describe()}")
     print_layout(out, scored)

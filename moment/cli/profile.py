@@ -56,8 +56,13 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", help="profile to put the figures into (bundled name or file)")
     p.add_argument("--out", metavar="FILE", help="write the profile with measured figures here")
-    p.add_argument("--file", action="append", default=[], metavar="PATH[:DEVICE]",
-                   help="a file (or block device) on an SSD to read; :nvme3 names the profile's SSD it sits on")
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH[:DEVICE]",
+        help="a file (or block device) on an SSD to read; :nvme3 names the profile's SSD it sits on",
+    )
     p.add_argument("--read-size", type=int, default=4096, help="bytes per read (the feature row size; default 4096)")
     p.add_argument("--queue-depth", type=int, default=32, help="reads in flight (default 32)")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default 2)")
@@ -172,8 +177,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in got.rows:
         note = r.get("note") or ("" if r.get("direct", True) else "page cache not bypassed (no O_DIRECT here)")
-        table.add_row(r["what"], f"{r['gbps']:.3f}" if r.get("gbps") else "-", f"{r['iops']:,.0f}" if r.get("iops") else "",
-                      r.get("device") or "", note)
+        table.add_row(
+            r["what"],
+            f"{r['gbps']:.3f}" if r.get("gbps") else "-",
+            f"{r['iops']:,.0f}" if r.get("iops") else "",
+            r.get("device") or "",
+            note,
+        )
     out.print(table)
     if args.out:
         out.print(f"profile with measured figures written to [bold]{args.out}[/]")

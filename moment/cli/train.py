@@ -27,20 +27,34 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
     model = p.add_argument("--model", default="sage", help="GraphSAGE (default) or GAT")
     registry_choices(model, "trainer.models", "LAYERS")
-    p.add_argument("--epochs", type=positive, default=None, help="total epochs, counting those a resumed checkpoint did (default 3)")
-    p.add_argument("--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)")
+    p.add_argument(
+        "--epochs",
+        type=positive,
+        default=None,
+        help="total epochs, counting those a resumed checkpoint did (default 3)",
+    )
+    p.add_argument(
+        "--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)"
+    )
     p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every epoch here")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint (same data and model)")
+    again.add_argument(
+        "--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint (same data and model)"
+    )
     again.add_argument("--overwrite", action="store_true", help="start over, replacing --checkpoint-dir's checkpoint")
-    p.add_argument("--max-restarts", type=non_negative,
-                   help="torchrun restarts of a failed worker group (resumes from the checkpoint)")
+    p.add_argument(
+        "--max-restarts",
+        type=non_negative,
+        help="torchrun restarts of a failed worker group (resumes from the checkpoint)",
+    )
     p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
     p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
     p.add_argument("--json", action="store_true", help="with --dry-run: the command and the memory budget as JSON")
-    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)")
+    p.add_argument(
+        "trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)"
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -53,16 +67,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Everything the ranks would refuse, refused here once: trainer arguments, plan, placed data,
     # train split, output paths, an existing checkpoint (#27, #19, #16, #17, #10).
     nproc = launch.default_nproc(args.plan) if args.nproc is None else args.nproc
-    argv = launch.trainer_argv(args.plan, args.data, args.model, args.epochs, args.metrics_json, args.checkpoint_dir,
-                               extra, resume=args.resume, overwrite=args.overwrite)
-    checked = preflight.preflight(argv, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc,
-                                  resume=args.resume or "--resume" in extra, overwrite=args.overwrite or "--overwrite" in extra)
+    argv = launch.trainer_argv(
+        args.plan,
+        args.data,
+        args.model,
+        args.epochs,
+        args.metrics_json,
+        args.checkpoint_dir,
+        extra,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    checked = preflight.preflight(
+        argv,
+        preflight.world_size(nproc, args.nnodes),
+        ranks_per_node=nproc,
+        resume=args.resume or "--resume" in extra,
+        overwrite=args.overwrite or "--overwrite" in extra,
+    )
     for warning in checked.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    cmd = launch.build_torchrun_command(args.plan, args.data, nproc=nproc, model=args.model, epochs=args.epochs,
-                                        metrics_json=args.metrics_json, checkpoint_dir=args.checkpoint_dir, extra=extra,
-                                        nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
-                                        resume=args.resume, overwrite=args.overwrite)
+    cmd = launch.build_torchrun_command(
+        args.plan,
+        args.data,
+        nproc=nproc,
+        model=args.model,
+        epochs=args.epochs,
+        metrics_json=args.metrics_json,
+        checkpoint_dir=args.checkpoint_dir,
+        extra=extra,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     if args.dry_run and args.json:
         print(json.dumps({"command": cmd, "memory": checked.memory.to_dict() if checked.memory else None}, indent=2))
         return 0

@@ -72,7 +72,9 @@ class Contract(Strict):
         except IsADirectoryError:
             raise cls.ERROR(f"{p}: a directory, expected a {cls.WHAT} file") from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise cls.ERROR(f"{p}: unreadable ({exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'})") from None
+            raise cls.ERROR(
+                f"{p}: unreadable ({exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'})"
+            ) from None
         try:
             doc = json.loads(text)
         except ValueError as exc:

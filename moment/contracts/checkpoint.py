@@ -43,9 +43,14 @@ class DataIdentity(Strict):
     def of(cls, placed_dir: str | Path, manifest: PlacedManifest) -> DataIdentity:
         """The identity of the placed dataset in ``placed_dir`` (``manifest``: its placed.json)."""
         digest = hashlib.sha256((Path(placed_dir) / MANIFEST).read_bytes()).hexdigest()
-        return cls(placed_sha256=digest, num_nodes=manifest.num_nodes, num_edges=manifest.num_edges,
-                   feature_dim=manifest.feature_dim, feature_dtype=manifest.feature_dtype,
-                   num_classes=manifest.num_classes)
+        return cls(
+            placed_sha256=digest,
+            num_nodes=manifest.num_nodes,
+            num_edges=manifest.num_edges,
+            feature_dim=manifest.feature_dim,
+            feature_dtype=manifest.feature_dtype,
+            num_classes=manifest.num_classes,
+        )
 
     def difference(self, other: DataIdentity) -> str | None:
         """What differs, checkpoint (self) first; None when it is the same placed dataset."""
@@ -54,8 +59,10 @@ class DataIdentity(Strict):
             if mine != theirs:
                 return f"{key} {mine} (checkpoint) vs {theirs} (--data)"
         if self.placed_sha256 != other.placed_sha256:
-            return (f"placed.json sha256 {self.placed_sha256[:12]}… (checkpoint) vs {other.placed_sha256[:12]}… "
-                    "(--data): another placement")
+            return (
+                f"placed.json sha256 {self.placed_sha256[:12]}… (checkpoint) vs {other.placed_sha256[:12]}… "
+                "(--data): another placement"
+            )
         return None
 
 

@@ -117,8 +117,11 @@ class Rank(_Part):
 
 # A flow model beyond these two (moment.planner.flow.FLOW_MODELS) writes its figures as
 # <model>_iteration_s, <model>_gbps_per_gpu and <model>_bottleneck: typed here, by suffix.
-MODEL_FIGURES = {"_iteration_s": TypeAdapter(float), "_gbps_per_gpu": TypeAdapter(list[float]),
-                 "_bottleneck": TypeAdapter(list[str])}
+MODEL_FIGURES = {
+    "_iteration_s": TypeAdapter(float),
+    "_gbps_per_gpu": TypeAdapter(list[float]),
+    "_bottleneck": TypeAdapter(list[str]),
+}
 MODEL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -148,8 +151,10 @@ class LayoutRecord(_Part):
         for key, value in (self.model_extra or {}).items():
             suffix = next((s for s in MODEL_FIGURES if key.endswith(s)), None)
             if suffix is None or not MODEL_NAME.match(key[: -len(suffix)]):
-                raise ValueError(f"unknown field {key!r} (another flow model's figures are named "
-                                 f"<model>{', <model>'.join(MODEL_FIGURES)})")
+                raise ValueError(
+                    f"unknown field {key!r} (another flow model's figures are named "
+                    f"<model>{', <model>'.join(MODEL_FIGURES)})"
+                )
             try:
                 MODEL_FIGURES[suffix].validate_python(value, strict=True)
             except ValidationError as exc:

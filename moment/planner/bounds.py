@@ -27,8 +27,16 @@ class _Cut:
 
 
 class LayoutBound:
-    def __init__(self, machine: Machine, skeleton: Skeleton, class_ports: list[tuple[str, ...]],
-                 workload: Workload, gpu: Device, ssd: Device | None, n_gpus: int) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        skeleton: Skeleton,
+        class_ports: list[tuple[str, ...]],
+        workload: Workload,
+        gpu: Device,
+        ssd: Device | None,
+        n_gpus: int,
+    ) -> None:
         self.D = workload.demand_gb()
         fixed = [d for d in skeleton.fixed.values() if d.kind == "gpu"]
         self.G = n_gpus + len(fixed)
@@ -59,10 +67,13 @@ class LayoutBound:
                 for cut in anc[port_id]:
                     self.cuts[cut].fixed_gpus += 1
         self.class_cuts = [anc[ports[0]] for ports in class_ports]
-        self.gpu_link = [device_link_gbps(skeleton.positions[ports[0]].link, gpu) or float("inf") for ports in class_ports]
+        self.gpu_link = [
+            device_link_gbps(skeleton.positions[ports[0]].link, gpu) or float("inf") for ports in class_ports
+        ]
         self.ssd_rate = [
             min(ssd.read_gbps or 3.0, device_link_gbps(skeleton.positions[ports[0]].link, ssd) or float("inf"))
-            if ssd is not None else 0.0
+            if ssd is not None
+            else 0.0
             for ports in class_ports
         ]
 
@@ -82,7 +93,9 @@ class LayoutBound:
                 inside_gpus[cut] += ng
                 inside_rate[cut] += ns * r
         for cut, c in self.cuts.items():
-            best = max(best, self._cut(inside_gpus[cut], inside_rate[cut], rate - inside_rate[cut], c.capacity, c.has_dram))
+            best = max(
+                best, self._cut(inside_gpus[cut], inside_rate[cut], rate - inside_rate[cut], c.capacity, c.has_dram)
+            )
         return best
 
     def _cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
@@ -110,7 +123,7 @@ def _min_max_lines(lines: list[tuple[float, float]], lo: float = 0.0, hi: float 
     minimum lies at an end or where two lines cross."""
     xs = {lo, hi}
     for i, (a1, b1) in enumerate(lines):
-        for a2, b2 in lines[i + 1:]:
+        for a2, b2 in lines[i + 1 :]:
             if b1 != b2:
                 x = (a2 - a1) / (b1 - b2)
                 if lo < x < hi:

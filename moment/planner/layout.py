@@ -95,8 +95,7 @@ def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
         raise UsageError(f"the profile has no GPU to take as a model for {count}")
     template = have[0] if have else DEFAULT_SSD
     extra = [
-        template.model_copy(update={"id": f"{kind}{i}", "bdf": None, "functions": []})
-        for i in range(len(have), count)
+        template.model_copy(update={"id": f"{kind}{i}", "bdf": None, "functions": []}) for i in range(len(have), count)
     ]
     return have + extra
 
@@ -114,7 +113,9 @@ def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Devic
     out: dict[str, Device] = {}
     for port_id, dev_id in layout.items():
         if port_id not in by_id:
-            raise UsageError(f"layout names slot/port {port_id!r}, which is not a free or movable slot of {machine.name}")
+            raise UsageError(
+                f"layout names slot/port {port_id!r}, which is not a free or movable slot of {machine.name}"
+            )
         if dev_id not in pool:
             raise UsageError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
         port, dev = by_id[port_id], pool[dev_id]

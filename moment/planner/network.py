@@ -141,7 +141,9 @@ class Skeleton:
             if port.switch is not None:
                 cap = port.link.bandwidth_gbps()
                 if cap is None:
-                    self.notes.append(f"uplink of {port.switch.id} ({port.id}) has no known bandwidth: treated as unlimited")
+                    self.notes.append(
+                        f"uplink of {port.switch.id} ({port.id}) has no known bandwidth: treated as unlimited"
+                    )
                 sw = switch_node(port.switch.id)
                 self._link(pos, sw, sw, cap, f"uplink of {port.switch.id}")
             elif port.id in movable:
@@ -164,8 +166,17 @@ class Skeleton:
         self.edges[key] = (tail, head, INF if cap is None else cap)
         self.labels[key] = label
 
-    def _link(self, pos: _Position, up_tail: str, down_head: str, cap: float | None, what: str,
-              edges: dict | None = None, labels: dict | None = None, parent: dict | None = None) -> None:
+    def _link(
+        self,
+        pos: _Position,
+        up_tail: str,
+        down_head: str,
+        cap: float | None,
+        what: str,
+        edges: dict | None = None,
+        labels: dict | None = None,
+        parent: dict | None = None,
+    ) -> None:
         edges = self.edges if edges is None else edges
         labels = self.labels if labels is None else labels
         parent = self.parent if parent is None else parent
@@ -205,8 +216,10 @@ class Skeleton:
             edges[dram_edge(s)] = (bin_node(CPU_CACHE), socket_node(s), gbps or DEFAULT_DRAM_GBPS)
             labels[dram_edge(s)] = f"{s} DRAM"
         if any(d.model == DEFAULT_SSD.model for d in ssds):
-            notes.append(f"the profile has no SSD of its own: {DEFAULT_SSD.model}, "
-                         f"{DEFAULT_SSD.read_gbps:g} GB/s read, assumed (see moment/planner/layout.py)")
+            notes.append(
+                f"the profile has no SSD of its own: {DEFAULT_SSD.model}, "
+                f"{DEFAULT_SSD.read_gbps:g} GB/s read, assumed (see moment/planner/layout.py)"
+            )
         for d in ssds:
             bins.append(Bin(d.id, "ssd", bin_node(d.id)))
             if d.read_gbps is None:
@@ -218,8 +231,10 @@ class Skeleton:
         if ssds and workload.ssd_reads == "direct" and not all(direct.values()):
             notes.append("GeForce GPUs cannot take SSD data peer to peer: their reads go through host memory")
         if ssds and self.redirect and any(direct.values()):
-            notes.append(f"ACS redirects peer requests at {len(self.redirect)} switch port(s): SSD reads "
-                         "between devices there go up to the root complex and back (lspci ACSCtl ReqRedir+)")
+            notes.append(
+                f"ACS redirects peer requests at {len(self.redirect)} switch port(s): SSD reads "
+                "between devices there go up to the root complex and back (lspci ACSCtl ReqRedir+)"
+            )
         paths: dict[tuple[str, str], list[list[str]]] = {}
         for b in bins:
             for g in gpus:
@@ -249,8 +264,10 @@ class Skeleton:
         small = [g for g in gpus if g.memory_gb is not None and workload.gpu_cache_gb > g.memory_gb]
         if small:
             g = min(small, key=lambda d: d.memory_gb or 0.0)
-            raise MomentError(f"workload gpu_cache_gb: {workload.gpu_cache_gb:g} GB per GPU does not fit in {g.id} "
-                              f"({g.memory_gb:g} GB); every GPU holds a full copy of the GPU cache")
+            raise MomentError(
+                f"workload gpu_cache_gb: {workload.gpu_cache_gb:g} GB per GPU does not fit in {g.id} "
+                f"({g.memory_gb:g} GB); every GPU holds a full copy of the GPU cache"
+            )
 
     def _tree_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:
         """Up from one device to the lowest switch or socket it shares with the other, then down.
@@ -275,8 +292,29 @@ class Skeleton:
 
 # PCI device ids of GeForce boards that name no "GeForce" in a profile (an nvidia-smi or NCCL
 # capture gives "NVIDIA GPU 10de:XXXX"): GA102/GA104/GA106 (RTX 30) and AD102/AD103/AD104 (RTX 40).
-GEFORCE_IDS = {"2204", "2206", "2208", "2216", "2482", "2484", "2486", "2488", "2489", "2503", "2504", "2507",
-               "2684", "2702", "2704", "2705", "2782", "2783", "2786", "2803", "2805"}
+GEFORCE_IDS = {
+    "2204",
+    "2206",
+    "2208",
+    "2216",
+    "2482",
+    "2484",
+    "2486",
+    "2488",
+    "2489",
+    "2503",
+    "2504",
+    "2507",
+    "2684",
+    "2702",
+    "2704",
+    "2705",
+    "2782",
+    "2783",
+    "2786",
+    "2803",
+    "2805",
+}
 
 
 def can_p2p(gpu: Device) -> bool:

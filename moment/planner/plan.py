@@ -51,16 +51,27 @@ def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: i
         k = min(ssd_slots, n_gpus - 1, 2)
         fix = f"`{base} --gpus {n_gpus - k} --ssds {k}` (no slot is free for an SSD)"
     else:
-        fix = (f"a workload file holding `cpu_cache_fraction: 1.0` (every row in host memory): "
-               f"`{base} --workload W.yaml` (the profile has no slot for an SSD)")
+        fix = (
+            f"a workload file holding `cpu_cache_fraction: 1.0` (every row in host memory): "
+            f"`{base} --workload W.yaml` (the profile has no slot for an SSD)"
+        )
     own = "its own SSD model" if space.ssds else DEFAULT_SSD.model
     installs = f"; --ssds installs {own}" if ssd_slots else ""
-    raise UsageError(f"the workload needs the ssd tier ({share:.1%} of reads) but the layout has no SSDs: "
-                     f"try {fix}{installs}")
+    raise UsageError(
+        f"the workload needs the ssd tier ({share:.1%} of reads) but the layout has no SSDs: try {fix}{installs}"
+    )
 
 
-def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: int = 10,
-         method: str = "auto", engine: str = "ortools", milp_solver: str = "ortools") -> PlanOutcome:
+def plan(
+    machine: Machine,
+    workload: Workload,
+    n_gpus: int,
+    n_ssds: int,
+    top: int = 10,
+    method: str = "auto",
+    engine: str = "ortools",
+    milp_solver: str = "ortools",
+) -> PlanOutcome:
     """The search's best layouts, each scored by every flow model (``engine``: the paper model's max
     flow; ``milp_solver``: the ``milp`` search's solver)."""
     t0 = time.perf_counter()
@@ -69,7 +80,8 @@ def plan(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, top: in
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
     ranking = [
-        score(machine, f"#{i}", cand.layout, workload, result.devices, engine=engine) for i, cand in enumerate(result.ranked, 1)
+        score(machine, f"#{i}", cand.layout, workload, result.devices, engine=engine)
+        for i, cand in enumerate(result.ranked, 1)
     ]
     ranking[0].name = "best"
     space = slot_space(machine)

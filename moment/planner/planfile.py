@@ -54,15 +54,20 @@ def plan_profile(doc: PlanDoc, given: Machine | None = None) -> tuple[Machine | 
     name = doc.profile.name
     if given is not None:
         if profile_hash(given) != doc.profile.sha256:
-            raise UsageError(f"the plan was made for profile {name!r} (another profile's hash than {given.name!r}): "
-                             f"re-plan for this one")
+            raise UsageError(
+                f"the plan was made for profile {name!r} (another profile's hash than {given.name!r}): "
+                f"re-plan for this one"
+            )
         return given, ""
     path = bundled_profiles().get(name)
     if path is None:
         return None, f"the plan's profile {name!r} is not bundled (give it with --profile)"
     machine = load_profile(path)
     if profile_hash(machine) != doc.profile.sha256:
-        return None, f"the bundled profile {name!r} has changed since the plan was made (give the plan's with --profile)"
+        return (
+            None,
+            f"the bundled profile {name!r} has changed since the plan was made (give the plan's with --profile)",
+        )
     return machine, ""
 
 

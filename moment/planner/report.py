@@ -21,8 +21,12 @@ def busiest_links_table(s: Scored, limit: int = 8) -> Table:
         table.add_column(col, justify="left" if col == "link" else "right")
     for row in links_table(s)[:limit]:
         style = "red" if row["edge"] in s.prop.bottleneck else ""
-        table.add_row(short_label(row["label"]), f"{row['capacity_gbps']:.3g}", f"{row['load_gb']:.3g}",
-                      f"[{style}]{row['utilisation']:.0%}[/]" if style else f"{row['utilisation']:.0%}")
+        table.add_row(
+            short_label(row["label"]),
+            f"{row['capacity_gbps']:.3g}",
+            f"{row['load_gb']:.3g}",
+            f"[{style}]{row['utilisation']:.0%}[/]" if style else f"{row['utilisation']:.0%}",
+        )
     return table
 
 
@@ -107,8 +111,12 @@ def ranking_table(title: str, rows: list[Scored], best_s: float) -> Table:
         table.add_column(col, justify="right" if col in ("s/iter", "vs best", *others) else "left")
     for s in rows:
         table.add_row(
-            s.name, _spread(s, "gpu"), _spread(s, "nvme"), f"{s.prop.iteration_s:.4f}",
-            f"{s.prop.iteration_s / best_s:.2f}×", *(f"{s.predictions[m].iteration_s:.4f}" for m in others),
+            s.name,
+            _spread(s, "gpu"),
+            _spread(s, "nvme"),
+            f"{s.prop.iteration_s:.4f}",
+            f"{s.prop.iteration_s / best_s:.2f}×",
+            *(f"{s.predictions[m].iteration_s:.4f}" for m in others),
             bottleneck_summary(s),
         )
     return table

@@ -51,14 +51,16 @@ class Scored:
         slots = []
         for port, socket in self.machine.iter_ports():
             if port.id in self.layout and port.device is not None:
-                slots.append({
-                    "port": port.id,
-                    "slot": port.slot.name if port.slot else None,
-                    "device": port.device.id,
-                    "kind": port.device.kind,
-                    "bdf": port.device.bdf,
-                    "socket": socket.id,
-                })
+                slots.append(
+                    {
+                        "port": port.id,
+                        "slot": port.slot.name if port.slot else None,
+                        "device": port.device.id,
+                        "kind": port.device.kind,
+                        "bdf": port.device.bdf,
+                        "socket": socket.id,
+                    }
+                )
         record: dict[str, Any] = {
             "name": self.name,
             "layout": dict(self.layout),
@@ -78,8 +80,14 @@ class Scored:
         return record
 
 
-def score(machine: Machine, name: str, layout: dict[str, str], workload: Workload,
-          devices: list[Device] | None = None, engine: str = "ortools") -> Scored:
+def score(
+    machine: Machine,
+    name: str,
+    layout: dict[str, str],
+    workload: Workload,
+    devices: list[Device] | None = None,
+    engine: str = "ortools",
+) -> Scored:
     """Every flow model's prediction for one layout of ``machine`` (``engine``: the max-flow
     engine of the models that run one)."""
     placed = assign_devices(machine, layout, devices)
@@ -96,13 +104,15 @@ def links_table(s: Scored) -> list[dict[str, Any]]:
     for key, (_, _, cap) in s.net.edges.items():
         if cap == INF:
             continue
-        rows.append({
-            "edge": key,
-            "label": s.net.labels[key],
-            "capacity_gbps": cap,
-            "load_gb": round(s.prop.edge_load_gb.get(key, 0.0), 6),
-            "utilisation": round(s.prop.utilisation.get(key, 0.0), 6),
-        })
+        rows.append(
+            {
+                "edge": key,
+                "label": s.net.labels[key],
+                "capacity_gbps": cap,
+                "load_gb": round(s.prop.edge_load_gb.get(key, 0.0), 6),
+                "utilisation": round(s.prop.utilisation.get(key, 0.0), 6),
+            }
+        )
     return sorted(rows, key=lambda r: -r["utilisation"])
 
 
@@ -119,6 +129,14 @@ def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
         else:
             port, socket, dev = where[b.id]
             capacity = dev.capacity_gb
-        out.append({"bin": b.id, "tier": b.tier, "share": round(s.prop.bin_share[b.id], 8), "port": port,
-                    "socket": socket, "capacity_gb": capacity})
+        out.append(
+            {
+                "bin": b.id,
+                "tier": b.tier,
+                "share": round(s.prop.bin_share[b.id], 8),
+                "port": port,
+                "socket": socket,
+                "capacity_gb": capacity,
+            }
+        )
     return out

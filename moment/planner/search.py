@@ -106,14 +106,13 @@ def _signature(machine: Machine, classes: list[SlotClass], g: tuple[int, ...], s
         dev = port.device
         return f"fixed[{bw}|{dev.kind if dev else '-'}]"
 
-    socket_sigs = sorted(
-        f"{s.dram_gbps}:" + ",".join(sorted(port_sig(p) for p in s.ports)) for s in machine.sockets
-    )
+    socket_sigs = sorted(f"{s.dram_gbps}:" + ",".join(sorted(port_sig(p) for p in s.ports)) for s in machine.sockets)
     return "|".join(socket_sigs)
 
 
-def _materialise(classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...],
-                 gpus: list[Device], ssds: list[Device]) -> dict[str, str]:
+def _materialise(
+    classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...], gpus: list[Device], ssds: list[Device]
+) -> dict[str, str]:
     layout: dict[str, str] = {}
     gi, si = iter(gpus), iter(ssds)
     for c, ng, ns in zip(classes, g, s):
@@ -140,7 +139,9 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
     for g in _distribute(n_gpus, gpu_caps):
         ssd_caps = [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]
         for s in _distribute(n_ssds, ssd_caps):
-            ways = math.prod(math.comb(len(c.ports), gi) * math.comb(len(c.ports) - gi, si) for c, gi, si in zip(classes, g, s))
+            ways = math.prod(
+                math.comb(len(c.ports), gi) * math.comb(len(c.ports) - gi, si) for c, gi, si in zip(classes, g, s)
+            )
             raw += ways
             sig = _signature(machine, classes, g, s)
             if sig in seen:
@@ -149,8 +150,19 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
             seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s), weight=ways)
     skeleton = skeleton_for(machine)
     pool = {d.id: d for d in gpus + ssds}
-    bound = LayoutBound(machine, skeleton, [c.ports for c in classes], workload, gpus[0] if gpus else pool.get("gpu0"),
-                        ssds[0] if ssds else None, n_gpus) if gpus else None
+    bound = (
+        LayoutBound(
+            machine,
+            skeleton,
+            [c.ports for c in classes],
+            workload,
+            gpus[0] if gpus else pool.get("gpu0"),
+            ssds[0] if ssds else None,
+            n_gpus,
+        )
+        if gpus
+        else None
+    )
     order = sorted(seen.values(), key=lambda c: bound(*c.counts) if bound else 0.0)
     done: list[Candidate] = []
     limit = max(keep, 1) if keep else len(order)
@@ -182,8 +194,9 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
 TIE_LIMIT = 300
 
 
-def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10,
-                solver: str = "ortools") -> SearchResult:
+def search_milp(
+    machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10, solver: str = "ortools"
+) -> SearchResult:
     """For large machines: enumerate only the distinct GPU placements; for each, a MILP picks how
     many SSDs go in each slot class (and the read shares) to minimise T (``solver``: a name of
     :data:`~moment.planner.flow.milp.MILP_SOLVERS`).
@@ -230,15 +243,23 @@ def search_milp(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
     for cand in top:  # the exact LP on the concrete layout, with balanced shares
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
     top.sort(key=_rank_key)
-    return SearchResult(ranked=top, raw=raw, distinct=len(placements), evaluated=len(found), devices=gpus + ssds,
-                        method="milp")
+    return SearchResult(
+        ranked=top, raw=raw, distinct=len(placements), evaluated=len(found), devices=gpus + ssds, method="milp"
+    )
 
 
 ENUMERATION_LIMIT = 20_000  # class-count layouts; beyond this "auto" switches to the MILP
 
 
-def plan_search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10,
-                method: str = "auto", milp_solver: str = "ortools") -> SearchResult:
+def plan_search(
+    machine: Machine,
+    workload: Workload,
+    n_gpus: int,
+    n_ssds: int,
+    keep: int = 10,
+    method: str = "auto",
+    milp_solver: str = "ortools",
+) -> SearchResult:
     """The front door: ``enumerate`` (every distinct layout, bound-pruned), ``milp`` (GPU placements
     enumerated, SSD counts by MILP on ``milp_solver``), or ``auto``: enumeration while the space is small."""
     if method == "auto":
@@ -286,11 +307,15 @@ def brute_force(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
             layout = {p: d.id for p, d in placed.items()}
             ranked.append(Candidate(layout, evaluate(skeleton, placed, workload)))
     ranked.sort(key=_rank_key)
-    return SearchResult(ranked=ranked, raw=len(ranked), distinct=len(ranked), evaluated=len(ranked), devices=gpus + ssds)
+    return SearchResult(
+        ranked=ranked, raw=len(ranked), distinct=len(ranked), evaluated=len(ranked), devices=gpus + ssds
+    )
 
 
 def _check_room(space: SlotSpace, n_gpus: int, n_ssds: int) -> None:
     if n_gpus > len(space.gpu_slots()):
         raise UsageError(f"{n_gpus} GPUs asked for, but the profile has {len(space.gpu_slots())} GPU-capable slots")
     if n_gpus + n_ssds > len({p.id for p in space.gpu_slots() + space.ssd_slots()}) or n_ssds > len(space.ssd_slots()):
-        raise UsageError(f"{n_gpus} GPUs and {n_ssds} SSDs do not fit the profile's {len(space.positions)} free or movable slots")
+        raise UsageError(
+            f"{n_gpus} GPUs and {n_ssds} SSDs do not fit the profile's {len(space.positions)} free or movable slots"
+        )

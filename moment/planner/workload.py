@@ -105,14 +105,17 @@ class Workload(BaseModel):
     batch_size: int = Field(default=8000, gt=0)
     unique_per_batch: float | None = Field(default=None, gt=0, description="measured unique sampled vertices per batch")
     train_fraction: float = Field(default=0.01, gt=0, le=1)
-    cpu_cache_fraction: float = Field(default=0.01, ge=0, le=1, description="share of vertices cached in each socket's memory")
+    cpu_cache_fraction: float = Field(
+        default=0.01, ge=0, le=1, description="share of vertices cached in each socket's memory"
+    )
     gpu_cache_gb: float = Field(default=0.0, ge=0, description="feature cache in each GPU's memory, GB (replicated)")
     gpu_cache_policy: Literal["replicated"] = "replicated"
     ssd_reads: Literal["direct", "host"] = Field(
         default="direct",
         description="direct: SSD → GPU DMA (GPUDirect Storage, kvikio; the paper's runtime), peer to peer under a "
-                    "shared switch, for GPUs that can; host: through a buffer in host memory (posix reads, kvikio's "
-                    "compat mode)")
+        "shared switch, for GPUs that can; host: through a buffer in host memory (posix reads, kvikio's "
+        "compat mode)",
+    )
     hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
     hidden: int = 256
@@ -158,8 +161,11 @@ class Workload(BaseModel):
         return {"gpu": h_gpu, "cpu": h_cpu, "ssd": max(0.0, 1.0 - h_gpu - h_cpu)}
 
     def describe(self) -> str:
-        rows = ("measured unique rows" if self.unique_per_batch
-                else f"unique rows estimated from the hotness curve, of {self.sampled_per_batch():,} sampled")
+        rows = (
+            "measured unique rows"
+            if self.unique_per_batch
+            else f"unique rows estimated from the hotness curve, of {self.sampled_per_batch():,} sampled"
+        )
         return (
             f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
             f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration ({rows}); "
@@ -188,8 +194,10 @@ def load_workload(base: dict | None, path: str | None = None, **overrides: objec
         if not isinstance(extra, dict):
             raise MomentError(f"{p}: a workload file is a mapping of fields")
         if "format" in extra:  # plan.json, placed.json ...: a document that carries a workload, not one
-            raise MomentError(f"{p}: a {extra['format']} document, not a workload file (give a YAML/JSON "
-                              f"mapping of workload fields, e.g. the workload.yaml `moment place` writes)")
+            raise MomentError(
+                f"{p}: a {extra['format']} document, not a workload file (give a YAML/JSON "
+                f"mapping of workload fields, e.g. the workload.yaml `moment place` writes)"
+            )
         data.update(extra)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:

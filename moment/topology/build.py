@@ -92,8 +92,13 @@ class _Builder:
     # --- ports ---------------------------------------------------------------------------
     def make_port(self, f: PciFunction, kind: str, root_complex: str | None) -> Port:
         below = self.children.get(f.bdf, [])
-        port = Port(id=f.bdf, kind=kind, bdf=f.bdf, root_complex=root_complex,
-                    acs_redirect=f.acs_redirect if kind == "downstream" else None)
+        port = Port(
+            id=f.bdf,
+            kind=kind,
+            bdf=f.bdf,
+            root_complex=root_complex,
+            acs_redirect=f.acs_redirect if kind == "downstream" else None,
+        )
         child_link: PciFunction | None = below[0] if below else None
         switch_fn = next((c for c in below if self.is_switch(c)), None)
         if switch_fn is not None:
@@ -192,7 +197,9 @@ def _valid_width(width: int | None) -> int | None:
     return width if width in (1, 2, 4, 8, 12, 16, 32) else None
 
 
-def _socket_of_root_bus(functions: list[PciFunction], roots: list[PciFunction], builder: _Builder) -> tuple[dict[str, int], str | None]:
+def _socket_of_root_bus(
+    functions: list[PciFunction], roots: list[PciFunction], builder: _Builder
+) -> tuple[dict[str, int], str | None]:
     """Socket index per root bus: from NUMA nodes when any source gave them, else by bus number."""
     numa_votes: dict[str, Counter[int]] = defaultdict(Counter)
     rc_of = {}
@@ -249,8 +256,16 @@ def build_tree(functions: list[PciFunction], sockets_hint: int | None = None) ->
 def _cpu_family(functions: list[PciFunction]) -> str | None:
     """AMD vs Intel from the root complex's own functions (a fallback when dmidecode is absent)."""
     vendors = Counter(
-        (f.vendor_id or ("1022" if f.name.startswith("Advanced Micro Devices") else
-                         "8086" if f.name.startswith("Intel Corporation") else ""))
+        (
+            f.vendor_id
+            or (
+                "1022"
+                if f.name.startswith("Advanced Micro Devices")
+                else "8086"
+                if f.name.startswith("Intel Corporation")
+                else ""
+            )
+        )
         for f in functions
         if f.parent is None
     )
@@ -262,10 +277,7 @@ def _cpu_family(functions: list[PciFunction]) -> str | None:
 def link_sockets(sockets: list[Socket], family: str | None) -> list[SocketLink]:
     """Inter-socket links: a chain (a 2-socket board has one link; more are rare here)."""
     kind = "infinity-fabric" if family == "amd" else ("upi" if family not in (None, "qpi", "unknown") else "unknown")
-    return [
-        SocketLink(between=(a.id, b.id), kind=kind, family=family)
-        for a, b in zip(sockets, sockets[1:])
-    ]
+    return [SocketLink(between=(a.id, b.id), kind=kind, family=family) for a, b in zip(sockets, sockets[1:])]
 
 
 def infer_slots(sockets: list[Socket]) -> int:

@@ -57,9 +57,14 @@ def inventory(machine: Machine) -> dict[str, Any]:
         }
         for port, slot in machine.slots()
     ]
-    out["switch_list"] = [{"id": s.id, "model": s.model, "bdf": s.bdf, "ports": len(s.ports)} for s in machine.switches()]
-    out["nvlink_pairs"] = [{"between": list(nv.between), "links": nv.links, "gbps": nv.bandwidth_gbps()} for nv in machine.nvlinks]
+    out["switch_list"] = [
+        {"id": s.id, "model": s.model, "bdf": s.bdf, "ports": len(s.ports)} for s in machine.switches()
+    ]
+    out["nvlink_pairs"] = [
+        {"between": list(nv.between), "links": nv.links, "gbps": nv.bandwidth_gbps()} for nv in machine.nvlinks
+    ]
     out["socket_links"] = [
-        {"between": list(link.between), "kind": link.kind, "gbps": link.bandwidth_gbps()} for link in machine.socket_links
+        {"between": list(link.between), "kind": link.kind, "gbps": link.bandwidth_gbps()}
+        for link in machine.socket_links
     ]
     return out

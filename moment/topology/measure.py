@@ -73,8 +73,9 @@ def check_ssd(machine: Any, dev_id: str) -> None:
         raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
 
 
-def random_read(path: str, read_size: int = 4096, queue_depth: int = 32, seconds: float = 2.0,
-                seed: int = 0) -> ReadResult:
+def random_read(
+    path: str, read_size: int = 4096, queue_depth: int = 32, seconds: float = 2.0, seed: int = 0
+) -> ReadResult:
     """Random aligned reads of ``read_size`` bytes by ``queue_depth`` threads for ``seconds``.
 
     Threads releasing the GIL in ``os.preadv`` keep ``queue_depth`` reads in flight, as an
@@ -214,8 +215,9 @@ def _synchronize(torch: Any, *devices: int) -> None:
         torch.cuda.synchronize(d)
 
 
-def apply_measurements(machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float],
-                       peer: dict[tuple[str, str], float]):
+def apply_measurements(
+    machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float], peer: dict[tuple[str, str], float]
+):
     """A copy of the profile with measured figures in place of table values.
 
     ``ssd``: device id → result; ``h2d``: GPU device id → host→GPU GB/s (set on the GPU's port
@@ -268,16 +270,29 @@ def profile_gpus(machine: Any, bus_ids: Sequence[str]) -> dict[int, str]:
     return {i: by_bdf[key] for i, b in enumerate(bus_ids) if (key := parse_bdf(b)) in by_bdf}
 
 
-def measure(files: Sequence[str], machine: Any | None, read_size: int = 4096, queue_depth: int = 32,
-            seconds: float = 2.0, dram: bool = True) -> Measured:
+def measure(
+    files: Sequence[str],
+    machine: Any | None,
+    read_size: int = 4096,
+    queue_depth: int = 32,
+    seconds: float = 2.0,
+    dram: bool = True,
+) -> Measured:
     """Random reads of each ``PATH[:DEVICE]`` in ``files`` (all checked before any is read), the
     DRAM copy (``dram``), and with CUDA the host→GPU and peer copies, matched to ``machine``'s
     devices where one is given."""
     got = Measured()
     for path, dev in [file_spec(spec, machine) for spec in files]:
         res = random_read(path, read_size, queue_depth, seconds)
-        got.rows.append({"what": f"random read {path}", "gbps": res.gbps, "iops": res.iops, "direct": res.direct,
-                         "device": dev or None})
+        got.rows.append(
+            {
+                "what": f"random read {path}",
+                "gbps": res.gbps,
+                "iops": res.iops,
+                "direct": res.direct,
+                "device": dev or None,
+            }
+        )
         if dev:
             got.ssd[dev] = res
     got.dram = dram_copy_gbps() if dram else None
@@ -287,8 +302,9 @@ def measure(files: Sequence[str], machine: Any | None, read_size: int = 4096, qu
     bus = cuda_bus_ids()
     gpu_of = profile_gpus(machine, bus) if machine is not None else {}
     for i, gbps in h2d_idx.items():
-        got.rows.append({"what": f"host→cuda:{i} ({bus[i] if i < len(bus) else '?'})", "gbps": gbps,
-                         "device": gpu_of.get(i)})
+        got.rows.append(
+            {"what": f"host→cuda:{i} ({bus[i] if i < len(bus) else '?'})", "gbps": gbps, "device": gpu_of.get(i)}
+        )
     for (i, j), gbps in peer_idx.items():
         got.rows.append({"what": f"cuda:{i}→cuda:{j}", "gbps": gbps})
     if not h2d_idx:

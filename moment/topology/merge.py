@@ -60,8 +60,12 @@ def attach_dmi_slots(
             if port is None:
                 rc = dmi.bus_address.rsplit(":", 1)[0]
                 if rc in socket_of_rc:
-                    port = Port(id=dmi.bus_address, bdf=dmi.bus_address, root_complex=rc,
-                                link=Link(gen=dmi.gen, width=_width(dmi.width)))
+                    port = Port(
+                        id=dmi.bus_address,
+                        bdf=dmi.bus_address,
+                        root_complex=rc,
+                        link=Link(gen=dmi.gen, width=_width(dmi.width)),
+                    )
                     socket_of_rc[rc].ports.append(port)
                     ports[dmi.bus_address] = port
         if port is None or port.slot is not None:
@@ -71,7 +75,9 @@ def attach_dmi_slots(
             continue
         port.slot = slot
         if dmi.in_use is False and port.device is not None:
-            warnings.append(f"dmidecode line {dmi.line}: slot {dmi.designation!r} says Available but holds {port.device.id}")
+            warnings.append(
+                f"dmidecode line {dmi.line}: slot {dmi.designation!r} says Available but holds {port.device.id}"
+            )
     return loose, warnings
 
 
@@ -113,7 +119,9 @@ def nvlinks_from_smi(topo: SmiTopo, gpus: list[Device]) -> tuple[list[NvLink], l
     warnings: list[str] = []
     ordered = sorted(gpus, key=lambda d: d.bdf or d.id)
     if len(ordered) != len(topo.gpus):
-        warnings.append(f"nvidia-smi lists {len(topo.gpus)} GPUs but the PCIe tree has {len(ordered)}: NVLink not mapped")
+        warnings.append(
+            f"nvidia-smi lists {len(topo.gpus)} GPUs but the PCIe tree has {len(ordered)}: NVLink not mapped"
+        )
         return [], warnings
     index = {name: dev for name, dev in zip(topo.gpus, ordered)}
     via = "nvswitch" if _all_pairs(topo) else "bridge"
@@ -144,14 +152,18 @@ def machine_parts_from_smi(topo: SmiTopo) -> tuple[list[Socket], list[NvLink], l
     groups = smi_groups(topo)
     sockets = [Socket(id=f"cpu{i}", numa_node=i) for i in range(n_sockets)]
     if len(numas) < n_sockets:
-        warnings.append(f"relations say {n_sockets} sockets but NUMA affinity shows {len(numas) or 'no'} node(s): groups split across sockets in order")
+        warnings.append(
+            f"relations say {n_sockets} sockets but NUMA affinity shows {len(numas) or 'no'} node(s): groups split across sockets in order"
+        )
     gpus: dict[str, Device] = {}
     nic_n = 0
     for gi, group in enumerate(groups):
         devices = []
         for name in group:
             if name in topo.gpus:
-                dev = Device(id=f"gpu{topo.gpus.index(name)}", kind="gpu", model="NVIDIA GPU", numa_node=topo.numa.get(name))
+                dev = Device(
+                    id=f"gpu{topo.gpus.index(name)}", kind="gpu", model="NVIDIA GPU", numa_node=topo.numa.get(name)
+                )
                 gpus[name] = dev
             else:
                 dev = Device(id=f"nic{nic_n}", kind="nic", model=topo.nics.get(name, name))

@@ -27,9 +27,7 @@ STORAGE = "storage"  # non-NVMe storage/RAID controllers
 BRIDGE = "bridge"
 OTHER = "other"
 
-_BDF_RE = re.compile(
-    r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"
-)
+_BDF_RE = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$")
 
 _SPEED_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 _BRIDGE_CLASSES = {"0604", "0609"}  # PCI-to-PCI bridge, semi-transparent PCI-to-PCI bridge

@@ -67,7 +67,9 @@ def _port_node(port: Port) -> _Node | None:
         node = _Node(dev.id, lines, COLOURS.get(dev.kind, COLOURS["other"]))
     else:
         name = port.slot.name if port.slot else port.id
-        node = _Node(port.id, ["free slot" if port.slot else "empty port", _short(name, 22)], COLOURS["free"], dashed=True)
+        node = _Node(
+            port.id, ["free slot" if port.slot else "empty port", _short(name, 22)], COLOURS["free"], dashed=True
+        )
     node.edge, node.edge_key = _link_label(port), port.id
     return node
 
@@ -125,7 +127,9 @@ def render_svg(
             red = child.edge_key in hot
             colour, w = ("#d62728", 3) if red else ("#555", 1.5)
             x1, y1, x2, y2 = parent.x, parent.y + BOX_H, child.x, child.y
-            out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{colour}" stroke-width="{w}"/>')
+            out.append(
+                f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{colour}" stroke-width="{w}"/>'
+            )
             # Labels sit just above the child box: children are LEAF_W apart, so they never collide.
             lines = [t for t in (child.edge, *edge_notes.get(child.edge_key, "").split("\n")) if t]
             for i, text in enumerate(reversed(lines)):
@@ -151,17 +155,27 @@ def render_svg(
             red = "upi" in hot
             colour = "#d62728" if red else "#1f77b4"
             y = a.y + BOX_H / 2
-            out.append(f'<line x1="{a.x + LEAF_W / 2:.1f}" y1="{y:.1f}" x2="{b.x - LEAF_W / 2:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="3"/>')
+            out.append(
+                f'<line x1="{a.x + LEAF_W / 2:.1f}" y1="{y:.1f}" x2="{b.x - LEAF_W / 2:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="3"/>'
+            )
             kind = "inter-socket link" if link.kind == "unknown" else link.kind.upper()
-            label = f"{kind} {link.bandwidth_gbps():.3g} GB/s" + (f" · {edge_notes['upi']}" if "upi" in edge_notes else "")
-            out.append(f'<text x="{(a.x + b.x) / 2:.1f}" y="{y - 6:.1f}" text-anchor="middle" fill="{colour}">{escape(label)}</text>')
+            label = f"{kind} {link.bandwidth_gbps():.3g} GB/s" + (
+                f" · {edge_notes['upi']}" if "upi" in edge_notes else ""
+            )
+            out.append(
+                f'<text x="{(a.x + b.x) / 2:.1f}" y="{y - 6:.1f}" text-anchor="middle" fill="{colour}">{escape(label)}</text>'
+            )
     fabric = [nv for nv in machine.nvlinks if nv.via == "nvswitch"]
     gpu_nodes = sorted((pos[e] for e in {e for nv in fabric for e in nv.between} if e in pos), key=lambda n: n.x)
     if gpu_nodes:  # an NVSwitch joins every pair: one bus, not n(n-1)/2 arcs
         y = max(n.y for n in gpu_nodes) + BOX_H + 18
-        out.append(f'<line x1="{gpu_nodes[0].x:.1f}" y1="{y:.1f}" x2="{gpu_nodes[-1].x:.1f}" y2="{y:.1f}" stroke="#2ca02c" stroke-width="3"/>')
+        out.append(
+            f'<line x1="{gpu_nodes[0].x:.1f}" y1="{y:.1f}" x2="{gpu_nodes[-1].x:.1f}" y2="{y:.1f}" stroke="#2ca02c" stroke-width="3"/>'
+        )
         for n in gpu_nodes:
-            out.append(f'<line x1="{n.x:.1f}" y1="{n.y + BOX_H:.1f}" x2="{n.x:.1f}" y2="{y:.1f}" stroke="#2ca02c" stroke-width="1.5"/>')
+            out.append(
+                f'<line x1="{n.x:.1f}" y1="{n.y + BOX_H:.1f}" x2="{n.x:.1f}" y2="{y:.1f}" stroke="#2ca02c" stroke-width="1.5"/>'
+            )
         label = f"NVSwitch: NV{fabric[0].links} per GPU pair, {fabric[0].bandwidth_gbps():.3g} GB/s"
         out.append(f'<text x="{gpu_nodes[0].x:.1f}" y="{y + 13:.1f}" fill="#2ca02c">{escape(label)}</text>')
     for nv in machine.nvlinks:
@@ -174,11 +188,13 @@ def render_svg(
             )
             out.append(
                 f'<text x="{(a.x + b.x) / 2:.1f}" y="{y + 34:.1f}" text-anchor="middle" fill="#2ca02c">'
-                f'NV{nv.links} {nv.bandwidth_gbps():.3g} GB/s</text>'
+                f"NV{nv.links} {nv.bandwidth_gbps():.3g} GB/s</text>"
             )
     legend_y = height - 20
     for i, (kind, colour) in enumerate(COLOURS.items()):
-        out.append(f'<rect x="{10 + i * 80}" y="{legend_y - 10}" width="12" height="12" fill="{colour}" stroke="#333"/>')
+        out.append(
+            f'<rect x="{10 + i * 80}" y="{legend_y - 10}" width="12" height="12" fill="{colour}" stroke="#333"/>'
+        )
         out.append(f'<text x="{26 + i * 80}" y="{legend_y}">{kind}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -79,11 +79,7 @@ def save_profile(machine: Machine, path: str | Path) -> None:
 def bundled_profiles() -> dict[str, Path]:
     """Name → path of every profile shipped in topology_profiles/."""
     root = resources.files(BUNDLED_PACKAGE)
-    return {
-        Path(str(entry)).stem: Path(str(entry))
-        for entry in root.iterdir()
-        if str(entry).endswith(".yaml")
-    }
+    return {Path(str(entry)).stem: Path(str(entry)) for entry in root.iterdir() if str(entry).endswith(".yaml")}
 
 
 def resolve_profile(name_or_path: str) -> Machine:

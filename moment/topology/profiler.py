@@ -58,18 +58,41 @@ class Source:
 
 
 # Every capture source, in the order they are read (a profile's ``sources`` lists them so).
-SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("lspci_verbose", "verbose", parse_lspci_verbose,
-           files=("lspci-vvv.txt", "lspci-vvnn.txt", "lspci-vvvnn.txt", "lspci-vv.txt")),
-    Source("sysfs", "sysfs", scan=read_sysfs),
-    Source("lspci_tree", "tree", parse_lspci_tree, files=("lspci-tv.txt", "lspci-t.txt", "lspci-tvnn.txt"),
-           command=("lspci", "-tv")),
-    Source("dmidecode", "dmi", parse_dmidecode, files=("dmidecode.txt", "dmidecode-t-slot.txt"),
-           command=("dmidecode",), root_for="slot names"),
-    Source("nvidia_smi", "smi", parse_nvidia_smi_topo, files=("nvidia-smi-topo-m.txt",),
-           command=("nvidia-smi", "topo", "-m")),
-    Source("nccl_xml", "nccl", parse_nccl_xml, files=("nccl-topo.xml",)),
-)}
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source(
+            "lspci_verbose",
+            "verbose",
+            parse_lspci_verbose,
+            files=("lspci-vvv.txt", "lspci-vvnn.txt", "lspci-vvvnn.txt", "lspci-vv.txt"),
+        ),
+        Source("sysfs", "sysfs", scan=read_sysfs),
+        Source(
+            "lspci_tree",
+            "tree",
+            parse_lspci_tree,
+            files=("lspci-tv.txt", "lspci-t.txt", "lspci-tvnn.txt"),
+            command=("lspci", "-tv"),
+        ),
+        Source(
+            "dmidecode",
+            "dmi",
+            parse_dmidecode,
+            files=("dmidecode.txt", "dmidecode-t-slot.txt"),
+            command=("dmidecode",),
+            root_for="slot names",
+        ),
+        Source(
+            "nvidia_smi",
+            "smi",
+            parse_nvidia_smi_topo,
+            files=("nvidia-smi-topo-m.txt",),
+            command=("nvidia-smi", "topo", "-m"),
+        ),
+        Source("nccl_xml", "nccl", parse_nccl_xml, files=("nccl-topo.xml",)),
+    )
+}
 
 
 @dataclass
@@ -219,7 +242,8 @@ def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     machine = Machine(
         name=name,
         description=_description(system),
-        sources=[f"{s} ({Path(caps.origin).name})" for s in caps.used] + ([f"tree from {tree_source}"] if tree_source else []),
+        sources=[f"{s} ({Path(caps.origin).name})" for s in caps.used]
+        + ([f"tree from {tree_source}"] if tree_source else []),
         sockets=sockets,
         socket_links=build.link_sockets(sockets, family),
         nvlinks=nvlinks,
@@ -261,7 +285,9 @@ def _intel_family(familyid: object, modelid: object) -> str | None:
         return None
     if fam != 6:
         return None
-    return {0x55: "skylake", 0x6A: "icelake", 0x6C: "icelake", 0x8F: "sapphirerapids", 0xCF: "emeraldrapids"}.get(model, "qpi")
+    return {0x55: "skylake", 0x6A: "icelake", 0x6C: "icelake", 0x8F: "sapphirerapids", 0xCF: "emeraldrapids"}.get(
+        model, "qpi"
+    )
 
 
 def _description(system: dict) -> str:

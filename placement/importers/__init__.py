@@ -32,14 +32,28 @@ class Importer:
 IMPORTERS: dict[str, Importer] = {
     i.name: i
     for i in (
-        Importer("npy", "plain .npy arrays: --features, --labels, and --edges (E×2) or --indptr with --indices",
-                 ("features", "labels", "edges", "indptr", "indices", "train", "val", "test", "seed"),
-                 ("features", "labels"), "arrays"),
-        Importer("igb", "IGB homogeneous (IGB260M): --root R --size tiny|small|medium|large|full "
-                 "[--classes 19|2983] [--split mlperf|igb|fraction:F]",
-                 ("root", "size", "classes", "split", "seed", "labelled"), ("root", "size"), "igb"),
-        Importer("ogb", "OGB binary raw layout (ogbn-papers100M's papers100M-bin): --root R [--split NAME]",
-                 ("root", "split"), ("root",), "ogb"),
+        Importer(
+            "npy",
+            "plain .npy arrays: --features, --labels, and --edges (E×2) or --indptr with --indices",
+            ("features", "labels", "edges", "indptr", "indices", "train", "val", "test", "seed"),
+            ("features", "labels"),
+            "arrays",
+        ),
+        Importer(
+            "igb",
+            "IGB homogeneous (IGB260M): --root R --size tiny|small|medium|large|full "
+            "[--classes 19|2983] [--split mlperf|igb|fraction:F]",
+            ("root", "size", "classes", "split", "seed", "labelled"),
+            ("root", "size"),
+            "igb",
+        ),
+        Importer(
+            "ogb",
+            "OGB binary raw layout (ogbn-papers100M's papers100M-bin): --root R [--split NAME]",
+            ("root", "split"),
+            ("root",),
+            "ogb",
+        ),
     )
 }
 

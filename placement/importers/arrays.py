@@ -76,8 +76,10 @@ def import_arrays(
     _check_finite(feats, features, chunk)
     dtype = np.dtype(feature_dtype or feats.dtype.name)
     if dtype.name not in FEATURE_DTYPES:
-        raise DatasetError(f"{features}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
-                           "(or ask for a conversion with feature_dtype)")
+        raise DatasetError(
+            f"{features}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
+            "(or ask for a conversion with feature_dtype)"
+        )
     labs = _npy(labels, "labels")
     classes = _check_labels(labs, labels, n, features, chunk)
     source = _EdgeList(edges, n) if edges is not None else _Csr(indptr, indices, n, chunk)
@@ -89,20 +91,39 @@ def import_arrays(
     most = source.size * (2 if undirected else 1) + (n if self_loops else 0)  # an upper bound on the edges
     need = csr.disk_need(n, most, most > layout.window) + 8 * n + n * dim * dtype.itemsize
     if dry_run:
-        log(f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}; {labels}: {classes} classes; "
-            f"{source.size:,} edges in, up to {most:,} out")
+        log(
+            f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}; {labels}: {classes} classes; "
+            f"{source.size:,} edges in, up to {most:,} out"
+        )
         log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB. dry run: nothing written")
         return None
     check_free_space(out, need)
     with staging(out) as tmp:
-        num_edges = csr.build(tmp, source, n, undirected=undirected, self_loops=self_loops, memory=memory,
-                              progress=progress, layout=layout)
+        num_edges = csr.build(
+            tmp,
+            source,
+            n,
+            undirected=undirected,
+            self_loops=self_loops,
+            memory=memory,
+            progress=progress,
+            layout=layout,
+        )
         _write_features(tmp, feats, features, dtype, chunk, progress)
         _write_labels(tmp, labels, labs, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
         source_files = {"features": features, "labels": labels, "edges": edges, "indptr": indptr, "indices": indices}
-        write_import_manifest(tmp, out, nodes=n, edges=num_edges, dim=dim, dtype=dtype, classes=classes,
-                              undirected=undirected, source=_provenance(source_files, splits, undirected, seed))
+        write_import_manifest(
+            tmp,
+            out,
+            nodes=n,
+            edges=num_edges,
+            dim=dim,
+            dtype=dtype,
+            classes=classes,
+            undirected=undirected,
+            source=_provenance(source_files, splits, undirected, seed),
+        )
     return open_dataset(out)
 
 
@@ -135,8 +156,10 @@ def _check_finite(feats: np.ndarray, path: str | Path, chunk: int) -> None:
     for a, part in readers.rows(readers.npy(path, "features"), rows):  # plain reads: no resident map
         if not np.isfinite(part).all():
             row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
-            raise DatasetError(f"{path}: features row {a + row} holds {part[row, col]} (column {col}): "
-                               "NaN and inf features are refused")
+            raise DatasetError(
+                f"{path}: features row {a + row} holds {part[row, col]} (column {col}): "
+                "NaN and inf features are refused"
+            )
 
 
 def _check_labels(labs: np.ndarray, path: str | Path, n: int, features: str | Path, chunk: int) -> int:
@@ -163,8 +186,10 @@ class _EdgeList:
         self.path, self.n = path, n
         self.array = _npy(path, "edges")
         if self.array.ndim != 2 or self.array.shape[1] != 2 or self.array.dtype.kind not in "iu":
-            raise DatasetError(f"{path}: edges must be an E×2 integer array (src, dst), "
-                               f"got {self.array.dtype.name} of shape {self.array.shape}")
+            raise DatasetError(
+                f"{path}: edges must be an E×2 integer array (src, dst), "
+                f"got {self.array.dtype.name} of shape {self.array.shape}"
+            )
         self.size = self.array.shape[0]
 
     def chunks(self, chunk: int) -> csr.Edges:
@@ -186,15 +211,19 @@ class _Csr:
         self.indptr, self.indices = _npy(indptr, "indptr"), _npy(indices, "indices")
         for arr, path, what in ((self.indptr, indptr, "indptr"), (self.indices, indices, "indices")):
             if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise DatasetError(f"{path}: {what} must be a 1-D integer array, "
-                                   f"got {arr.dtype.name} of shape {arr.shape}")
+                raise DatasetError(
+                    f"{path}: {what} must be a 1-D integer array, got {arr.dtype.name} of shape {arr.shape}"
+                )
         if self.indptr.shape[0] != n + 1:
-            raise DatasetError(f"{indptr}: indptr has {self.indptr.shape[0]} entries, expected N+1 = {n + 1} "
-                               "(N from the features)")
+            raise DatasetError(
+                f"{indptr}: indptr has {self.indptr.shape[0]} entries, expected N+1 = {n + 1} (N from the features)"
+            )
         e = self.size = self.indices.shape[0]
         if self.indptr[0] != 0 or self.indptr[-1] != e:
-            raise DatasetError(f"{indptr}: indptr must run from 0 to len(indices) = {e}, "
-                               f"got {int(self.indptr[0])}..{int(self.indptr[-1])}")
+            raise DatasetError(
+                f"{indptr}: indptr must run from 0 to len(indices) = {e}, "
+                f"got {int(self.indptr[0])}..{int(self.indptr[-1])}"
+            )
         for a in range(0, n, chunk):
             steps = np.diff(np.asarray(self.indptr[a : a + chunk + 1]))
             if (steps < 0).any():
@@ -223,8 +252,9 @@ def _check_range(ids: np.ndarray, n: int, path: str | Path, what: str, offset: i
         raise DatasetError(f"{path}: {what}[{row}] holds {value}, not a vertex id (N = {n} from the features)")
 
 
-def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dtype, chunk: int,
-                    progress: Progress | None) -> None:
+def _write_features(
+    tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dtype, chunk: int, progress: Progress | None
+) -> None:
     """A byte copy when nothing changes, else a chunked conversion that refuses overflow."""
     target = tmp / FILES["features"]
     if feats.dtype == dtype and feats.dtype.isnative:
@@ -232,8 +262,9 @@ def _write_features(tmp: Path, feats: np.ndarray, path: str | Path, dtype: np.dt
         return
     rows = max(1, chunk // feats.shape[1])
     with open(target, "wb") as out:
-        np.lib.format.write_array_header_2_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                   "fortran_order": False, "shape": feats.shape})
+        np.lib.format.write_array_header_2_0(
+            out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": feats.shape}
+        )
         for a, block in readers.rows(readers.npy(path, "features"), rows):
             with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
                 part = block.astype(dtype)
@@ -254,8 +285,9 @@ def _read_split(path: str | Path, name: str, n: int) -> np.ndarray:
     """A split's ids, checked (1-D integers in range, no repeats) and sorted."""
     arr = _npy(path, name)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise DatasetError(f"{path}: {name} must be a 1-D integer array of vertex ids, "
-                           f"got {arr.dtype.name} of shape {arr.shape}")
+        raise DatasetError(
+            f"{path}: {name} must be a 1-D integer array of vertex ids, got {arr.dtype.name} of shape {arr.shape}"
+        )
     if name == "train" and not arr.size:
         raise DatasetError(f"{path}: train split is empty (no vertex to train on)")
     ids = np.asarray(arr, dtype=np.int64)
@@ -279,8 +311,15 @@ def _check_splits(given: dict[str, np.ndarray], labs: np.ndarray, labels_path: s
             raise DatasetError(f"{labels_path}: vertex {int(unlabelled[0])} of the {a} split is unlabelled (-1)")
 
 
-def _write_splits(tmp: Path, given: dict[str, np.ndarray], labs: np.ndarray, labels_path: str | Path,
-                  fractions: tuple[float, float, float], seed: int, chunk: int) -> None:
+def _write_splits(
+    tmp: Path,
+    given: dict[str, np.ndarray],
+    labs: np.ndarray,
+    labels_path: str | Path,
+    fractions: tuple[float, float, float],
+    seed: int,
+    chunk: int,
+) -> None:
     """Given splits as they are, the others random among labelled vertices not yet in a split."""
     splits = dict(given)
     missing = [(name, f) for name, f in zip(SPLITS, fractions) if name not in given]
@@ -289,8 +328,10 @@ def _write_splits(tmp: Path, given: dict[str, np.ndarray], labs: np.ndarray, lab
         sizes = [max(1, round(f * pool.size)) for _, f in missing]
         pool = np.setdiff1d(pool, np.concatenate([np.empty(0, np.int64), *given.values()]), assume_unique=True)
         if sum(sizes) > pool.size:
-            raise DatasetError(f"{labels_path}: only {pool.size} labelled vertices are free for the "
-                               f"{', '.join(name for name, _ in missing)} split(s), {sum(sizes)} needed")
+            raise DatasetError(
+                f"{labels_path}: only {pool.size} labelled vertices are free for the "
+                f"{', '.join(name for name, _ in missing)} split(s), {sum(sizes)} needed"
+            )
         picked = np.random.default_rng(seed).choice(pool, size=sum(sizes), replace=False)
         for (name, _), part in zip(missing, np.split(picked, np.cumsum(sizes)[:-1])):
             splits[name] = np.sort(part)
@@ -303,8 +344,9 @@ def _labelled(labs: np.ndarray, chunk: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64)
 
 
-def _provenance(files: dict[str, str | Path | None], splits: dict[str, np.ndarray], undirected: bool,
-                seed: int) -> dict[str, Any]:
+def _provenance(
+    files: dict[str, str | Path | None], splits: dict[str, np.ndarray], undirected: bool, seed: int
+) -> dict[str, Any]:
     """Where the dataset came from, for the manifest."""
     return {
         "kind": "import",

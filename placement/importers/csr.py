@@ -63,9 +63,11 @@ class Layout:
         fixed = 8 * (num_nodes + 1)
         need = fixed + 64 * (CHUNK_BYTES + ENTRY_BYTES) * 1024
         if memory < need:
-            raise DatasetError(f"--memory {memory / 1e9:.3g} GB is too small for {num_nodes:,} vertices: the "
-                               f"CSR build needs at least {need / 1e9:.3g} GB (8 bytes per vertex for the "
-                               "degree counters, plus room for a chunk of edges)")
+            raise DatasetError(
+                f"--memory {memory / 1e9:.3g} GB is too small for {num_nodes:,} vertices: the "
+                f"CSR build needs at least {need / 1e9:.3g} GB (8 bytes per vertex for the "
+                "degree counters, plus room for a chunk of edges)"
+            )
         rest = memory - fixed
         chunk = int(min(MAX_CHUNK, rest // 4 // CHUNK_BYTES))
         return Layout(chunk=chunk, window=max(1, (rest - chunk * CHUNK_BYTES) // ENTRY_BYTES))
@@ -88,8 +90,9 @@ def _parts(src: np.ndarray, dst: np.ndarray, undirected: bool, self_loops: bool)
     return parts
 
 
-def count(source: EdgeSource, num_nodes: int, undirected: bool, self_loops: bool, chunk: int,
-          progress: Progress | None = None) -> np.ndarray:
+def count(
+    source: EdgeSource, num_nodes: int, undirected: bool, self_loops: bool, chunk: int, progress: Progress | None = None
+) -> np.ndarray:
     """In-degrees per destination (pass 1), int64, loops and reverses included."""
     counts = np.zeros(num_nodes, dtype=np.int64) if not self_loops else np.ones(num_nodes, dtype=np.int64)
     done = 0
@@ -119,8 +122,17 @@ def windows(ends: np.ndarray, cap: int) -> list[tuple[int, int]]:
     return out or [(0, 0)]
 
 
-def build(tmp: Path, source: EdgeSource, num_nodes: int, *, undirected: bool = False, self_loops: bool = False,
-          memory: int, progress: Progress | None = None, layout: Layout | None = None) -> int:
+def build(
+    tmp: Path,
+    source: EdgeSource,
+    num_nodes: int,
+    *,
+    undirected: bool = False,
+    self_loops: bool = False,
+    memory: int,
+    progress: Progress | None = None,
+    layout: Layout | None = None,
+) -> int:
     """Write ``indptr.npy`` and ``indices.npy`` into ``tmp``; returns the number of edges.
 
     ``layout`` overrides the split of the budget (tests use it to force many chunks and windows).
@@ -141,13 +153,24 @@ def build(tmp: Path, source: EdgeSource, num_nodes: int, *, undirected: bool = F
         if len(cuts) == 1:
             _place_all(out, source, cuts[0], ends, dtype, key_dtype, undirected, self_loops, layout.chunk, progress)
         else:
-            _place_spread(tmp, out, source, cuts, ends, dtype, key_dtype, undirected, self_loops, layout.chunk,
-                          progress)
+            _place_spread(
+                tmp, out, source, cuts, ends, dtype, key_dtype, undirected, self_loops, layout.chunk, progress
+            )
     return total
 
 
-def _place_all(out, source: EdgeSource, cut: tuple[int, int], ends: np.ndarray, dtype: np.dtype,
-               key_dtype: np.dtype, undirected: bool, self_loops: bool, chunk: int, progress: Progress | None) -> None:
+def _place_all(
+    out,
+    source: EdgeSource,
+    cut: tuple[int, int],
+    ends: np.ndarray,
+    dtype: np.dtype,
+    key_dtype: np.dtype,
+    undirected: bool,
+    self_loops: bool,
+    chunk: int,
+    progress: Progress | None,
+) -> None:
     """One window: read the edges again, place them all in RAM, write them out."""
     srcs, keys, done = [], [], 0
     for src, dst in source.chunks(chunk):
@@ -161,9 +184,19 @@ def _place_all(out, source: EdgeSource, cut: tuple[int, int], ends: np.ndarray, 
     _write_window(out, cut, ends, np.concatenate(srcs), np.concatenate(keys), dtype, self_loops)
 
 
-def _place_spread(tmp: Path, out, source: EdgeSource, cuts: list[tuple[int, int]], ends: np.ndarray,
-                  dtype: np.dtype, key_dtype: np.dtype, undirected: bool, self_loops: bool, chunk: int,
-                  progress: Progress | None) -> None:
+def _place_spread(
+    tmp: Path,
+    out,
+    source: EdgeSource,
+    cuts: list[tuple[int, int]],
+    ends: np.ndarray,
+    dtype: np.dtype,
+    key_dtype: np.dtype,
+    undirected: bool,
+    self_loops: bool,
+    chunk: int,
+    progress: Progress | None,
+) -> None:
     """Several windows: spread the edges into one scratch file per window, then place each."""
     scratch = tmp / ".csr-windows"
     scratch.mkdir()
@@ -215,8 +248,9 @@ def _spread(files: list, starts: np.ndarray, src: np.ndarray, dst: np.ndarray, p
         at += int(sizes[w])
 
 
-def _write_window(out, cut: tuple[int, int], ends: np.ndarray, src: np.ndarray, keys: np.ndarray,
-                  dtype: np.dtype, self_loops: bool) -> None:
+def _write_window(
+    out, cut: tuple[int, int], ends: np.ndarray, src: np.ndarray, keys: np.ndarray, dtype: np.dtype, self_loops: bool
+) -> None:
     """Order a window's entries by (destination, part, input order) and append them to indices."""
     a, b = cut
     if self_loops:
@@ -228,8 +262,10 @@ def _write_window(out, cut: tuple[int, int], ends: np.ndarray, src: np.ndarray, 
         return
     base = int(ends[a - 1]) if a else 0
     if n != int(ends[b - 1]) - base:
-        raise DatasetError(f"the edges changed between two reads ({n} neighbours for vertices {a}..{b - 1}, "
-                           f"{int(ends[b - 1]) - base} counted): is the input being written to?")
+        raise DatasetError(
+            f"the edges changed between two reads ({n} neighbours for vertices {a}..{b - 1}, "
+            f"{int(ends[b - 1]) - base} counted): is the input being written to?"
+        )
     # (key - 3a)·n + position is unique, so a plain in-place sort of it is a stable sort by key
     order = keys.astype(np.int64)
     del keys
@@ -243,8 +279,9 @@ def _write_window(out, cut: tuple[int, int], ends: np.ndarray, src: np.ndarray, 
 
 def _header(fh, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """An .npy header; the data follows with plain writes."""
-    np.lib.format.write_array_header_2_0(fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-                                              "shape": shape})
+    np.lib.format.write_array_header_2_0(
+        fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
 
 
 def _report(progress: Progress | None, stage: str, done: int, total: int) -> None:
@@ -269,15 +306,29 @@ def default_memory() -> int:
     return free_memory() // 2
 
 
-UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9, "T": 10**12,
-         "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "KB": 10**3,
+    "M": 10**6,
+    "MB": 10**6,
+    "G": 10**9,
+    "GB": 10**9,
+    "T": 10**12,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_memory(text: str) -> int:
     """``4GB``, ``512MB``, ``1.5GiB``, ``2e9`` → bytes (a ValueError naming the text otherwise)."""
     t = text.strip().upper().replace(" ", "")
     num = t.rstrip("KMGTIB")
-    unit = t[len(num):]
+    unit = t[len(num) :]
     try:
         value = float(num) * UNITS[unit]
     except (ValueError, KeyError):
@@ -293,5 +344,3 @@ def disk_need(num_nodes: int, num_edges: int, windows_needed: bool) -> int:
     record = 4 if ids == 4 and 3 * num_nodes < 2**31 else 8
     scratch = num_edges * 2 * record if windows_needed else 0
     return 8 * (num_nodes + 1) + num_edges * ids + scratch + 2 * 128
-
-

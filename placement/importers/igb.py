@@ -49,8 +49,14 @@ def processed_dir(root: Path, size: str) -> Path:
     raise DatasetError(f"{root / size / 'processed'}: missing (--root is the directory holding IGB's <size>/processed)")
 
 
-def find(root: str | Path, size: str, classes: int = 19, split: str = "igb", seed: int | None = None,
-         labelled: int | None = None) -> Found:
+def find(
+    root: str | Path,
+    size: str,
+    classes: int = 19,
+    split: str = "igb",
+    seed: int | None = None,
+    labelled: int | None = None,
+) -> Found:
     """Locate and check IGB's files (headers, sizes, shapes) without reading their data."""
     if size not in SIZES:
         raise UsageError(f"--size {size}: expected one of {', '.join(SIZES)}")
@@ -62,8 +68,10 @@ def find(root: str | Path, size: str, classes: int = 19, split: str = "igb", see
     feats = npy_or_raw(base / "paper" / "node_feat.npy", "features", "float32", DIM)
     n = feats.shape[0]
     if feats.raw:
-        notes.append(f"{feats.path}: no .npy header (IGB's raw layout): float32 × {DIM} per row, "
-                     f"N = {feats.path.stat().st_size:,} bytes / {4 * DIM} = {n:,} vertices")
+        notes.append(
+            f"{feats.path}: no .npy header (IGB's raw layout): float32 × {DIM} per row, "
+            f"N = {feats.path.stat().st_size:,} bytes / {4 * DIM} = {n:,} vertices"
+        )
     labels_path = base / "paper" / LABEL_FILES[classes]
     labs = npy_or_raw(labels_path, "labels", "float32")
     edges = EdgeArray(npy(base / "paper__cites__paper" / "edge_index.npy", "edges"), n, "edges", pairs=True)
@@ -74,30 +82,55 @@ def find(root: str | Path, size: str, classes: int = 19, split: str = "igb", see
     count = n if labelled is None else labelled
     warnings = []
     if n != NODES[size]:
-        warnings.append(f"{feats.path}: {n:,} vertices, where IGB publishes {NODES[size]:,} for {size} "
-                        "(imported as the files say)")
+        warnings.append(
+            f"{feats.path}: {n:,} vertices, where IGB publishes {NODES[size]:,} for {size} (imported as the files say)"
+        )
     zero = zero_tail(feats)
     if zero:
         warnings.append(zero)
     notes += [f"{a.describe()}" for a in (feats, labs, edges.arr)]
     t, v, s = conventions.sizes(split, count)
-    notes.append(f"labels: {classes} classes, {count:,} labelled vertices"
-                 + (f" (a prefix: rows {count:,}.. are padding → -1)" if count < n else ""))
-    notes.append(f"split {split}: {t:,} train, {v:,} val, {s:,} test (seeded; see `moment dataset import --help`); "
-                 f"drawing it takes {16 * count / 1e9:.2f} GB of RAM after the CSR build (a permutation of the "
-                 "labelled vertices), outside --memory")
+    notes.append(
+        f"labels: {classes} classes, {count:,} labelled vertices"
+        + (f" (a prefix: rows {count:,}.. are padding → -1)" if count < n else "")
+    )
+    notes.append(
+        f"split {split}: {t:,} train, {v:,} val, {s:,} test (seeded; see `moment dataset import --help`); "
+        f"drawing it takes {16 * count / 1e9:.2f} GB of RAM after the CSR build (a permutation of the "
+        "labelled vertices), outside --memory"
+    )
     return Found(
-        fmt="igb", features=feats, labels=labs, edges=edges,
-        splits=lambda: conventions.draw(split, count, seed), split=split, given_splits=[],
-        files={"features": str(feats.path.absolute()), "labels": str(labs.path.absolute()),
-               "edges": str(edges.arr.path.absolute())},
+        fmt="igb",
+        features=feats,
+        labels=labs,
+        edges=edges,
+        splits=lambda: conventions.draw(split, count, seed),
+        split=split,
+        given_splits=[],
+        files={
+            "features": str(feats.path.absolute()),
+            "labels": str(labs.path.absolute()),
+            "edges": str(edges.arr.path.absolute()),
+        },
         seed=conventions.DEFAULT_SEED[conventions.parse(split)[0]] if seed is None else seed,
-        labelled=labelled, classes=classes, notes=notes, warnings=warnings,
+        labelled=labelled,
+        classes=classes,
+        notes=notes,
+        warnings=warnings,
     )
 
 
-def run(out: Path, *, root: str, size: str, classes: int | None = None, split: str | None = None,
-        seed: int | None = None, labelled: int | None = None, **common: Any) -> Dataset | None:
+def run(
+    out: Path,
+    *,
+    root: str,
+    size: str,
+    classes: int | None = None,
+    split: str | None = None,
+    seed: int | None = None,
+    labelled: int | None = None,
+    **common: Any,
+) -> Dataset | None:
     """The registry's entry point (placement.importers)."""
     found = find(root, size, classes=classes or 19, split=split or "igb", seed=seed, labelled=labelled)
     return write_dataset(out, found, **common)
@@ -111,6 +144,8 @@ def zero_tail(feats: ArrayFile) -> str | None:
     width = feats.shape[1]
     if any(feats.read_at(int(r) * width, width).any() for r in picks):
         return None
-    return (f"{feats.path}: the {len(picks)} rows sampled among the last {tail:,} are all zero: downloads made "
-            f"before 2023-11-07 lack the embeddings of the last {MISSING_TAIL:,} papers; patch node_feat.npy with "
-            "node_feat_5M_tail.npy as the IGB README says, then import again")
+    return (
+        f"{feats.path}: the {len(picks)} rows sampled among the last {tail:,} are all zero: downloads made "
+        f"before 2023-11-07 lack the embeddings of the last {MISSING_TAIL:,} papers; patch node_feat.npy with "
+        "node_feat_5M_tail.npy as the IGB README says, then import again"
+    )

@@ -39,18 +39,25 @@ def find(root: str | Path, split: str | None = None) -> Found:
     elif (raw / "edge.csv.gz").exists():
         feats, labs, edges, files, notes = _csv(raw)
     else:
-        raise DatasetError(f"{raw / 'data.npz'}: missing, and no {raw / 'edge.csv.gz'} either (--root is the "
-                           "directory holding raw/ and split/)")
+        raise DatasetError(
+            f"{raw / 'data.npz'}: missing, and no {raw / 'edge.csv.gz'} either (--root is the "
+            "directory holding raw/ and split/)"
+        )
     n = feats.shape[0]
     name = split or _only_split(root)
     folder = root / "split" / name
     notes.append(f"split: {folder} (shipped)")
     return Found(
-        fmt="ogb", features=feats, labels=labs, edges=edges,
+        fmt="ogb",
+        features=feats,
+        labels=labs,
+        edges=edges,
         splits=lambda: {key: read_ids(folder / file, n) for key, file in SPLIT_FILES.items()},
-        split=name, given_splits=["train", "val", "test"],
+        split=name,
+        given_splits=["train", "val", "test"],
         files={**files, **{key: str((folder / file).absolute()) for key, file in SPLIT_FILES.items()}},
-        seed=0, notes=notes,
+        seed=0,
+        notes=notes,
     )
 
 
@@ -69,8 +76,11 @@ def _binary(raw: Path) -> tuple[ArrayFile, ArrayFile, EdgeArray, dict[str, str],
             total = int(listed.read(fh, listed.size).sum())
         if total != n:
             raise DatasetError(f"{listed.label}: says {total:,} vertices, but node_feat has {n:,} rows")
-    files = {"features": f"{data.absolute()}:node_feat", "edges": f"{data.absolute()}:edge_index",
-             "labels": f"{(raw / 'node-label.npz').absolute()}:node_label"}
+    files = {
+        "features": f"{data.absolute()}:node_feat",
+        "edges": f"{data.absolute()}:edge_index",
+        "labels": f"{(raw / 'node-label.npz').absolute()}:node_label",
+    }
     return feats, labs, edges, files, [a.describe() for a in (feats, edges.arr, labs)]
 
 
@@ -80,15 +90,22 @@ def _csv(raw: Path) -> tuple[CsvArray, CsvArray, EdgeArray, dict[str, str], list
     feats = CsvArray(raw / "node-feat.csv.gz", (n, csv_width(raw / "node-feat.csv.gz")), np.dtype(np.float32))
     width = csv_width(raw / "node-label.csv.gz")
     if width != 1:
-        raise DatasetError(f"{raw / 'node-label.csv.gz'}: {width} labels per vertex (a multi-task dataset): "
-                           "moment imports one class per vertex")
+        raise DatasetError(
+            f"{raw / 'node-label.csv.gz'}: {width} labels per vertex (a multi-task dataset): "
+            "moment imports one class per vertex"
+        )
     labs = CsvArray(raw / "node-label.csv.gz", (n, 1), np.dtype(np.float64))
     edges = EdgeArray(CsvArray(raw / "edge.csv.gz", (e, 2), np.dtype(np.int64)), n, "edges", pairs=True)
-    files = {"features": str(feats.path.absolute()), "labels": str(labs.path.absolute()),
-             "edges": str(edges.arr.path.absolute())}
+    files = {
+        "features": str(feats.path.absolute()),
+        "labels": str(labs.path.absolute()),
+        "edges": str(edges.arr.path.absolute()),
+    }
     notes = [a.describe() for a in (feats, edges.arr, labs)]
-    notes.append("OGB adds the reverse edges when it loads some datasets (master.csv add_inverse_edge: "
-                 "ogbn-products): pass --undirected for the same graph")
+    notes.append(
+        "OGB adds the reverse edges when it loads some datasets (master.csv add_inverse_edge: "
+        "ogbn-products): pass --undirected for the same graph"
+    )
     return feats, labs, edges, files, notes
 
 

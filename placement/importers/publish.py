@@ -60,9 +60,18 @@ class Found:
         return self.features.shape[0]
 
 
-def write_dataset(out: str | Path, found: Found, *, feature_dtype: str | None = None, undirected: bool = False,
-                  self_loops: bool = False, memory: int | None = None, dry_run: bool = False,
-                  progress: Progress | None = None, log: Log = print) -> Dataset | None:
+def write_dataset(
+    out: str | Path,
+    found: Found,
+    *,
+    feature_dtype: str | None = None,
+    undirected: bool = False,
+    self_loops: bool = False,
+    memory: int | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    log: Log = print,
+) -> Dataset | None:
     """Import what ``found`` describes into ``out`` (None with ``dry_run``: only the schema and needs)."""
     out = Path(out)
     n, dim, dtype = _check_features(found, feature_dtype)
@@ -78,14 +87,21 @@ def write_dataset(out: str | Path, found: Found, *, feature_dtype: str | None = 
     }
     for line in found.notes:
         log(line)
-    log(f"will write: {n:,} vertices × {dim} {dtype.name} features, up to {most:,} edges "
+    log(
+        f"will write: {n:,} vertices × {dim} {dtype.name} features, up to {most:,} edges "
         f"({'undirected: reverses added' if undirected else 'directed'}"
-        f"{', a self-loop per vertex' if self_loops else ''}), labels int64 (-1: unlabelled)")
-    log(f"RAM: budget {memory / 1e9:.2f} GB (--memory): {8 * n / 1e9:.2f} GB of degree counters, chunks of "
+        f"{', a self-loop per vertex' if self_loops else ''}), labels int64 (-1: unlabelled)"
+    )
+    log(
+        f"RAM: budget {memory / 1e9:.2f} GB (--memory): {8 * n / 1e9:.2f} GB of degree counters, chunks of "
         f"{layout.chunk:,} edges, CSR placed in {windows} window(s) of ≤ {layout.window:,} neighbours"
-        + (", edges spread into scratch files first" if windows > 1 else ""))
-    log("disk: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
-        + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)")
+        + (", edges spread into scratch files first" if windows > 1 else "")
+    )
+    log(
+        "disk: "
+        + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
+        + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)"
+    )
     for warning in found.warnings:
         log(f"warning: {warning}")
     if dry_run:
@@ -93,41 +109,70 @@ def write_dataset(out: str | Path, found: Found, *, feature_dtype: str | None = 
         return None
     check_free_space(out, sum(disk.values()))
     with staging(out) as tmp:
-        num_edges = csr.build(tmp, found.edges, n, undirected=undirected, self_loops=self_loops, memory=memory,
-                              progress=progress, layout=layout)
+        num_edges = csr.build(
+            tmp,
+            found.edges,
+            n,
+            undirected=undirected,
+            self_loops=self_loops,
+            memory=memory,
+            progress=progress,
+            layout=layout,
+        )
         _write_features(tmp, found.features, dtype, progress)
         classes, labelled = _write_labels(tmp, found, progress)
         splits = found.splits()
         _check_splits(tmp, splits, n)
         for name in SPLITS:
             np.save(tmp / FILES[name], splits[name].astype(np.int64))
-        write_import_manifest(tmp, out, nodes=n, edges=num_edges, dim=dim, dtype=dtype, classes=classes,
-                              undirected=undirected, source={
-            "kind": "import", "format": found.fmt, "files": found.files, "given_splits": found.given_splits,
-            "undirected": undirected, "self_loops": self_loops, "seed": found.seed, "split": found.split,
-            "labelled": labelled,
-        })
+        write_import_manifest(
+            tmp,
+            out,
+            nodes=n,
+            edges=num_edges,
+            dim=dim,
+            dtype=dtype,
+            classes=classes,
+            undirected=undirected,
+            source={
+                "kind": "import",
+                "format": found.fmt,
+                "files": found.files,
+                "given_splits": found.given_splits,
+                "undirected": undirected,
+                "self_loops": self_loops,
+                "seed": found.seed,
+                "split": found.split,
+                "labelled": labelled,
+            },
+        )
     return open_dataset(out)
 
 
 def _check_features(found: Found, feature_dtype: str | None) -> tuple[int, int, np.dtype]:
     f = found.features
     if len(f.shape) != 2 or f.dtype.kind != "f" or f.fortran:
-        raise DatasetError(f"{f.label}: features must be a row-major N×d float array, got {f.dtype.name} of shape "
-                           f"{f.shape}{' in Fortran order' if f.fortran else ''}")
+        raise DatasetError(
+            f"{f.label}: features must be a row-major N×d float array, got {f.dtype.name} of shape "
+            f"{f.shape}{' in Fortran order' if f.fortran else ''}"
+        )
     if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
         raise UsageError(f"--feature-dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     dtype = np.dtype(feature_dtype or f.dtype.name)
     if dtype.name not in FEATURE_DTYPES:
-        raise DatasetError(f"{f.label}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
-                           "(ask for a conversion with --feature-dtype)")
+        raise DatasetError(
+            f"{f.label}: features have dtype {dtype.name}, expected {' or '.join(FEATURE_DTYPES)} "
+            "(ask for a conversion with --feature-dtype)"
+        )
     return f.shape[0], f.shape[1], dtype
 
 
 def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
     if labels.shape not in ((n,), (n, 1)) or labels.dtype.kind not in "iuf":
-        raise DatasetError(f"{labels.label}: labels must be N or N×1 numbers with N = {n:,} (the rows of "
-                           f"{features.label}), got {labels.dtype.name} of shape {labels.shape}")
+        raise DatasetError(
+            f"{labels.label}: labels must be N or N×1 numbers with N = {n:,} (the rows of "
+            f"{features.label}), got {labels.dtype.name} of shape {labels.shape}"
+        )
 
 
 def _write_features(tmp: Path, f: ArrayFile, dtype: np.dtype, progress: Progress | None) -> None:
@@ -135,18 +180,23 @@ def _write_features(tmp: Path, f: ArrayFile, dtype: np.dtype, progress: Progress
     n, dim = f.shape
     count = max(1, BLOCK // (dim * max(4, f.dtype.itemsize)))
     with open(tmp / FILES["features"], "wb") as fh:
-        np.lib.format.write_array_header_2_0(fh, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                  "fortran_order": False, "shape": (n, dim)})
+        np.lib.format.write_array_header_2_0(
+            fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n, dim)}
+        )
         for a, block in rows(f, count):
             with np.errstate(over="ignore"):
                 part = block.astype(dtype, copy=False)
             if not np.isfinite(part).all():
                 row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
                 if np.isfinite(block[row, col]):
-                    raise DatasetError(f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}), "
-                                       f"which does not fit in {dtype.name}")
-                raise DatasetError(f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}): "
-                                   "NaN and inf features are refused")
+                    raise DatasetError(
+                        f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}), "
+                        f"which does not fit in {dtype.name}"
+                    )
+                raise DatasetError(
+                    f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}): "
+                    "NaN and inf features are refused"
+                )
             fh.write(np.ascontiguousarray(part).data)
             if progress:
                 progress("features", a + len(part), n)
@@ -197,15 +247,17 @@ def _check_splits(tmp: Path, splits: dict[str, Any], n: int) -> None:
     for name in SPLITS:
         ids = splits[name]
         if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise DatasetError(f"{name} split: vertex {int(ids[(ids < 0) | (ids >= n)][0])} is not a vertex id "
-                               f"(N = {n:,})")
+            raise DatasetError(
+                f"{name} split: vertex {int(ids[(ids < 0) | (ids >= n)][0])} is not a vertex id (N = {n:,})"
+            )
         ids = np.sort(ids)
         twice = ids[np.flatnonzero(ids[1:] == ids[:-1])] if ids.size > 1 else ids[:0]
         if twice.size:
             raise DatasetError(f"{name} split: lists vertex {int(twice[0])} twice")
         if seen[ids].any():
-            raise DatasetError(f"{name} split: vertex {int(ids[seen[ids]][0])} is in an earlier split too "
-                               "(splits are disjoint)")
+            raise DatasetError(
+                f"{name} split: vertex {int(ids[seen[ids]][0])} is in an earlier split too (splits are disjoint)"
+            )
         seen[ids] = True
         unlabelled = ids[np.asarray(labels[ids]) < 0]
         if unlabelled.size:

@@ -126,8 +126,10 @@ def npy_or_raw(path: str | Path, what: str, dtype: str, row: int = 1) -> ArrayFi
         return npy(path, what)
     step = np.dtype(dtype).itemsize * row
     if size == 0 or size % step:
-        raise DatasetError(f"{path}: {what} has no .npy header, and its {size:,} bytes are not a whole number "
-                           f"of rows of {row} {dtype} values ({step} bytes): not an IGB raw file")
+        raise DatasetError(
+            f"{path}: {what} has no .npy header, and its {size:,} bytes are not a whole number "
+            f"of rows of {row} {dtype} values ({step} bytes): not an IGB raw file"
+        )
     shape = (size // step, row) if row > 1 else (size // step,)
     return ArrayFile(path, shape, np.dtype(dtype), 0, raw=True)
 
@@ -172,8 +174,9 @@ class EdgeArray:
 
     def __init__(self, arr: ArrayFile, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
         if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
-            raise DatasetError(f"{arr.label}: {what} must be an E×2 or 2×E integer array, "
-                               f"got {arr.dtype.name} of shape {arr.shape}")
+            raise DatasetError(
+                f"{arr.label}: {what} must be an E×2 or 2×E integer array, got {arr.dtype.name} of shape {arr.shape}"
+            )
         self.arr, self.n, self.what = arr, num_nodes, what
         e2 = arr.shape[1] == 2 if arr.shape != (2, 2) else pairs
         self.size = arr.shape[0] if e2 else arr.shape[1]
@@ -196,8 +199,10 @@ class EdgeArray:
         for ids in (src, dst):
             if ids.size and (ids.min() < 0 or ids.max() >= self.n):
                 i = int(np.argmax((ids < 0) | (ids >= self.n)))
-                raise DatasetError(f"{self.arr.label}: edge {at + i} ({int(src[i])} → {int(dst[i])}) names vertex "
-                                   f"{int(ids[i])}, not a vertex id (N = {self.n:,} from the features)")
+                raise DatasetError(
+                    f"{self.arr.label}: edge {at + i} ({int(src[i])} → {int(dst[i])}) names vertex "
+                    f"{int(ids[i])}, not a vertex id (N = {self.n:,} from the features)"
+                )
         return src, dst
 
 
@@ -251,8 +256,10 @@ class CsvArray(_Sized):
                 part = None
             if part is None or part.size != min(CSV_LINES * width, count - at) or part.shape[-1] != width:
                 i, why = _bad_line(lines, width, self.dtype)
-                raise DatasetError(f"{self.path}: line {fh.done + i + 1}: {why} (expected {width} value(s) a line, "
-                                   f"{self.shape[0]:,} lines)")
+                raise DatasetError(
+                    f"{self.path}: line {fh.done + i + 1}: {why} (expected {width} value(s) a line, "
+                    f"{self.shape[0]:,} lines)"
+                )
             part = part.reshape(-1)
             out[at : at + part.size] = part
             fh.done += len(lines)

@@ -24,5 +24,18 @@ from moment.planner.flow.proportional_share import SsdClass, proportional
 PRIMARY = "proportional"  # the model layouts are ranked by; plan.json's unprefixed figures and bin targets are its
 FLOW_MODELS: dict[str, FlowModel] = {m.name: m for m in (proportional_share.MODEL, paper_max_flow.MODEL)}
 
-__all__ = ["ENGINES", "FLOW_MODELS", "PRIMARY", "TIGHT", "FlowModel", "MaxFlow", "Prediction", "SsdClass",
-           "explain_difference", "networkx_max_flow", "ortools_max_flow", "paper", "proportional"]
+__all__ = [
+    "ENGINES",
+    "FLOW_MODELS",
+    "PRIMARY",
+    "TIGHT",
+    "FlowModel",
+    "MaxFlow",
+    "Prediction",
+    "SsdClass",
+    "explain_difference",
+    "networkx_max_flow",
+    "ortools_max_flow",
+    "paper",
+    "proportional",
+]

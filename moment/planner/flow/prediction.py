@@ -35,13 +35,16 @@ def check_tiers(net: Network) -> None:
     for tier, share in net.shares.items():
         if share > 1e-9 and not net.tier_bins(tier):
             where = {"gpu": "GPUs", "cpu": "CPU sockets", "ssd": "SSDs"}[tier]
-            raise MomentError(f"the workload needs the {tier} tier ({share:.1%} of reads) but the layout has no {where}")
+            raise MomentError(
+                f"the workload needs the {tier} tier ({share:.1%} of reads) but the layout has no {where}"
+            )
     if not net.gpus:
         raise MomentError("the layout has no GPU")
 
 
-def finish(net: Network, model: str, t: float, share: dict[str, float], load: dict[str, float],
-            gpu_edges: dict[str, set[str]]) -> Prediction:
+def finish(
+    net: Network, model: str, t: float, share: dict[str, float], load: dict[str, float], gpu_edges: dict[str, set[str]]
+) -> Prediction:
     util = {k: load.get(k, 0.0) / (cap * t) for k, (_, _, cap) in net.edges.items() if cap < INF and t > 0}
     per_gpu = {
         g: max((load.get(e, 0.0) / net.edges[e][2] for e in gpu_edges[g] if net.edges[e][2] < INF), default=0.0)

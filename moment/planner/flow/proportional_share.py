@@ -46,8 +46,13 @@ class SsdClass:
     uplink: str  # the representative's own link edge (per SSD, so it scales with the count)
 
 
-def proportional(net: Network, second_pass: bool = True, ssd_classes: dict[str, SsdClass] | None = None,
-                 n_ssds: int = 0, milp_solver: str = "ortools") -> Prediction:
+def proportional(
+    net: Network,
+    second_pass: bool = True,
+    ssd_classes: dict[str, SsdClass] | None = None,
+    n_ssds: int = 0,
+    milp_solver: str = "ortools",
+) -> Prediction:
     """Min T such that every GPU reads share x_b of its bytes from bin b (same x for all GPUs).
 
     Solved as "max θ = 1/T" with u_b = x_b·θ, which keeps every constraint linear even when the

@@ -121,7 +121,9 @@ def _records(lines: list[str], source: str, notes: list[str] | None) -> list[_Re
     for r in records:
         unique.setdefault(r.handle, r)
     if len(unique) < len(records) and notes is not None:
-        notes.append(f"{source}: {len(records) - len(unique)} repeated DMI record(s) ignored (a capture appended twice?)")
+        notes.append(
+            f"{source}: {len(records) - len(unique)} repeated DMI record(s) ignored (a capture appended twice?)"
+        )
     return list(unique.values())
 
 

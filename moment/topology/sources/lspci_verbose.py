@@ -92,6 +92,7 @@ _PORT_TYPES = {
     "Root Complex Integrated Endpoint": RC_INTEGRATED,
 }
 
+
 def parse_lspci_verbose(text: str, source: str = "lspci-vvv.txt", notes: list[str] | None = None) -> list[PciFunction]:
     """Every function of an ``lspci -vv[v][nn][D]`` capture, with ``parent`` rebuilt from bus ranges.
 

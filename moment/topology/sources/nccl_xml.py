@@ -60,11 +60,15 @@ def parse_nccl_xml(text: str, source: str = "nccl-topo.xml", notes: list[str] | 
         raise SourceError(source, f"root element is <{root.tag}>, not NCCL's <system>")
     if error is not None and notes is not None:
         if events[-1] == ("end", root):  # <system> closed, then more: `>>` twice, not a cut
-            notes.append(f"{source}:{_error_line(error)}: more XML after </system> (a dump appended twice?): "
-                         "only the first <system> is used")
+            notes.append(
+                f"{source}:{_error_line(error)}: more XML after </system> (a dump appended twice?): "
+                "only the first <system> is used"
+            )
         else:
-            notes.append(f"{source}:{_error_line(error)}: not well-formed XML ({error}): truncated? "
-                         "only what comes before this point is used")
+            notes.append(
+                f"{source}:{_error_line(error)}: not well-formed XML ({error}): truncated? "
+                "only what comes before this point is used"
+            )
     walker = _Walker(source)
     for event, element in events[1:]:
         if event == "start":

@@ -58,11 +58,14 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi-topo-m.txt", note
     reader = _MatrixReader(source, topo, labels, headers)
     end = reader.read(lines, start + 1)
     if notes is not None and (again := _header_index(lines[end:])) is not None:
-        notes.append(f"{source}:{end + again + 1}: a second GPU matrix (a capture appended twice?): "
-                     "only the first is used")
+        notes.append(
+            f"{source}:{end + again + 1}: a second GPU matrix (a capture appended twice?): only the first is used"
+        )
     elif notes is not None and (short := [label for label in labels if label not in reader.complete]):
-        notes.append(f"{source}: the matrix stops before the row of {short[0]} ({len(short)} of {len(labels)} rows "
-                     "missing or cut short; truncated?): only the rows before are used")
+        notes.append(
+            f"{source}: the matrix stops before the row of {short[0]} ({len(short)} of {len(labels)} rows "
+            "missing or cut short; truncated?): only the rows before are used"
+        )
     else:
         note_cut_short(text, source, notes)
     legend = {m.group(1): m.group(2) for line in lines[end:] if (m := _NIC_LEGEND.match(line))}
