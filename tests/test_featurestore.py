@@ -413,3 +413,23 @@ def _best(fn, repeat: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def test_stage_reserved_once_for_growing_batches(
+    placed_dir: Path, truth: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a bound known before training the pinned stage is allocated once, however batches grow;
+    a batch beyond it grows it once (review finding 10)."""
+    from trainer import staging
+
+    sizes: list[int] = []
+    real = staging.allocate
+    monkeypatch.setattr(staging, "allocate", lambda n, d, p: sizes.append(n) or real(n, d, p))
+    placed = open_placed(placed_dir)
+    rng = np.random.default_rng(5)
+    with TieredFeatureStore(placed, stage_reserve=staging.stage_bytes(4000, placed.row_bytes)) as s:
+        for n in (100, 500, 1000, 2000, 4000, 6000, 5000):
+            ids = rng.choice(len(truth), n, replace=False)
+            assert np.array_equal(s.get(torch.from_numpy(ids)).numpy(), truth[ids])
+        assert len(sizes) == 2 and s.stats()["staging"]["grown"] == 1
+        assert sizes[0] == 4000 * placed.row_bytes + staging.PAGE

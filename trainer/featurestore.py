@@ -59,10 +59,13 @@ class TieredFeatureStore:
         pin_memory: bool | None = None,
         host_shm: str | Path | None = None,
         io: str = "auto",
+        stage_reserve: int = 0,
     ) -> None:
         """``placed``: the opened placed dataset (``open_placed`` refuses a missing or truncated
         bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``
-        probing the SSD bins, closed with the store)."""
+        probing the SSD bins, closed with the store); ``stage_reserve``: bytes of the staging
+        buffers, allocated once now (a bound on one call's rows: :func:`trainer.staging.stage_bytes`;
+        0: sized by the first call), so no pinned buffer is grown mid-training."""
         self.placed = placed
         self.device = _indexed(torch.device(device))
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
@@ -93,8 +96,8 @@ class TieredFeatureStore:
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
         cuda = self.device if self.device.type == "cuda" else None
-        self._host_stage = Staging(torch.device("cpu"), self.pin, cuda)
-        self._dev_stage = Staging(self.device, False, cuda) if self.reader.on_device else None
+        self._host_stage = Staging(torch.device("cpu"), self.pin, cuda, stage_reserve)
+        self._dev_stage = Staging(self.device, False, cuda, stage_reserve) if self.reader.on_device else None
         self.reset_stats()
 
     # Set-up ##################################################################
@@ -196,7 +199,7 @@ class TieredFeatureStore:
         if rows.size == 0:
             return
         start = time.perf_counter()
-        np.take(_records(self._tensors[tier]), rows, out=_records(stage), mode="clip")
+        gather_rows(self._tensors[tier], rows, stage)
         self._count(tier, rows.size, rows.size * self.row_bytes, time.perf_counter() - start)
 
     def _read_ssd(self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor) -> torch.Tensor | None:
@@ -299,6 +302,7 @@ class TieredFeatureStore:
             "assemble_seconds": self._assemble_seconds,
             "tiers": tiers,
             "ssd_bins": bins,
+            "staging": self._host_stage.stats(),
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {
@@ -329,6 +333,13 @@ def _indexed(device: torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def gather_rows(src: torch.Tensor, rows: np.ndarray, out: torch.Tensor) -> None:
+    """``out[i] = src[rows[i]]`` for a 2-D host tensor ``src`` (a tier, maybe a shared mapping)
+    into the byte rows ``out``: ATen's ``index_select`` splits the rows over torch's intra-op
+    threads (numpy's ``take`` copies on one); bytes, not values, so every row is copied as is."""
+    torch.index_select(src.view(torch.uint8), 0, torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)), out=out)
 
 
 def _records(t: torch.Tensor) -> np.ndarray:

@@ -194,13 +194,17 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
 
 
 def open_store(
-    placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv, plan: PlanDoc | None
+    placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv, plan: PlanDoc | None, stage: int = 0
 ) -> tuple[TieredFeatureStore, str]:
-    """This rank's feature store (SSD reads by ``io``), and how it holds the host-memory tiers:
-    with several ranks one copy per socket in ``shm_dir`` (:func:`trainer.shm.per_socket`), else
-    (or without room there) a private copy."""
+    """This rank's feature store (SSD reads by ``io``, ``stage`` bytes of staging allocated up
+    front), and how it holds the host-memory tiers: with several ranks one copy per socket in
+    ``shm_dir`` (:func:`trainer.shm.per_socket`), else (or without room there) a private copy."""
     store = per_socket(
-        lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io), shm_dir, placed, plan, env
+        lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io, stage_reserve=stage),
+        shm_dir,
+        placed,
+        plan,
+        env,
     )
     host = store.cpu.numel() * store.cpu.element_size()
     if device.type == "cpu":
@@ -245,7 +249,9 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
-        self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan)
+        shape = memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1)
+        stage = memory.stage_reserve(shape)  # the figure the budget counts, allocated once
+        self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan, stage)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.base = NeighborSampler(
@@ -253,7 +259,7 @@ class Run:
         )
         self.sampling = sampling_setup(self.base, plan, env)
         if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
-            budget = memory.budget(memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1))
+            budget = memory.budget(shape)
             if (why := memory.live_refusal(budget, torch.cuda.mem_get_info(device)[0], str(device))) is not None:
                 raise MomentError(why)
         self.start_epoch, history = 0, []

@@ -18,9 +18,9 @@ GPU, per rank (``device`` cuda):
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
 
 Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
-see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows,
-rounded up to a power of two by torch's pinned-memory allocator, which also keeps the smaller
-buffers it grew from (×2).
+see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
+(:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
+two by torch's pinned-memory allocator.
 
 The figures are estimates of the peak, not measurements: the activations term in particular is
 an upper-side guess from tensor shapes. Batch rows come from the placement's pre-sampling (its
@@ -29,7 +29,6 @@ mean unique rows per batch, scaled when the trainer's fan-outs or batch size dif
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
+from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
 GB = 1e9
@@ -156,8 +156,10 @@ def activation_bytes(shape: RunShape) -> int:
     return int(4 * (saved + edge_peak))
 
 
-def _pow2(n: float) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+def stage_reserve(shape: RunShape) -> int:
+    """Bytes of a rank's host staging buffer: one batch's rows; the store allocates exactly this
+    before training (``TieredFeatureStore(stage_reserve=...)``) and the budget counts it."""
+    return stage_bytes(shape.unique_per_batch, shape.row_bytes)
 
 
 def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
@@ -175,7 +177,7 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
     host = {"host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes}
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
-        host["pinned_staging"] = shape.ranks_per_node * 2 * _pow2(batch)
+        host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
         return MemoryBudget(gpu, host, shape)
     per_rank.pop("gpu_cache")  # a CPU rank's GPU tier is a view of the shared host copy
     host["ranks"] = shape.ranks_per_node * sum(per_rank.values())
