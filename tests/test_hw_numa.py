@@ -132,3 +132,27 @@ def test_select_device_gives_each_local_rank_its_own_gpu(plan_file: Path, monkey
     got = [select_device("cuda", DistEnv(r, 3, r, True), plan) for r in range(3)]
     assert [d.index for d, _ in got] == [0, 2, 1]
     assert "first free device" in got[1][1] and bdfs[2] in got[2][1]
+
+
+def test_infer_ranks_take_the_plans_gpus_as_training_does(plan_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`moment infer` hands its ranks the plan, and each rank takes the GPU the plan gives it
+    (found by PCI address), not GPU LOCAL_RANK."""
+    import torch
+
+    from moment.contracts.plan import read_plan
+    from trainer.dist import DistEnv
+    from trainer.infer import InferOptions, device_for, torchrun_command
+
+    plan = read_plan(plan_file)
+    plan = plan.model_copy(update={"ranks": [r.model_copy(update={"bdf": b}) for r, b in zip(plan.ranks, PLAN)]})
+    bdfs = [r.bdf for r in plan.ranks]
+    monkeypatch.setattr(hw, "cuda_bus_ids", lambda: [bdfs[1], bdfs[0]])  # CUDA lists them the other way round
+    monkeypatch.setattr(hw, "pin_to_socket", lambda *a, **kw: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert [device_for(DistEnv(r, 2, r, True), plan).index for r in range(2)] == [1, 0]
+    opts = InferOptions(data=Path("d"), checkpoint=Path("c"), out=Path("o"), plan=plan_file, nproc=2)
+    cmd = torchrun_command(opts, Path("w"))
+    assert cmd[cmd.index("--plan") + 1] == str(plan_file)

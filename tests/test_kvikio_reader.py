@@ -100,9 +100,9 @@ def test_python_cost_per_kvikio_run_stays_near_the_file_readers(tmp_path: Path) 
     posix = FileReader(threads=1, direct=False)
     host = np.empty((rows.size, 512), dtype=np.uint8)
     posix.read(path, rows, host)  # page cache warm
-    file_task = posix._runs(0, ReadRequest(path, rows, host))
+    file_task = posix.plan_task(0, ReadRequest(path, rows, host))
     kvikio = _CpuKvikioReader(threads=1, module=FakeKvikio())
-    kv_task = kvikio._runs(0, ReadRequest(path, rows, torch.from_numpy(host)))
+    kv_task = kvikio.plan_task(0, ReadRequest(path, rows, torch.from_numpy(host)))
     kv_task.file = _NoopCuFile()
 
     def best(do: object, task: object) -> float:
@@ -113,7 +113,7 @@ def test_python_cost_per_kvikio_run_stays_near_the_file_readers(tmp_path: Path) 
             times.append(time.perf_counter() - start)
         return min(times) / rows.size * 1e6
 
-    us_file, us_kvikio = best(posix._do, file_task), best(kvikio._do, kv_task)
+    us_file, us_kvikio = best(posix.issue, file_task), best(kvikio.issue, kv_task)
     posix.close()
     kvikio.close()
     print(f"\nPython per run: file reader {us_file:.2f} µs (with its preadv), kvikio issue {us_kvikio:.2f} µs")

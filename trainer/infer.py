@@ -54,7 +54,7 @@ from moment.contracts.inference import (
     InferenceManifest,
     LayerThroughput,
 )
-from moment.contracts.plan import read_plan
+from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
@@ -62,6 +62,7 @@ from moment.progress import Progress
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig
+from trainer.dist import DistEnv, select_device
 from trainer.featurestore import TieredFeatureStore
 from trainer.models import BlockGNN, build_model
 
@@ -444,11 +445,12 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def device_for(local_rank: int = 0) -> torch.device:
-    """CUDA (the rank's GPU) when there is one, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+def device_for(env: DistEnv | None = None, plan: PlanDoc | None = None) -> torch.device:
+    """The rank's GPU when there is CUDA — the one the plan gives it, found by PCI address, and
+    the rank pinned to that GPU's socket, as training chooses — else the CPU."""
+    env = env or DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    requested = "cuda" if torch.cuda.is_available() else "cpu"
+    return select_device(requested, env, plan)[0]
 
 
 @dataclass
@@ -509,7 +511,7 @@ def run_in_process(
     """Every rank's work in this process: stage by stage, each rank's chunks in turn (the barrier
     between stages is the loop's order). ``features``: another source of layer 1's input rows
     (scripts/bench_infer.py compares a memory-mapped feature file with the tiers)."""
-    device = device_for()
+    device = device_for(plan=read_plan(opts.plan) if opts.plan is not None else None)
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
     ranks = [
@@ -668,6 +670,7 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
         opts.dtype,
         "--batch-size",
         str(opts.batch_size),
+        *(["--plan", str(opts.plan)] if opts.plan is not None else []),
     ]
 
 
@@ -701,10 +704,11 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", choices=LAYER_CHOICES, default="last")
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        device = device_for(int(os.environ.get("LOCAL_RANK", "0")))
+        device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None)
         loaded = load(Path(args.data), Path(args.checkpoint), device)
         data = Path(args.work)
         if not (data / WORK / INPUTS).is_file():

@@ -342,8 +342,8 @@ class Metrics:
         summary.add_column(justify="left")
         summary.add_row("measured", f"{measured:.4f} s (mean wall time per training iteration)" if measured else "—")
         summary.add_row("predicted", f"{predicted:.3g} s of feature reads ({pred['layout']} on {pred['profile']})")
-        if measured and predicted:
-            summary.add_row("measured / predicted", f"{measured / predicted:.2f}×")
+        if measured and predicted and doc["on_plan_gpus"]:  # elsewhere the ratio says nothing about the model
+            summary.add_row("measured / predicted", f"{measured / predicted:.2f}× (whole iteration / feature reads)")
         reads = doc["measured_feature_read_s"]
         if reads and doc["on_plan_gpus"] and pred["comparable"]:
             summary.add_row(

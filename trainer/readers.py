@@ -127,7 +127,7 @@ class _File:
 
 
 @dataclass
-class _Task:
+class ReadTask:
     """Reads for one request, in bytes: file offsets, offsets in the buffer, sizes (all of the
     request's runs, or a slice of them)."""
 
@@ -146,7 +146,7 @@ def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tupl
     return (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
 
 
-def _tasks(requests: list[_Task], threads: int) -> list[_Task]:
+def _tasks(requests: list[ReadTask], threads: int) -> list[ReadTask]:
     """Split each request's runs (one task holding them all) into about ``TASKS_PER_THREAD ×
     threads`` tasks in all, interleaved across requests so that every file is read from the start."""
     total = sum(len(r.sizes) for r in requests)
@@ -170,7 +170,7 @@ class _Pool:
         self.threads, self._name = threads, name
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, do: Any, tasks: list[_Task]) -> list[Any]:
+    def run(self, do: Any, tasks: list[ReadTask]) -> list[Any]:
         if len(tasks) <= 1 or self.threads == 1:
             return [do(t) for t in tasks]
         if self._pool is None:
@@ -242,8 +242,8 @@ class FileReader(_Reader):
         """Serve all requests with their reads in flight together; returns, per request, the
         seconds from the start of the batch until its last row was in."""
         start = time.perf_counter()
-        tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
-        results = self._pool.run(self._do, tasks)
+        tasks = _tasks([self.plan_task(i, req) for i, req in enumerate(requests)], self.threads)
+        results = self._pool.run(self.issue, tasks)
         modes: dict[str, str] = {}
         for task, (_, _, _, mode) in zip(tasks, results):
             modes[task.name] = "buffered" if modes.get(task.name) == "buffered" else mode
@@ -286,7 +286,7 @@ class FileReader(_Reader):
         except OSError:
             return None  # e.g. tmpfs: EINVAL; read buffered
 
-    def _runs(self, i: int, req: ReadRequest) -> _Task:
+    def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         """One request's reads, and whether they can go O_DIRECT."""
         rows = np.asarray(req.rows, dtype=np.int64)
         _check_rows(rows)
@@ -302,9 +302,9 @@ class FileReader(_Reader):
             and out.ctypes.data % DIRECT_ALIGN == 0
         )
         offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
-        return _Task(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
+        return ReadTask(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
 
-    def _do(self, task: _Task) -> tuple[int, float, int, str]:
+    def issue(self, task: ReadTask) -> tuple[int, float, int, str]:
         """One task's preads (the hot loop: one preadv per run, checks only on the rare paths)."""
         f, buffer, preadv = task.file, task.buffer, os.preadv
         direct = task.direct and not f.direct_failed
@@ -329,7 +329,7 @@ def _row_bytes(nbytes: int, rows: int) -> int:
     return nbytes // max(rows, 1)
 
 
-def _interleave(groups: list[list[_Task]]) -> list[_Task]:
+def _interleave(groups: list[list[ReadTask]]) -> list[ReadTask]:
     """Round-robin over the groups: a0 b0 a1 b1 a2."""
     longest = max((len(g) for g in groups), default=0)
     return [g[k] for k in range(longest) for g in groups if k < len(g)]
@@ -423,8 +423,8 @@ class KvikioReader(_Reader):
     def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
         """Serve all requests with their reads in flight together; seconds per request as FileReader."""
         start = time.perf_counter()
-        tasks = _tasks([self._runs(i, req) for i, req in enumerate(requests)], self.threads)
-        results = self._pool.run(self._do, tasks)
+        tasks = _tasks([self.plan_task(i, req) for i, req in enumerate(requests)], self.threads)
+        results = self._pool.run(self.issue, tasks)
         seconds, preads = _finish_times(start, len(requests), results)
         self.preads += preads
         threshold = self.config["gds_threshold"]
@@ -444,7 +444,7 @@ class KvikioReader(_Reader):
             f.close()
         self._files.clear()
 
-    def _runs(self, i: int, req: ReadRequest) -> _Task:
+    def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         rows = np.asarray(req.rows, dtype=np.int64)
         _check_rows(rows)
         if isinstance(req.file, int):
@@ -458,9 +458,9 @@ class KvikioReader(_Reader):
         handle = self._handle(name) if rows.size else None
         gds = self.modes.get(name) == "kvikio-gds"
         # The buffer travels as the tensor (kept alive until the reads are done) and its address.
-        return _Task(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
+        return ReadTask(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
 
-    def _do(self, task: _Task) -> tuple[int, float, int]:
+    def issue(self, task: ReadTask) -> tuple[int, float, int]:
         """Issue a task's reads, then wait for each (a small read is done in this thread, in
         ``get``). kvikio never reads short: at the end of the file it raises; that becomes an
         OSError naming the file, after every read issued has ended (none writes into the buffer

@@ -28,7 +28,8 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--nodes", type=int, required=True, help="vertices")
     s.add_argument("--avg-degree", type=float, default=15.0, help="mean in-degree of the power-law graph (default 15)")
     s.add_argument("--dim", type=int, default=128, help="feature dimension")
-    s.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="feature type (default float16)")
+    dtype = s.add_argument("--dtype", default="float16", help="feature type (default float16)")
+    registry_choices(dtype, "moment.contracts.dataset", "FEATURE_DTYPES")
     s.add_argument("--classes", type=int, default=16, help="planted communities = label classes (default 16)")
     s.add_argument(
         "--train-fraction",
@@ -75,7 +76,8 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--train", help="npy: train vertex ids .npy (default: a random 1%%)")
     i.add_argument("--val", help="npy: validation vertex ids .npy")
     i.add_argument("--test", help="npy: test vertex ids .npy")
-    i.add_argument("--feature-dtype", choices=("float32", "float16"), help="convert the features (default: keep)")
+    convert = i.add_argument("--feature-dtype", help="convert the features (default: keep)")
+    registry_choices(convert, "moment.contracts.dataset", "FEATURE_DTYPES")
     i.add_argument("--undirected", action="store_true", help="add the reverse of every edge (duplicates kept)")
     i.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
     i.add_argument("--memory", help="RAM budget of the CSR build, e.g. 4GB (default: half the available memory)")
