@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -153,6 +152,30 @@ def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[st
     return json.loads(out.read_text())
 
 
+def remove_earlier_output(out: Path) -> None:
+    """An earlier run's output, so that this run computes again: removed only when it is a
+    complete `moment infer` output (its manifest validated) and only the files that manifest
+    lists; anything else there is refused, never deleted."""
+    if not out.exists():
+        return
+    from moment.errors import MomentError
+    from trainer.infer import KIND
+
+    try:
+        KIND.validate(out)
+        files = list(KIND.owned_files(out))
+    except MomentError as exc:
+        raise SystemExit(
+            f"{out}: not an inference output of this benchmark ({exc}); move it or pick another --work"
+        ) from None
+    for path in files:
+        path.unlink()
+    try:
+        out.rmdir()
+    except OSError:
+        raise SystemExit(f"{out}: holds files moment infer did not write; they were left in place") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/tmp/bench-infer")
@@ -193,7 +216,7 @@ def main() -> None:
     try:
         for kind in args.runs.split(","):
             out = work / f"out-{kind}"
-            shutil.rmtree(out, ignore_errors=True)  # this script's own output of an earlier run
+            remove_earlier_output(out)
             extra = [
                 "--data",
                 str(placed),
