@@ -161,7 +161,8 @@ def socket_nodes(socket: int, sysfs: Path = SYSFS) -> list[int]:
     mine = socket_cpus(socket, sysfs)
     out = []
     for path in sorted((sysfs / "devices" / "system" / "node").glob("node[0-9]*")):
-        cpus = parse_cpulist(_read(path / "cpulist") or "")
+        node = int(path.name[4:])
+        cpus = node_cpus(node, sysfs)
         if cpus and cpus <= mine:
-            out.append(int(path.name[4:]))
+            out.append(node)
     return out

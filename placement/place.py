@@ -25,10 +25,11 @@ import numpy as np
 
 from moment import faults
 from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
+from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
-from moment.planner.planfile import PlanDoc, plan_profile, read_plan
+from moment.planner.planfile import plan_profile
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl

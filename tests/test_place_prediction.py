@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest
+from moment.contracts.plan import read_plan
 from moment.planner.plan import plan
-from moment.planner.planfile import read_plan, save_plan
+from moment.planner.planfile import save_plan
 from moment.planner.workload import Workload, load_workload
 from moment.topology.profile_io import resolve_profile
 from placement.hotness import Hotness

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from moment.cli import main
-from moment.contracts.plan import PlanDoc
+from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
 from moment.planner.plan import plan
-from moment.planner.planfile import plan_document, read_plan
+from moment.planner.planfile import plan_document
 from moment.planner.workload import Workload
 from placement.synth import synthesize
 from planner_fixtures import one_switch, ssd

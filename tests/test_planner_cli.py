@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moment.planner.planfile import FORMAT, read_plan
+from moment.contracts.plan import FORMAT, read_plan
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

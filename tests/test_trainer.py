@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from moment import hw
-from moment.planner.planfile import read_plan
+from moment.contracts.plan import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.sampler import NeighborSampler

@@ -60,6 +60,7 @@ from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.progress import Progress
 from placement.placed import Placed, open_placed
+from placement.writer import file_digest
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, select_device
@@ -148,7 +149,7 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
         ) from None
     device = device or torch.device("cpu")
     model.to(device).eval()
-    digest = _sha256(checkpoint.path_in(directory))
+    digest = file_digest(checkpoint.path_in(directory))
     return Loaded(
         placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
     )
@@ -407,14 +408,6 @@ class Rank:
 # -- the whole run ------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(16 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _validate(root: Path) -> InferenceManifest:
     m = InferenceManifest.read(root / MANIFEST)
     for entry in m.arrays.values():
@@ -587,7 +580,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     arrays = {}
     for name, (path, shape, dt) in layout.exports().items():
         arrays[name] = ArrayEntry(
-            path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size, sha256=_sha256(data / path)
+            path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size, sha256=file_digest(data / path)
         )
     shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
     manifest = InferenceManifest(

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from moment import __version__
 from moment.contracts import first_error
-from moment.contracts.plan import FORMAT, PlanDoc, read_plan
+from moment.contracts.plan import FORMAT, PlanDoc
 from moment.errors import MomentError, UsageError
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
@@ -40,7 +40,7 @@ from moment.topology.profile_io import bundled_profiles, dump_profile, load_prof
 if TYPE_CHECKING:
     from moment.planner.plan import PlanOutcome
 
-__all__ = ["FORMAT", "PlanDoc", "plan_document", "plan_profile", "profile_hash", "read_plan", "save_plan", "write_plan"]
+__all__ = ["plan_document", "plan_profile", "profile_hash", "save_plan", "write_plan"]
 
 
 def profile_hash(machine: Machine) -> str:
