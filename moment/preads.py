@@ -47,8 +47,9 @@ def _compile() -> PreadRuns | None:
     pread.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
     pread.restype = ctypes.c_ssize_t
 
-    # Not cached on disk: the function embeds the address of libc's pread in this process.
-    @numba.njit(nogil=True)
+    # Compiled here, for one signature, not at the first read; not cached on disk: the function
+    # embeds the address of libc's pread in this process.
+    @numba.njit("UniTuple(int64, 2)(int64, int64, int64[:], int64[:], int64[:], int64)", nogil=True)
     def pread_runs(fd: int, base: int, offsets: Any, dests: Any, sizes: Any, start: int) -> tuple[int, int]:
         for i in range(start, offsets.size):
             done = 0

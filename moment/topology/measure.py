@@ -102,10 +102,10 @@ def random_read(
             raise UsageError(f"{path}: smaller than one read of {read_size} bytes")
         if not direct:  # buffered reads would measure the page cache: drop it for this file
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        native = native_preads()  # compiled before the clock starts
         done = [0] * queue_depth
         stop = time.perf_counter() + seconds
 
-        native = native_preads()
         errors: list[OSError] = []
 
         def worker(i: int) -> None:
