@@ -60,3 +60,17 @@ def test_a_registered_max_flow_engine_is_a_choice_of_plan_and_score(monkeypatch:
     monkeypatch.setitem(ENGINES, "mine", ENGINES["networkx"])
     for verb in ("plan", "score"):
         assert build_parser().parse_args([verb, "--profile", "p", "--engine", "mine"]).engine == "mine"
+
+
+def test_train_epochs_help_states_the_configs_default() -> None:
+    """`moment train --epochs`'s help shows the default the trainer uses (one value, not a copy)."""
+    from trainer.config import TrainConfig
+
+    train = next(
+        parser
+        for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+        for name, parser in action.choices.items()
+        if name == "train"
+    )
+    (epochs,) = [a for a in train._actions if "--epochs" in a.option_strings]
+    assert f"(default {TrainConfig(data='d').epochs})" in epochs.help

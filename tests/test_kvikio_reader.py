@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvikio_fake import FakeKvikio
+from moment.errors import MomentError
 from trainer import readers
 from trainer.readers import GDS_THRESHOLD, FileReader, KvikioReader, ReadRequest, choose_reader, make_reader
 
@@ -67,8 +68,8 @@ def test_runs_above_the_gds_threshold_are_not_serialised(tmp_path: Path) -> None
 def test_routes_count_the_reads_gds_would_take(tmp_path: Path) -> None:
     """In GDS mode only reads of gds_threshold or more take cuFile: the stats say how many."""
     path, data = _file(tmp_path, 64, 4096)
-    kvikio = FakeKvikio()
-    kvikio.defaults.set("compat_mode", "OFF")
+    kvikio = FakeKvikio(cufile_available=True)
+    kvikio.defaults.set("compat_mode", kvikio.CompatMode.OFF)
     rows = np.concatenate([np.arange(0, 8), [20, 30, 40]])  # one run of 32 KiB, three of 4 KiB
     out = torch.empty((rows.size, 4096), dtype=torch.uint8)
     with _CpuKvikioReader(threads=2, module=kvikio) as reader:
@@ -189,3 +190,82 @@ def test_a_reader_that_fails_its_probe_is_not_chosen(tmp_path: Path, capsys: pyt
     with chosen:
         assert isinstance(chosen, FileReader) and chosen.probe["kvikio"] == float("inf")
     assert "kvikio reader failed its probe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "cufile, mode, modes, routes",
+    [
+        (False, "AUTO", "kvikio-compat", {"posix": 8, "gds": 0}),  # AUTO without cuFile: every file compat
+        (True, "OFF", "kvikio-gds", None),  # OFF: cuFile for every file (or it fails to open)
+        (True, "AUTO", "kvikio-auto", {"posix": 6, "gds": 0, "gds_or_posix": 2}),
+    ],
+)
+def test_routes_claim_no_gds_read_kvikio_does_not_report(
+    tmp_path: Path, cufile: bool, mode: str, modes: str, routes: dict[str, int] | None
+) -> None:
+    """kvikio decides per file at open whether cuFile reads it (under AUTO, not a file cuFile
+    cannot register) and its Python CuFile does not say which (26.x): the stats count such a
+    file's large reads as gds_or_posix, never as gds; reads below the threshold are posix in every
+    mode. Where the mode is known, the counts are what kvikio did (the fake's ground truth)."""
+    a, data_a = _file(tmp_path, 64, 4096, "ssd0.bin")
+    b, data_b = _file(tmp_path, 64, 4096, "ssd1.bin")
+    kvikio = FakeKvikio(cufile_available=cufile, unregistrable={str(b)} if mode == "AUTO" else set())
+    kvikio.defaults.set("compat_mode", kvikio.CompatMode[mode])
+    rows = np.concatenate([np.arange(0, 8), [20, 30, 40]])  # one run of 32 KiB, three of 4 KiB
+    outs = [torch.empty((rows.size, 4096), dtype=torch.uint8) for _ in range(2)]
+    with _CpuKvikioReader(threads=2, module=kvikio) as reader:
+        reader.read_batch([ReadRequest(a, rows, outs[0]), ReadRequest(b, rows, outs[1])])
+        assert reader.modes == {str(a): modes, str(b): modes}
+        got = dict(reader.routes)
+    kvikio.shutdown()
+    assert np.array_equal(outs[0].numpy(), data_a[rows]) and np.array_equal(outs[1].numpy(), data_b[rows])
+    truth = {"posix": kvikio.posix_reads, "gds": kvikio.cufile_reads}
+    assert got == (routes or truth)
+    assert got["gds"] <= truth["gds"] and got["posix"] <= truth["posix"] and sum(got.values()) == sum(truth.values())
+    if mode == "AUTO" and cufile:
+        assert truth == {"posix": 7, "gds": 1}  # ssd1.bin fell back to POSIX: counting it as gds would be wrong
+
+
+def test_a_file_cufile_cannot_open_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Compat mode OFF (or kvikio ≤ 24.12) raises at CuFile() for a file cuFile cannot register;
+    that happens in the prefetch thread, inside read_batch: a MomentError (the trainer prints one
+    line) that is also an OSError (io=auto's probe drops the reader)."""
+    path, _ = _file(tmp_path, 64, 4096)
+    kvikio = FakeKvikio(cufile_available=True, unregistrable={str(path)})
+    kvikio.defaults.set("compat_mode", kvikio.CompatMode.OFF)
+    with _CpuKvikioReader(threads=2, module=kvikio) as reader, pytest.raises(readers.ReadError) as caught:
+        reader.read(path, np.arange(4), torch.empty((4, 4096), dtype=torch.uint8))
+    assert isinstance(caught.value, MomentError) and isinstance(caught.value, OSError)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: kvikio cannot open it: cuFile error")
+
+
+def test_every_cufile_handle_is_closed_once(tmp_path: Path) -> None:
+    """close() deregisters and closes each file kvikio opened, once: a second close (the store's
+    and the context manager's, say) closes nothing again."""
+    files = [_file(tmp_path, 32, 512, f"ssd{k}.bin")[0] for k in range(3)]
+    kvikio = FakeKvikio()
+    reader = _CpuKvikioReader(threads=2, module=kvikio)
+    reader.read_batch([ReadRequest(f, np.arange(4), torch.empty((4, 512), dtype=torch.uint8)) for f in files])
+    assert kvikio.closed == 0
+    reader.close()
+    assert (kvikio.closed, kvikio.close_calls) == (3, 3)
+    reader.close()
+    assert (kvikio.closed, kvikio.close_calls) == (3, 3)
+
+
+def test_auto_keeps_posix_when_the_kvikio_reader_cannot_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Importing kvikio can fail other than with ImportError (libkvikio's loader is ctypes:
+    OSError); io=auto then keeps the file reader and says why."""
+    path, _ = _file(tmp_path, 64, 4096)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def broken(threads: int, direct: bool) -> KvikioReader:
+        raise OSError("libcufile.so.0: cannot open shared object file")
+
+    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(broken, True, "installed"))
+    with make_reader("cuda", io="auto", threads=2, probe=[(path, 4096)]) as reader:
+        assert isinstance(reader, FileReader)
+    assert "kvikio reader cannot be made (libcufile.so.0" in capsys.readouterr().err

@@ -52,12 +52,12 @@ def test_kvikio_compat_mode_is_host_reads_gds_is_not() -> None:
     class CpuKvikio(KvikioReader):
         device_type = "cpu"
 
-    kvikio = FakeKvikio()  # compat mode ON: a bounce buffer in host memory
+    kvikio = FakeKvikio()  # AUTO without cuFile: compat mode, a bounce buffer in host memory
     m, out = metrics()
     with CpuKvikio(threads=1, module=kvikio) as reader:
         m.note_ssd_route("direct", reader)
     assert m.predicted["ssd_route"]["run"] == "host" and "kvikio-compat" in m.predicted["note"]
-    kvikio.defaults.set("compat_mode", "OFF")
+    kvikio.defaults.set("compat_mode", kvikio.CompatMode.OFF)
     m, out = metrics()
     with CpuKvikio(threads=1, module=kvikio) as reader:
         m.note_ssd_route("direct", reader)

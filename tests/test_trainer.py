@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -318,6 +319,38 @@ def test_damaged_bin_is_one_line_and_exit_1(
     assert ("truncated" if damage == "truncate" else "missing") in err
     with pytest.raises(PlacedError):
         launch.check_inputs(None, copy)
+
+
+def test_an_ssd_read_failing_mid_run_is_one_line_and_the_reader_is_closed_once(
+    placed: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An SSD that fails reads while training (EIO, raised in the prefetch thread) ends the run
+    with one line naming the bin, exit 1; the reader, whose files are cuFile handles with kvikio,
+    is closed once when training ends, as it is after a run that succeeds."""
+    from trainer import readers
+
+    ssd = next(b for b in open_placed(placed).bins if b.tier == "ssd")
+    real_preadv, real_close = os.preadv, readers.FileReader.close
+    closes: list[int] = []
+
+    def failing_preadv(fd: int, buffers: list, offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(ssd.path.name):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_preadv(fd, buffers, offset)
+
+    def counted_close(self: readers.FileReader) -> None:
+        closes.append(1)
+        real_close(self)
+
+    monkeypatch.setattr(readers.FileReader, "close", counted_close)
+    args = ["--data", str(placed), *SMALL, *CPU, "--epochs", "1", "--max-batches-per-epoch", "1"]
+    assert run_main(args) == 0 and len(closes) == 1
+    monkeypatch.setattr(os, "preadv", failing_preadv)
+    capsys.readouterr()
+    assert run_main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {ssd.path}: Input/output error"), err
+    assert len(closes) == 2
 
 
 def test_input_errors_are_reported_by_rank_0_only(

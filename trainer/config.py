@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from moment.errors import UsageError
+from trainer.defaults import EPOCHS
 from trainer.models import LAYERS, default_hidden
 from trainer.readers import IO_CHOICES, io_help, io_refusal
 
@@ -35,7 +36,7 @@ class TrainConfig:
     # the run reads the tiers as the placement was balanced for (see ``with_sampling``).
     fanouts: tuple[int, ...] | None = None  # first hop first; the model has one layer per hop
     batch_size: int | None = None  # seeds per rank per step
-    epochs: int = 3  # total epochs, counting those a resumed checkpoint already did
+    epochs: int = EPOCHS  # total epochs, counting those a resumed checkpoint already did
     lr: float = 3e-3
     dropout: float = 0.5
     seed: int = 0

@@ -51,6 +51,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from moment.errors import MomentError
 from moment.preads import native_preads
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
@@ -64,6 +65,15 @@ TASKS_PER_THREAD = 4
 MAX_RUN_BYTES = 4 << 20
 
 FileRef = str | Path | int
+
+
+class ReadError(MomentError, OSError):
+    """A bin file could not be opened or read: one line naming the file (a MomentError, so the
+    trainer prints it without a traceback, also when it was raised in the prefetch thread) and
+    an OSError with its errno, for callers that handle I/O errors (``io=auto``'s probe)."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 @dataclass
@@ -80,7 +90,7 @@ class Reader(Protocol):
 
     on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
     preads: int  # read calls issued so far
-    modes: dict[str, str]  # file → how its latest read went (e.g. "direct", "buffered", "kvikio-gds")
+    modes: dict[str, str]  # file → how it is read ("direct", "buffered"; kvikio: see kvikio_mode)
     route: str  # how SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)
     probe: dict[str, float]  # seconds per reader of the probe io=auto chose it by (empty otherwise)
 
@@ -200,7 +210,7 @@ def _pread_full(fd: int, view: memoryview, offset: int, name: str) -> None:
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got == 0:
-            raise OSError(errno.EIO, f"{name}: unexpected end of file at byte {offset}")
+            raise ReadError(errno.EIO, f"{name}: unexpected end of file at byte {offset}")
         view, offset = view[got:], offset + got
 
 
@@ -284,7 +294,11 @@ class FileReader(_Reader):
             direct = bool(fcntl.fcntl(file, fcntl.F_GETFL) & os.O_DIRECT)
             f = _File(f"fd {file}", file, file if direct else None, owned=False)
         else:
-            f = _File(str(file), os.open(file, os.O_RDONLY), self._open_direct(file), owned=True)
+            try:
+                fd = os.open(file, os.O_RDONLY)
+            except OSError as exc:
+                raise ReadError(exc.errno, f"{file}: cannot open it: {exc.strerror}") from None
+            f = _File(str(file), fd, self._open_direct(file), owned=True)
         self._files[key] = f
         return f
 
@@ -345,7 +359,7 @@ class FileReader(_Reader):
             got = os.preadv(fd, [view], offset)
         except OSError as exc:
             if not direct or exc.errno != errno.EINVAL:
-                raise OSError(exc.errno, f"{f.name}: {exc.strerror}") from None
+                raise ReadError(exc.errno, f"{f.name}: {exc.strerror}") from None
             f.direct_failed, direct, fd = True, False, f.fd  # the device wants a larger alignment
             got = os.preadv(fd, [view], offset)
         if got != size:
@@ -368,6 +382,11 @@ def _interleave(groups: list[list[ReadTask]]) -> list[ReadTask]:
 # kvikio's GDS threshold since 25.04 (it was 1 MiB before): reads of this many bytes or more go
 # through cuFile (GPUDirect Storage) and kvikio's pool; smaller ones through its POSIX path.
 GDS_THRESHOLD = 16 << 10
+# ``routes`` key of reads at or above the threshold of files kvikio opened under its AUTO compat
+# mode with cuFile available: cuFile, unless registering that file failed and kvikio fell back
+# to POSIX. kvikio decides that per file at open, and its Python API (26.x) does not say which:
+# ``CuFile`` binds no ``get_compat_mode_manager``.
+UNREPORTED = "gds_or_posix"
 
 
 class DeviceSpan:
@@ -416,8 +435,12 @@ class KvikioReader(_Reader):
     :class:`FileReader` and each thread of a pool issues its runs' ``CuFile.pread`` and waits for
     them (see the module's docstring for why not kvikio's own pool alone). ``module`` replaces
     the kvikio module (tests); ``device_type`` is the kind of tensor ``out`` must be. ``config``
-    is kvikio's configuration as set (:func:`configure_kvikio`); ``routes`` counts the reads by
-    the path kvikio gives them: ``posix`` (compat mode, or below the GDS threshold) or ``gds``."""
+    is kvikio's configuration as set (:func:`configure_kvikio`). ``modes`` maps each file to
+    what kvikio's compat setting at its open says of it (:func:`kvikio_mode`); ``routes`` counts
+    the reads by path, only as far as kvikio lets it be known: ``posix`` (below the GDS threshold,
+    or of a file in compat mode), ``gds`` (at or above it, of a file kvikio must read through
+    cuFile: compat mode OFF), and :data:`UNREPORTED` (at or above it, of a file opened under AUTO
+    with cuFile available; the key appears once there is such a read)."""
 
     on_device = True
     device_type = "cuda"
@@ -441,9 +464,9 @@ class KvikioReader(_Reader):
 
     @property
     def route(self) -> str:
-        """How SSD bytes reach the GPU: ``direct`` (GPUDirect Storage: kvikio prefers cuFile; only
-        reads of ``gds_threshold`` bytes or more take it) or ``host`` (compat mode: a bounce buffer
-        in host memory)."""
+        """How SSD bytes reach the GPU: ``host`` (compat mode: a bounce buffer in host memory) or
+        ``direct`` (kvikio prefers cuFile, i.e. GPUDirect Storage: only reads of ``gds_threshold``
+        bytes or more take it, and under AUTO not those of a file cuFile could not register)."""
         return "host" if self.mode == "kvikio-compat" else "direct"
 
     def read(self, file: FileRef, rows: np.ndarray, out: torch.Tensor) -> float:
@@ -459,20 +482,26 @@ class KvikioReader(_Reader):
         self.preads += preads
         threshold = self.config["gds_threshold"]
         for task in tasks:
-            if task.direct:  # kvikio reads this file with cuFile: reads ≥ threshold take GDS
-                large = int((task.sizes >= threshold).sum())
-                self.routes["gds"] += large
-                self.routes["posix"] += len(task.sizes) - large
-            else:
-                self.routes["posix"] += len(task.sizes)
+            large = int((task.sizes >= threshold).sum())
+            self.routes["posix"] += len(task.sizes) - large  # below the threshold: POSIX in every mode
+            route = {"kvikio-gds": "gds", "kvikio-compat": "posix"}.get(self.modes.get(task.name, ""), UNREPORTED)
+            if large or route in self.routes:
+                self.routes[route] = self.routes.get(route, 0) + large
         return seconds
 
     def close(self) -> None:
-        """Stop the threads; deregister and close the files."""
+        """Stop the threads; deregister and close every file, once (a second call does nothing).
+
+        The trainer calls this when training ends (``trainer.loop.train``'s ``finally``), not at
+        interpreter exit, so cuFile handles are deregistered while CUDA is up. It is hygiene, not
+        a fix for the segfault at exit with GDS active (rapidsai/kvikio#497, cuFile's, on CUDA
+        12): what that thread reports avoids it is ``"profile": {"cufile_stats": 0}`` in
+        cufile.json, compat mode (``KVIKIO_COMPAT_MODE=ON``), or CUDA 13.0 ("fixed in CUDA-13.0",
+        NVIDIA); README says the same under ``--io``."""
         self._pool.shutdown()
-        for f in self._files.values():
+        files, self._files = self._files, {}
+        for f in files.values():
             f.close()
-        self._files.clear()
 
     def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         rows = np.asarray(req.rows, dtype=np.int64)
@@ -486,7 +515,7 @@ class KvikioReader(_Reader):
         nbytes = out.numel() * out.element_size()
         offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes)
         handle = self._handle(name) if rows.size else None
-        gds = self.modes.get(name) == "kvikio-gds"
+        gds = self.modes.get(name) == "kvikio-gds"  # known to be read through cuFile
         # The buffer travels as the tensor (kept alive until the reads are done) and its address.
         return ReadTask(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
 
@@ -497,11 +526,13 @@ class KvikioReader(_Reader):
         after this returns)."""
         handle, base, span = task.file, task.buffer[1], DeviceSpan
         offsets, sizes = task.offsets.tolist(), task.sizes.tolist()
-        futures = [
-            handle.pread(span(base + dest, size), size, offset)
-            for offset, dest, size in zip(offsets, task.dests.tolist(), sizes)
-        ]
+        futures: list[Any] = []
         failed: tuple[int, int, Exception] | None = None
+        try:
+            for offset, dest, size in zip(offsets, task.dests.tolist(), sizes):
+                futures.append(handle.pread(span(base + dest, size), size, offset))
+        except RuntimeError as exc:  # e.g. a cuFile error at submission: wait for those issued first
+            failed = (sizes[len(futures)], offsets[len(futures)], exc)
         for future, size, offset in zip(futures, sizes, offsets):
             try:
                 future.get()
@@ -509,33 +540,36 @@ class KvikioReader(_Reader):
                 failed = failed or (size, offset, exc)
         if failed is not None:
             size, offset, exc = failed
-            raise OSError(errno.EIO, f"{task.name}: reading {size} bytes at byte {offset}: {exc}")
+            raise ReadError(errno.EIO, f"{task.name}: reading {size} bytes at byte {offset}: {exc}")
         return task.request, time.perf_counter(), len(futures)
 
     def _handle(self, name: str) -> Any:
         if name not in self._files:
             try:
                 self._files[name] = self._kvikio.CuFile(name, "r")
-            except RuntimeError as exc:  # e.g. cuFile cannot register the file (kvikio ≤ 24.12)
-                raise OSError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
-            self.modes[name] = kvikio_mode(self._kvikio)
+            except (RuntimeError, OSError) as exc:  # e.g. cuFile cannot register it (compat mode OFF, kvikio ≤ 24.12)
+                raise ReadError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
+            self.modes[name] = kvikio_mode(self._kvikio)  # read at open, as kvikio does for the file
         return self._files[name]
 
 
 def kvikio_mode(kvikio: Any) -> str:
-    """How kvikio will read: "kvikio-compat" (POSIX), "kvikio-gds" or, where kvikio decides per
-    file (its AUTO setting, older versions), "kvikio-auto". kvikio's preference, not a per-file
-    fact: under AUTO a file whose cuFile registration fails is read in compat mode, and reads
-    below the GDS threshold take the POSIX path whatever the mode (``routes`` counts them)."""
+    """What kvikio's compat setting says of a file it opens now: "kvikio-compat" (every read
+    POSIX), "kvikio-gds" (reads of ``gds_threshold`` or more through cuFile: compat mode OFF,
+    where a file cuFile cannot register fails to open) or "kvikio-auto" (AUTO with cuFile
+    available: cuFile unless registering the file fails, and then POSIX; kvikio decides that per
+    file at open — compat_mode_manager.cpp — and does not say which: its Python ``CuFile`` has
+    no such query in 26.x). Reads below the threshold are POSIX in every mode (``routes``)."""
     defaults = kvikio.defaults
-    preferred = getattr(defaults, "is_compat_mode_preferred", None)
-    if preferred is not None:
-        return "kvikio-compat" if preferred() else "kvikio-gds"
-    mode = defaults.compat_mode()
-    name = getattr(mode, "name", None)  # a CompatMode enum (ON, OFF, AUTO) or, before, a bool
+    get = getattr(defaults, "get", None)  # kvikio ≥ 25.04; before, a compat_mode() getter
+    mode = get("compat_mode") if get is not None else defaults.compat_mode()
+    name = getattr(mode, "name", None)  # a CompatMode enum (ON, OFF, AUTO) or, before 24.10, a bool
     if name is None:
         return "kvikio-compat" if mode else "kvikio-gds"
-    return {"ON": "kvikio-compat", "OFF": "kvikio-gds"}.get(name, "kvikio-auto")
+    if name == "AUTO":
+        preferred = getattr(defaults, "is_compat_mode_preferred", None)  # AUTO without cuFile: compat
+        return "kvikio-compat" if preferred is not None and preferred() else "kvikio-auto"
+    return {"ON": "kvikio-compat", "OFF": "kvikio-gds"}[name]
 
 
 def kvikio_refusal(cuda: bool) -> str | None:
@@ -655,8 +689,8 @@ def make_reader(
             continue
         try:
             candidates[name] = kind.make(threads, direct)
-        except (ImportError, RuntimeError):
-            continue
+        except (ImportError, OSError, RuntimeError) as exc:  # e.g. libkvikio's ctypes load: OSError
+            print(f"warning: io=auto: the {name} reader cannot be made ({exc}): not used", file=sys.stderr)
     return choose_reader(candidates, probe) if len(candidates) > 1 else posix
 
 

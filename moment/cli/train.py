@@ -11,6 +11,7 @@ from rich.markup import escape
 from moment.cli.args import non_negative, positive, registry_choices
 from moment.cli.output import err
 from moment.errors import UsageError
+from trainer.defaults import EPOCHS
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "--epochs",
         type=positive,
         default=None,
-        help="total epochs, counting those a resumed checkpoint did (default 3)",
+        help=f"total epochs, counting those a resumed checkpoint did (default {EPOCHS})",
     )
     p.add_argument(
         "--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)"
