@@ -117,6 +117,7 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
     assert all(0 <= r <= 1 for r in s["hit_rate"].values())
     assert s["hit_rate"]["gpu"] == tiers["gpu"]["rows"] / len(ids) > 0
     assert s["io"]["preads"] > 0 and set(s["io"]["modes"].values()) <= {"direct", "buffered"}
+    assert s["io"]["engine"] == ("native" if native_preads() is not None else "python")
     store.reset_stats()
     assert store.stats()["asked"] == 0 and store.stats()["tiers"]["ssd"]["bytes"] == 0
 
