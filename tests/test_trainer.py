@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from moment import hw
+from moment.contracts.metrics import MetricsDoc
 from moment.contracts.plan import read_plan
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
@@ -66,7 +67,8 @@ def identity(placed: Path) -> checkpoint.DataIdentity:
 
 
 def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+    """A metrics file, read through its contract (as JSON types)."""
+    return MetricsDoc.read(path).model_dump(mode="json")
 
 
 def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tmp_path: Path) -> None:
