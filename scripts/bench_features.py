@@ -85,13 +85,7 @@ def main() -> None:
     print(f"raw random reads  : {raw_gbps:.3f} GB/s ({args.threads} in flight)")
     print(f"feature store get : {store_gbps:.3f} GB/s of distinct rows")
     print(f"ratio             : {store_gbps / raw_gbps:.2f}  (target >= 0.8)")
-    io = {
-        "reader": type(reader).__name__,
-        "modes": dict(reader.modes),
-        "probe": dict(reader.probe),
-        "config": getattr(reader, "config", None),
-        "routes": getattr(reader, "routes", None),
-    }
+    io = store.stats()["io"]
     print(f"reader            : {json.dumps(io)}")
     if args.json:
         doc = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from moment.errors import MomentError
 from moment.topology import measure
 from moment.topology.profile_io import load_profile
 
@@ -21,10 +23,29 @@ def data_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_random_read_measures_something(data_file: Path) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_random_read_measures_something(data_file: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not native:  # where the compiled loop cannot be built: os.preadv per read
+        monkeypatch.setattr(measure, "native_preads", lambda: None)
     res = measure.random_read(str(data_file), read_size=4096, queue_depth=4, seconds=0.3)
     assert res.gbps > 0 and res.iops > 0
     assert res.gbps == pytest.approx(res.iops * 4096 / 1e9, rel=1e-9)
+
+
+def test_random_read_failure_is_one_error_naming_the_file(data_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read failing in a worker thread stops the measurement with the file's name (it used to
+    die inside the thread, printing a traceback, and report a rate from the other threads)."""
+
+    def failing(fd: int, base: int, offsets, dests, sizes, start: int) -> tuple[int, int]:
+        return 3, 0  # the fourth read failed
+
+    def eio(*args: object) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(measure, "native_preads", lambda: failing)
+    monkeypatch.setattr(os, "preadv", eio)
+    with pytest.raises(MomentError, match=rf"{data_file.name}: random reads failed: Input/output error"):
+        measure.random_read(str(data_file), read_size=4096, queue_depth=2, seconds=0.2)
 
 
 def test_dram_copy() -> None:

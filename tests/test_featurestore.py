@@ -20,11 +20,13 @@ from kvikio_fake import FakeKvikio
 from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
+from moment.preads import native_preads
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
+from trainer import readers
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
 from trainer.readers import FileReader, KvikioReader, coalesce, kvikio_mode, make_reader
@@ -115,6 +117,7 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
     assert all(0 <= r <= 1 for r in s["hit_rate"].values())
     assert s["hit_rate"]["gpu"] == tiers["gpu"]["rows"] / len(ids) > 0
     assert s["io"]["preads"] > 0 and set(s["io"]["modes"].values()) <= {"direct", "buffered"}
+    assert s["io"]["engine"] == ("native" if native_preads() is not None else "python")
     store.reset_stats()
     assert store.stats()["asked"] == 0 and store.stats()["tiers"]["ssd"]["bytes"] == 0
 
@@ -289,18 +292,28 @@ def test_o_direct_when_aligned_buffered_otherwise(raw_file: tuple[Path, np.ndarr
         assert np.array_equal(skewed, data[rows]) and reader.modes[str(path)] == "buffered"
 
 
-def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], monkeypatch) -> None:
-    """A device with a larger logical block than 512 refuses the read (EINVAL): read buffered."""
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], monkeypatch, native: bool) -> None:
+    """A device with a larger logical block than 512 refuses the read (EINVAL): read buffered.
+    The compiled loop stops at a refused read (without its errno); Python redoes it and learns why."""
     path, data = raw_file
-    real = os.preadv
+    real, real_runs = os.preadv, native_preads()
+
+    def direct(fd: int) -> bool:
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
 
     def picky(fd: int, buffers: list, offset: int) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+        if direct(fd):
             raise OSError(errno.EINVAL, "Invalid argument")
         return real(fd, buffers, offset)
 
+    def picky_runs(fd: int, base: int, offsets, dests, sizes, start: int) -> tuple[int, int]:
+        return (start, 0) if direct(fd) else real_runs(fd, base, offsets, dests, sizes, start)
+
     monkeypatch.setattr(os, "preadv", picky)
-    with FileReader(threads=1) as reader:
+    monkeypatch.setattr(readers, "native_preads", lambda: picky_runs)
+    with FileReader(threads=1, native=native) as reader:
+        assert reader.engine == ("native" if native else "python")
         if not reader.opens_direct(path):
             pytest.skip("this file system refuses O_DIRECT at open")
         rows = np.array([0, 1, 7, 8, 9])

@@ -307,6 +307,7 @@ class TieredFeatureStore:
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {
                 "reader": type(self.reader).__name__,
+                "engine": getattr(self.reader, "engine", None),  # FileReader: native (compiled) or python
                 "preads": self.reader.preads - self._preads0,
                 "modes": dict(self.reader.modes),
                 "route": self.reader.route,

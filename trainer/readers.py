@@ -6,8 +6,9 @@ rows back to back. Runs of consecutive rows become one read, and the requests of
 flight together, so every SSD has work queued at once (the plan counts on the SSDs reading in
 parallel).
 
-* :class:`FileReader` reads into host memory with ``os.preadv`` from a thread pool (preadv
-  releases the GIL). With ``direct=True`` it uses ``O_DIRECT`` — bypassing the page cache, whose
+* :class:`FileReader` reads into host memory from a thread pool, each thread running its reads
+  in a compiled loop of libc ``pread`` with the GIL released (:mod:`moment.preads`; plain
+  ``os.preadv`` per read where that cannot be built). With ``direct=True`` it uses ``O_DIRECT`` — bypassing the page cache, whose
   memory the plan gave to the CPU tier — when the file system accepts it and the rows are
   512-byte aligned in size and buffer address; otherwise, or if the kernel then refuses a read,
   it reads buffered. ``modes`` records what each file got.
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 
 from moment.errors import MomentError
+from moment.preads import native_preads
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
 DIRECT_ALIGN = 512
@@ -146,15 +148,15 @@ class ReadTask:
     file: Any  # FileReader: a _File; KvikioReader: a kvikio CuFile
     name: str
     direct: bool  # FileReader: O_DIRECT; KvikioReader: kvikio prefers cuFile (GDS) for the file
-    offsets: list[int]
-    dests: list[int]
-    sizes: list[int]
-    buffer: Any = field(repr=False)  # FileReader: a memoryview; KvikioReader: (CUDA tensor, its address)
+    offsets: np.ndarray  # int64, as are dests and sizes
+    dests: np.ndarray
+    sizes: np.ndarray
+    buffer: Any = field(repr=False)  # (the buffer: a memoryview or a CUDA tensor, its address)
 
 
-def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[list[int], list[int], list[int]]:
+def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     first, pos, counts = coalesce(rows, max(1, max_run_bytes // max(row_bytes, 1)))
-    return (first * row_bytes).tolist(), (pos * row_bytes).tolist(), (counts * row_bytes).tolist()
+    return first * row_bytes, pos * row_bytes, counts * row_bytes
 
 
 def _tasks(requests: list[ReadTask], threads: int) -> list[ReadTask]:
@@ -228,15 +230,22 @@ class _Reader:
 class FileReader(_Reader):
     """Reads rows of plain files into host memory: coalesced preads from a thread pool.
 
-    ``preads`` counts the read calls issued (a run of consecutive rows is one); ``modes`` maps
-    each file to ``"direct"`` or ``"buffered"``, the mode its latest read used. Files are opened
-    once and kept open until :meth:`close`."""
+    Each thread reads a task's runs in one call of the compiled loop of :mod:`moment.preads`
+    (GIL released; ``engine`` says ``"native"``), or one ``os.preadv`` per run where that loop
+    cannot be built or ``native=False`` (``"python"``). ``preads`` counts the read calls issued
+    (a run of consecutive rows is one); ``modes`` maps each file to ``"direct"`` or
+    ``"buffered"``, the mode its latest read used. Files are opened once and kept open until
+    :meth:`close`."""
 
     on_device = False
     route = "host"  # how SSD bytes reach a GPU: through host memory (the plan's ssd_reads: host)
 
-    def __init__(self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES) -> None:
+    def __init__(
+        self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES, native: bool = True
+    ) -> None:
         self._pool = _Pool(threads, "moment-read")
+        self._native = native_preads() if native else None
+        self.engine = "python" if self._native is None else "native"
         self.threads = threads
         self.direct = direct
         self.max_run_bytes = max_run_bytes
@@ -317,25 +326,45 @@ class FileReader(_Reader):
             and out.ctypes.data % DIRECT_ALIGN == 0
         )
         offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
-        return ReadTask(i, f, f.name, direct, offsets, dests, sizes, memoryview(out.reshape(-1).view(np.uint8)))
+        buffer = (memoryview(out.reshape(-1).view(np.uint8)), out.ctypes.data)
+        return ReadTask(i, f, f.name, direct, offsets, dests, sizes, buffer)
 
     def issue(self, task: ReadTask) -> tuple[int, float, int, str]:
-        """One task's preads (the hot loop: one preadv per run, checks only on the rare paths)."""
-        f, buffer, preadv = task.file, task.buffer, os.preadv
+        """One task's preads: the compiled loop reads runs until one fails or comes up short;
+        that run is finished here, where errors get the file's name; then the loop goes on."""
+        f, native = task.file, self._native
         direct = task.direct and not f.direct_failed
+        i, n = 0, len(task.sizes)
+        while i < n:
+            done = 0
+            if native is not None:
+                fd = f.direct_fd if direct else f.fd
+                i, done = native(fd, task.buffer[1], task.offsets, task.dests, task.sizes, i)
+                if i == n:
+                    break
+            direct = self._finish_run(task, i, done, direct)
+            i += 1
+        return task.request, time.perf_counter(), n, "direct" if direct else "buffered"
+
+    @staticmethod
+    def _finish_run(task: ReadTask, i: int, done: int, direct: bool) -> bool:
+        """Read run ``i`` of ``task`` from its byte ``done`` on, with ``os.preadv``; an error names
+        the file, and an O_DIRECT refusal switches the file to buffered reads (returns whether
+        reads stay direct)."""
+        f = task.file
         fd = f.direct_fd if direct else f.fd
-        for offset, dest, size in zip(task.offsets, task.dests, task.sizes):
-            view = buffer[dest : dest + size]
-            try:
-                got = preadv(fd, [view], offset)
-            except OSError as exc:
-                if not direct or exc.errno != errno.EINVAL:
-                    raise ReadError(exc.errno, f"{f.name}: {exc.strerror}") from None
-                f.direct_failed, direct, fd = True, False, f.fd  # the device wants a larger alignment
-                got = preadv(fd, [view], offset)
-            if got != size:
-                _pread_full(fd, view[got:], offset + got, f.name)
-        return task.request, time.perf_counter(), len(task.offsets), "direct" if direct else "buffered"
+        dest, size, offset = int(task.dests[i]) + done, int(task.sizes[i]) - done, int(task.offsets[i]) + done
+        view = task.buffer[0][dest : dest + size]
+        try:
+            got = os.preadv(fd, [view], offset)
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise ReadError(exc.errno, f"{f.name}: {exc.strerror}") from None
+            f.direct_failed, direct, fd = True, False, f.fd  # the device wants a larger alignment
+            got = os.preadv(fd, [view], offset)
+        if got != size:
+            _pread_full(fd, view[got:], offset + got, f.name)
+        return direct
 
 
 def _row_bytes(nbytes: int, rows: int) -> int:
@@ -453,7 +482,7 @@ class KvikioReader(_Reader):
         self.preads += preads
         threshold = self.config["gds_threshold"]
         for task in tasks:
-            large = sum(size >= threshold for size in task.sizes)
+            large = int((task.sizes >= threshold).sum())
             self.routes["posix"] += len(task.sizes) - large  # below the threshold: POSIX in every mode
             route = {"kvikio-gds": "gds", "kvikio-compat": "posix"}.get(self.modes.get(task.name, ""), UNREPORTED)
             if large or route in self.routes:
@@ -496,14 +525,15 @@ class KvikioReader(_Reader):
         OSError naming the file, after every read issued has ended (none writes into the buffer
         after this returns)."""
         handle, base, span = task.file, task.buffer[1], DeviceSpan
+        offsets, sizes = task.offsets.tolist(), task.sizes.tolist()
         futures: list[Any] = []
         failed: tuple[int, int, Exception] | None = None
         try:
-            for offset, dest, size in zip(task.offsets, task.dests, task.sizes):
+            for offset, dest, size in zip(offsets, task.dests.tolist(), sizes):
                 futures.append(handle.pread(span(base + dest, size), size, offset))
         except RuntimeError as exc:  # e.g. a cuFile error at submission: wait for those issued first
-            failed = (task.sizes[len(futures)], task.offsets[len(futures)], exc)
-        for future, size, offset in zip(futures, task.sizes, task.offsets):
+            failed = (sizes[len(futures)], offsets[len(futures)], exc)
+        for future, size, offset in zip(futures, sizes, offsets):
             try:
                 future.get()
             except RuntimeError as exc:
