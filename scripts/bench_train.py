@@ -34,6 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from moment.contracts.metrics import MetricsDoc  # noqa: E402  (after the path: the repo's own)
+
 
 def parse_size(text: str) -> int:
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -108,21 +110,20 @@ def worker_moment(args: argparse.Namespace) -> dict:
     )
     if code:
         raise SystemExit(code)
-    m = json.loads(metrics.read_text())
-    e = m["epochs"][0]
+    e = MetricsDoc.read(metrics).epochs[0]
     bins = json.loads((Path(args.data) / "placed.json").read_text())["bins"]
     targets = {b["name"]: b["target"] for b in bins if b["tier"] == "ssd"}
-    got, want = np.array([e["bytes_per_ssd"][k] for k in targets], float), np.array(list(targets.values()), float)
+    got, want = np.array([e.bytes_per_ssd[k] for k in targets], float), np.array(list(targets.values()), float)
     ssd_l1 = float(np.abs(got / got.sum() - want / want.sum()).sum())
     return {
-        "step_s": e["iteration_s"],
-        "epoch_s": e["epoch_s"],
-        "bytes_per_tier": e["bytes_per_tier"],
+        "step_s": e.iteration_s,
+        "epoch_s": e.epoch_s,
+        "bytes_per_tier": e.bytes_per_tier,
         "ssd_share_l1": ssd_l1,
-        "data_wait_s": e["data_wait_s"],
-        "hit_rate": e["hit_rate"],
+        "data_wait_s": e.data_wait_s,
+        "hit_rate": e.hit_rate,
         "disk_read_bytes": disk_read_bytes() - before,
-        "loss": e["loss"],
+        "loss": e.loss,
     }
 
 

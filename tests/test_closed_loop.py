@@ -3,11 +3,11 @@ SSD bin in the shares ``moment place`` predicted (placed.json ``prediction``), w
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from moment.contracts.metrics import MetricsDoc
 from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
@@ -52,7 +52,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         )
         == 0
     )
-    return json.loads(metrics.read_text())
+    return MetricsDoc.read(metrics).model_dump(mode="json")
 
 
 def test_training_takes_the_placements_sampling_settings(run: dict) -> None:

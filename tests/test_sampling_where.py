@@ -3,7 +3,6 @@ metrics say which ran (GPU review #16)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from moment.contracts.metrics import MetricsDoc
 from placement.sampler import NeighborSampler
 from trainer import loop
 from trainer.dist import DistEnv
@@ -82,5 +82,5 @@ def test_the_metrics_say_where_sampling_ran(plan_file: Path, tmp_path: Path) -> 
         )
         == 0
     )
-    sampling = json.loads(metrics.read_text())["sampling"]
+    sampling = MetricsDoc.read(metrics).model_dump(mode="json")["sampling"]
     assert sampling["where"] == "cpu" and sampling["threads"] >= 1

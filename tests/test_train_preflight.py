@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from moment.cli import main
+from moment.contracts.metrics import MetricsDoc
 from moment.contracts.placed import PlacedManifest
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed
@@ -288,7 +289,7 @@ def test_overwrite_starts_over_and_metrics_count_epochs_from_1(
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    doc = json.loads(m.read_text())
+    doc = MetricsDoc.read(m).model_dump(mode="json")
     assert doc["format"] == "moment.metrics/2" and [e["epoch"] for e in doc["epochs"]] == [1, 2]
     meta = checkpoint.read_meta(ck)
     assert meta is not None and meta.epoch == 2 and len(meta.history) == 2

@@ -1,7 +1,8 @@
 """What a training run measured, beside what the plan predicted.
 
 Rank 0 prints a progress bar per epoch and a summary table, and (with ``--metrics-json``)
-rewrites one JSON document atomically after every epoch (``"complete": false`` until the end):
+rewrites one JSON document atomically after every epoch (``"complete": false`` until the end),
+written and read only through its contract, :class:`moment.contracts.metrics.MetricsDoc`:
 
 * ``format``: ``"moment.metrics/2"``; ``complete``; ``config`` (the TrainConfig); ``world_size``;
   ``ranks``: each rank's device line (GPU, why that GPU, CPU pinning);
@@ -37,7 +38,6 @@ rewrites one JSON document atomically after every epoch (``"complete": false`` u
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,12 +48,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from torch import nn
 
+from moment.contracts.metrics import FORMAT, MetricsDoc
 from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
-from moment.fileio import atomic_write_text
 from trainer.config import TrainConfig
 
-FORMAT = "moment.metrics/2"
 MEMORY_TIERS = TIERS[:-1]
 
 
@@ -271,8 +270,10 @@ class Metrics:
         )
         self._write(test_acc=None, digests=None)
 
-    def document(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
-        return {
+    def document(self, test_acc: float | None, digests: list[str] | None) -> MetricsDoc:
+        """The metrics file's contents so far (validated: a record that does not fit, say from a
+        checkpoint's history, is one line naming the field)."""
+        doc = {
             "format": FORMAT,
             "complete": test_acc is not None,
             "config": self.cfg.to_dict(),
@@ -288,21 +289,23 @@ class Metrics:
             "test_acc": test_acc,
             "rank_param_digests": digests,
         }
+        return MetricsDoc.parse(doc, self.cfg.metrics_json or "the metrics document")
 
-    def _write(self, test_acc: float | None, digests: list[str] | None) -> dict[str, Any]:
+    def _write(self, test_acc: float | None, digests: list[str] | None) -> MetricsDoc:
         doc = self.document(test_acc, digests)
         if self.enabled and self.cfg.metrics_json:
-            atomic_write_text(self.cfg.metrics_json, json.dumps(doc, indent=2) + "\n")
+            doc.write(self.cfg.metrics_json)
         return doc
 
     def finish(self, test_acc: float, rank_param_digests: list[str]) -> dict[str, Any]:
-        """The final document: written, and summarised in a table (rank 0)."""
+        """The final document: written, summarised in a table (rank 0), and returned as the file
+        holds it (JSON types)."""
         doc = self._write(test_acc, rank_param_digests)
         if self.enabled:
             self._summary(doc)
-        return doc
+        return doc.model_dump(mode="json")
 
-    def _summary(self, doc: dict[str, Any]) -> None:
+    def _summary(self, doc: MetricsDoc) -> None:
         table = Table(
             title="training (GB/s per tier, summed over ranks)",
             title_justify="left",
@@ -311,15 +314,15 @@ class Metrics:
         )
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
-        for r in doc["epochs"]:
+        for r in doc.epochs:
             table.add_row(
-                str(r["epoch"]),
-                f"{r['epoch_s']:.1f}",
-                f"{r['seeds_per_s']:,.0f}",
-                f"{r['loss']:.3f}",
-                _fmt(r["val_acc"], ".3f"),
-                *(f"{r['gbps_per_tier'].get(t, 0.0):.2f}" for t in TIERS),
-                f"{r['hit_rate'].get('gpu', 0.0):.1%}",
+                str(r.epoch),
+                f"{r.epoch_s:.1f}",
+                f"{r.seeds_per_s:,.0f}",
+                f"{r.loss:.3f}",
+                _fmt(r.val_acc, ".3f"),
+                *(f"{r.gbps_per_tier.get(t, 0.0):.2f}" for t in TIERS),
+                f"{r.hit_rate.get('gpu', 0.0):.1%}",
             )
         self.console.print(table)
         shares = Table(
@@ -330,30 +333,31 @@ class Metrics:
         )
         for col in ("tier / bin", "predicted", "measured", "difference"):
             shares.add_column(col, justify="left" if col == "tier / bin" else "right", no_wrap=True)
-        for name, predicted_share, measured_share in read_share_rows(doc["prediction"], doc["epochs"]):
+        shared = read_share_rows(doc.prediction.model_dump(), [e.model_dump() for e in doc.epochs])
+        for name, predicted_share, measured_share in shared:
             shares.add_row(
                 name, f"{predicted_share:.1%}", f"{measured_share:.1%}", f"{measured_share - predicted_share:+.1%}"
             )
         self.console.print(shares)
-        measured, predicted = doc["measured_iteration_s"], doc["predicted_iteration_s"]
-        pred = doc["prediction"]
+        measured, predicted = doc.measured_iteration_s, doc.predicted_iteration_s
+        pred = doc.prediction
         summary = Table(title="iteration time", title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
         summary.add_column(justify="left", no_wrap=True)
         summary.add_column(justify="left")
         summary.add_row("measured", f"{measured:.4f} s (mean wall time per training iteration)" if measured else "—")
-        summary.add_row("predicted", f"{predicted:.3g} s of feature reads ({pred['layout']} on {pred['profile']})")
-        if measured and predicted and doc["on_plan_gpus"]:  # elsewhere the ratio says nothing about the model
+        summary.add_row("predicted", f"{predicted:.3g} s of feature reads ({pred.layout} on {pred.profile})")
+        if measured and predicted and doc.on_plan_gpus:  # elsewhere the ratio says nothing about the model
             summary.add_row("measured / predicted", f"{measured / predicted:.2f}× (whole iteration / feature reads)")
-        reads = doc["measured_feature_read_s"]
-        if reads and doc["on_plan_gpus"] and pred["comparable"]:
+        reads = doc.measured_feature_read_s
+        if reads and doc.on_plan_gpus and pred.comparable:
             summary.add_row(
                 "feature reads",
                 f"{reads:.4f} s measured per iteration vs {predicted:.3g} s predicted "
                 f"({reads / predicted:.2f}×), on the plan's GPUs",
             )
         else:
-            why = "ranks are not on the plan's GPUs" if not doc["on_plan_gpus"] else "the prediction is for other data"
+            why = "ranks are not on the plan's GPUs" if not doc.on_plan_gpus else "the prediction is for other data"
             summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")
-        summary.add_row("note", pred["note"])
-        summary.add_row("test accuracy", _fmt(doc["test_acc"], ".4f"))
+        summary.add_row("note", pred.note)
+        summary.add_row("test accuracy", _fmt(doc.test_acc, ".4f"))
         self.console.print(summary)

@@ -12,6 +12,7 @@ from moment.cli.infer import print_inference
 from moment.cli.output import RichProgress, err, out
 from moment.cli.plan import plan_picture
 from moment.cli.profile import write_picture
+from moment.contracts.metrics import MetricsDoc
 from moment.errors import MomentError
 
 
@@ -113,11 +114,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     code = launch.run(cmd)
     if code != 0:
         raise MomentError(f"training failed with exit code {code}")
-    m = json.loads(metrics.read_text())
-    last = m["epochs"][-1]
+    m = MetricsDoc.read(metrics)
+    last = m.epochs[-1]
     out.print(
-        f"trained {len(m['epochs'])} epoch(s): loss {last['loss']:.3f}, validation accuracy {last['val_acc']:.1%}, "
-        f"test accuracy {m.get('test_acc', float('nan')):.1%} (chance {1 / 16:.1%})"
+        f"trained {len(m.epochs)} epoch(s): loss {last.loss:.3f}, validation accuracy {_pct(last.val_acc)}, "
+        f"test accuracy {_pct(m.test_acc)} (chance {1 / 16:.1%})"
     )
     out.rule("[bold]5. infer: embeddings and predictions for every vertex (layer by layer, full neighbourhood)")
     from trainer import infer
@@ -132,6 +133,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"inference.json)"
     )
     return 0
+
+
+def _pct(share: float | None) -> str:
+    return "—" if share is None else f"{share:.1%}"
 
 
 DEMO_MARKER = "moment-demo.json"

@@ -1,0 +1,113 @@
+"""metrics.json (``moment.metrics/2``): what ``moment train --metrics-json`` writes.
+
+Rank 0 rewrites it atomically after every epoch (``complete`` false until the run ends); the
+demo's summary, ``scripts/bench_train.py`` and anyone comparing runs read it. The keys are the
+ones users already read (``trainer.metrics`` says what each measures); this model is the one
+place that says which there are and of what type, on writing and on reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from moment.contracts import Contract, Strict
+from moment.contracts.placed import PredictedWorkload
+from moment.contracts.plan import Share, TierShares
+from moment.errors import MomentError
+
+FORMAT = "moment.metrics/2"
+
+
+class MetricsError(MomentError):
+    """A metrics file that is missing or does not validate (names the file and the field)."""
+
+
+class _Part(Strict):
+    # An accuracy of an empty split, or a diverged loss, is NaN: written as JSON's NaN, read back.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class EpochRecord(_Part):
+    """One epoch's training part (validation is outside the timings)."""
+
+    epoch: int = Field(ge=1)
+    epoch_s: float = Field(ge=0)
+    iterations: int = Field(ge=0)
+    iteration_s: float = Field(ge=0)
+    seeds: int = Field(ge=0)
+    seeds_per_s: float = Field(ge=0)
+    loss: float
+    val_acc: float | None
+    data_wait_s: float = Field(ge=0)
+    feature_read_s: float = Field(ge=0)
+    feature_read_s_per_iteration: float = Field(ge=0)
+    rows_per_tier: dict[str, int]
+    bytes_per_tier: dict[str, int]
+    bytes_per_ssd: dict[str, int]
+    gbps_per_tier: dict[str, float]
+    gbps_per_ssd: dict[str, float]
+    hit_rate: dict[str, float]
+    read_share_per_tier: dict[str, float]
+    read_share_per_bin: dict[str, float]
+
+
+class SsdRoute(_Part):
+    """How the plan assumed SSD bytes reach a GPU, and how this run's reader takes them."""
+
+    planned: Literal["host", "direct"] | None
+    run: Literal["host", "direct"]
+    reader: str
+
+
+class RunPrediction(_Part):
+    """The placement's prediction (placed.json ``prediction``) as this run compares with it."""
+
+    source: Literal["dataset", "plan"]
+    iteration_s: float = Field(ge=0)
+    profile: str
+    layout: str
+    tier_shares: TierShares
+    bin_shares: dict[str, Share]
+    workload: PredictedWorkload
+    comparable: bool  # re-solved for this dataset (else the plan's, for other data)
+    note: str
+    ssd_route: SsdRoute | None = None
+
+
+class Sampling(_Part):
+    """Where neighbour sampling ran (rank 0's), with its torch threads on the CPU."""
+
+    where: Literal["gpu", "cpu"]
+    threads: int | None
+
+
+class MetricsDoc(Contract):
+    FORMAT: ClassVar[str] = FORMAT
+    WHAT: ClassVar[str] = "a training metrics file"
+    ERROR: ClassVar[type[MomentError]] = MetricsError
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    format: Literal["moment.metrics/2"] = FORMAT
+    complete: bool  # the run ended: test_acc and the digests are in
+    config: dict[str, Any]  # the run's TrainConfig, as its to_dict()
+    world_size: int = Field(ge=1)
+    ranks: list[str]  # each rank's device line
+    sampling: Sampling | None
+    epochs: list[EpochRecord]
+    measured_iteration_s: float | None
+    predicted_iteration_s: float = Field(ge=0)
+    measured_feature_read_s: float | None
+    on_plan_gpus: bool
+    prediction: RunPrediction
+    test_acc: float | None
+    rank_param_digests: list[str] | None
+
+    @model_validator(mode="after")
+    def _complete(self) -> MetricsDoc:
+        if self.complete and (self.test_acc is None or self.rank_param_digests is None):
+            raise ValueError("complete is true but test_acc or rank_param_digests is missing")
+        if not self.complete and self.test_acc is not None:
+            raise ValueError("complete is false but test_acc is set")
+        return self
