@@ -203,7 +203,6 @@ def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("io", ["posix", "kvikio"])
 def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_path: Path, io: str) -> None:
     if io == "kvikio":
