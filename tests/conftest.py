@@ -1,8 +1,12 @@
-"""Fixtures shared by the placement and trainer tests."""
+"""Fixtures shared by the placement and trainer tests; how gpu tests are skipped; runs name their device."""
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +25,56 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.json"
     save_plan(machine, workload, outcome, path)
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests need CUDA: skipped, in this one place, where torch sees none (a test adds its
+    own skipif only for more than that, e.g. two GPUs)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in gpu:
+        item.add_marker(pytest.mark.skip(reason="needs CUDA (gpu marker)"))
+
+
+# Runs a test can start in this process: (module, function, which positional argument holds the device).
+_RUNS = (
+    ("trainer.loop", "train", 0),  # train(cfg, env, plan, data)
+    ("trainer.infer", "run_in_process", 1),  # run_in_process(prepared, opts, ...)
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_name_their_device() -> Iterator[None]:
+    """Every training or inference run a test starts in this process names its device (``--device
+    cpu``, ``device="cpu"``; ``cuda`` in a ``gpu`` test). With ``auto`` the same test would run on the
+    GPU of a machine that has one: NCCL instead of gloo, CUDA kernels whose sums are not
+    reproducible bit for bit, two ranks refused on one GPU, the process pinned to the plan's
+    socket. This makes such a run fail on every machine, CPU-only CI included, instead of only on a
+    GPU server. Runs in subprocesses (torchrun, ``python -m moment train|infer``) are not seen here:
+    their tests pass ``--device`` the same way. Only modules the collected tests imported are
+    watched (a session that does not use them does not import torch for this)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, attr, at in _RUNS:
+            module = sys.modules.get(name)
+            if module is not None:
+                mp.setattr(module, attr, _device_named(getattr(module, attr), at))
+        yield
+
+
+def _device_named(run: Callable[..., Any], at: int) -> Callable[..., Any]:
+    """``run``, refusing a config or options (its positional argument ``at``) whose device is auto."""
+
+    @functools.wraps(run)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        assert args[at].device != "auto", (
+            f"a test ran {run.__module__}.{run.__name__} with device 'auto': name it (--device cpu / "
+            'device="cpu", or cuda in a test marked gpu)'
+        )
+        return run(*args, **kwargs)
+
+    return checked

@@ -3,6 +3,8 @@ SSD bin in the shares ``moment place`` predicted (placed.json ``prediction``), w
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from moment.contracts.metrics import MetricsDoc
@@ -16,8 +18,11 @@ from trainer.loop import main as train_main
 from trainer.metrics import read_share_rows
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two epochs on the CPU, and on a GPU where there is one (``gpu``): the same shares either way."""
+    affinity = os.sched_getaffinity(0)
+    request.addfinalizer(lambda: os.sched_setaffinity(0, affinity))  # a CUDA rank pins this process to its socket
     root = tmp_path_factory.mktemp("loop")
     machine = resolve_profile("moment-machine-b")
     workload = load_workload(machine.workload, fanouts=[10, 5], batch_size=256)
@@ -33,6 +38,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 str(root / "placed"),
                 "--plan",
                 str(root / "plan.json"),
+                "--device",
+                request.param,
                 "--epochs",
                 "2",
                 "--hidden",
@@ -50,7 +57,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_training_takes_the_placements_sampling_settings(run: dict) -> None:
     assert run["config"]["fanouts"] == [10, 5] and run["config"]["batch_size"] == 256
-    assert "(this run" not in run["prediction"]["note"]  # nothing differs but the device
+    assert "(this run" not in run["prediction"]["note"]  # nothing differs (but the device, on the CPU)
 
 
 def test_measured_read_shares_match_the_prediction(run: dict) -> None:

@@ -153,6 +153,6 @@ def test_infer_ranks_take_the_plans_gpus_as_training_does(plan_file: Path, monke
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert [device_for(DistEnv(r, 2, r, True), plan).index for r in range(2)] == [1, 0]
-    opts = InferOptions(data=Path("d"), checkpoint=Path("c"), out=Path("o"), plan=plan_file, nproc=2)
+    opts = InferOptions(data=Path("d"), checkpoint=Path("c"), out=Path("o"), plan=plan_file, nproc=2, device="cuda")
     cmd = torchrun_command(opts, Path("w"))
-    assert cmd[cmd.index("--plan") + 1] == str(plan_file)
+    assert cmd[cmd.index("--plan") + 1] == str(plan_file) and cmd[cmd.index("--device") + 1] == "cuda"

@@ -26,6 +26,9 @@ from trainer.infer import InferOptions, infer
 from trainer.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
+# Runs name their device: "auto" would run on a GPU machine's GPU, where the same-bytes checks below
+# do not hold (CUDA's scatter sums add in no fixed order) and two torchrun ranks on one GPU are refused.
+CPU = ["--device", "cpu"]
 TRAIN = [
     "--fanouts",
     "5,3",
@@ -39,8 +42,7 @@ TRAIN = [
     "1",
     "--max-batches-per-epoch",
     "2",
-    "--device",
-    "cpu",
+    *CPU,
 ]
 
 
@@ -103,11 +105,15 @@ def _arrays(out: Path) -> dict[str, np.ndarray]:
     return {k: np.load(out / e.path) for k, e in m.arrays.items()}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("model", ["sage", "gat"])
-def test_infer_equals_a_full_graph_forward_pass(data: dict[str, Path], tmp_path: Path, model: str) -> None:
+def test_infer_equals_a_full_graph_forward_pass(data: dict[str, Path], tmp_path: Path, model: str, device: str) -> None:
     out = tmp_path / "out"
     # small chunks and two ranks: many chunk borders, neighbours inside and outside each chunk
-    m = infer(InferOptions(data=data["placed"], checkpoint=data[model], out=out, nproc=2, layers="all", batch_size=200))
+    opts = InferOptions(
+        data=data["placed"], checkpoint=data[model], out=out, nproc=2, layers="all", batch_size=200, device=device
+    )
+    m = infer(opts)
     got = _arrays(out)
     want = full_forward(data["placed"], data[model])
     o2n = np.asarray(open_placed(data["placed"]).array("old_to_new"))
@@ -136,7 +142,7 @@ def checkpoint_sha(path: Path) -> str:
 
 
 def test_float16_and_last_layer_only(data: dict[str, Path], tmp_path: Path) -> None:
-    infer(InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "o", dtype="float16"))
+    infer(InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "o", dtype="float16", device="cpu"))
     got = _arrays(tmp_path / "o")
     assert set(got) == {"embeddings", "predictions"} and got["embeddings"].dtype == np.float16
     o2n = np.asarray(open_placed(data["placed"]).array("old_to_new"))
@@ -162,8 +168,13 @@ def _run_cli(args: list[str], fault: str | None = None) -> subprocess.CompletedP
 @pytest.mark.parametrize("point", ["infer:layer2:chunk3", pytest.param("infer:manifest", marks=pytest.mark.slow)])
 def test_a_killed_infer_resumes_to_the_same_bytes(data: dict[str, Path], tmp_path: Path, point: str) -> None:
     args = ["--data", str(data["placed"]), "--checkpoint", str(data["gat"]), "--batch-size", "256", "--layers", "all"]
+    args += CPU
     straight = tmp_path / "straight"
-    infer(InferOptions(data=data["placed"], checkpoint=data["gat"], out=straight, batch_size=256, layers="all"))
+    infer(
+        InferOptions(
+            data=data["placed"], checkpoint=data["gat"], out=straight, batch_size=256, layers="all", device="cpu"
+        )
+    )
     out = tmp_path / "killed"
     killed = _run_cli([*args, "--out", str(out)], fault=point)
     assert killed.returncode == faults.FAULT_EXIT, killed.stderr
@@ -173,7 +184,7 @@ def test_a_killed_infer_resumes_to_the_same_bytes(data: dict[str, Path], tmp_pat
         assert (progress["stage"], progress["chunks"]) == (1, 3)  # layer 1 and 3 chunks of layer 2 recorded
     logged: list[str] = []
     infer(
-        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
+        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all", device="cpu"),
         log=logged.append,
     )
     assert any("interrupted" in line for line in logged), logged
@@ -183,7 +194,7 @@ def test_a_killed_infer_resumes_to_the_same_bytes(data: dict[str, Path], tmp_pat
     # the same command once more: nothing to do
     logged.clear()
     infer(
-        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all"),
+        InferOptions(data=data["placed"], checkpoint=data["gat"], out=out, batch_size=256, layers="all", device="cpu"),
         log=logged.append,
     )
     assert any("nothing to do" in line for line in logged), logged
@@ -203,10 +214,14 @@ def test_two_torchrun_ranks_write_what_one_process_writes(
         "300",
         "--plan",
         str(data["plan"]),
+        *CPU,
     ]
     assert main([*args, "--out", str(tmp_path / "ranks"), "--nproc", "2"]) == 0
     assert "torch.distributed.run" in capsys.readouterr().err
-    infer(InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "loop", nproc=2, batch_size=300))
+    loop_out = tmp_path / "loop"
+    infer(
+        InferOptions(data=data["placed"], checkpoint=data["sage"], out=loop_out, nproc=2, batch_size=300, device="cpu")
+    )
     a, b = _arrays(tmp_path / "ranks"), _arrays(tmp_path / "loop")
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
 
@@ -217,8 +232,14 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_bad_inputs_are_one_line(data: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_inputs_are_one_line(
+    data: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = ["infer", "--data", str(data["placed"]), "--out", str(tmp_path / "o")]
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        assert main([*base, "--checkpoint", str(data["sage"]), "--device", "cuda"]) == 2
+        assert "--device cuda: CUDA is not available" in _one_line(capsys.readouterr().err)
     assert main([*base, "--checkpoint", str(tmp_path / "nowhere")]) == 1
     assert "nowhere: missing" in _one_line(capsys.readouterr().err)
     assert (

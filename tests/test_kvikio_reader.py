@@ -158,7 +158,6 @@ def test_choose_reader_takes_the_faster(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_real_kvikio_reads_rows_at_and_above_the_gds_threshold(tmp_path: Path) -> None:
     """The real library, with 16 KiB rows (4096-dim float32): runs of one row and of several go
     to kvikio's pool / GDS path, which the 512-byte rows of the store test never reach."""

@@ -197,7 +197,6 @@ def test_drop_last_uneven_gives_every_rank_the_same_steps() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("csr_on_device", [True, False])
 def test_cuda_device(graph: tuple[np.ndarray, np.ndarray], csr_on_device: bool) -> None:
     indptr, indices = graph

@@ -70,7 +70,9 @@ def other(root: Path, plan_file: Path) -> Path:
 def ckpt(root: Path, placed: Path) -> Path:
     """A checkpoint of one epoch on ``placed`` (one process, no torchrun: cheap)."""
     d = root / "ckpt"
-    assert loop.main(["--data", str(placed), *TINY, "--epochs", "1", "--checkpoint-dir", str(d)]) == 0
+    assert (
+        loop.main(["--data", str(placed), *TINY, "--device", "cpu", "--epochs", "1", "--checkpoint-dir", str(d)]) == 0
+    )
     return d
 
 
@@ -279,6 +281,8 @@ def test_overwrite_starts_over_and_metrics_count_epochs_from_1(
             str(m),
             "--",
             *TINY,
+            "--device",
+            "cpu",  # gloo ranks: on a machine with one GPU, two nccl ranks would be refused
         ],
         capture_output=True,
         text=True,

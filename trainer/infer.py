@@ -23,8 +23,9 @@ or, in one process, a loop over the ranks (:func:`run_in_process`).
 Crash safety: the work happens in ``OUT.partial/data`` (``moment.outputs.Staging``). After each
 chunk the rank flushes its rows and records ``(stage, chunks done)`` in its own progress file;
 a re-run with the same inputs continues from there and writes the same bytes (the chunking is
-fixed by the inputs, so every chunk is computed the same way). ``inference.json`` is written
-last, then the directory is published by one rename.
+fixed by the inputs, so every chunk is computed the same way; on the CPU, whose kernels are
+deterministic: CUDA's scatter sums add in no fixed order, so there the last bits may differ).
+``inference.json`` is written last, then the directory is published by one rename.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from trainer.models import BlockGNN, build_model
 
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
+DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
@@ -90,6 +92,7 @@ class InferOptions:
     layers: str = "last"
     dtype: str = "float32"
     batch_size: int = DEFAULT_BATCH
+    device: str = "auto"  # one of DEVICES
 
     def check(self) -> None:
         if self.nproc < 1:
@@ -100,6 +103,10 @@ class InferOptions:
             raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.device not in DEVICES:
+            raise UsageError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available on this machine")
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -438,11 +445,13 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def device_for(env: DistEnv | None = None, plan: PlanDoc | None = None) -> torch.device:
-    """The rank's GPU when there is CUDA — the one the plan gives it, found by PCI address, and
-    the rank pinned to that GPU's socket, as training chooses — else the CPU."""
+def device_for(env: DistEnv | None = None, plan: PlanDoc | None = None, requested: str = "auto") -> torch.device:
+    """The rank's device: with ``requested`` "cuda" (or "auto" where there is CUDA) its GPU — the
+    one the plan gives it, found by PCI address, and the rank pinned to that GPU's socket, as
+    training chooses — else the CPU."""
     env = env or DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
-    requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     return select_device(requested, env, plan)[0]
 
 
@@ -504,7 +513,7 @@ def run_in_process(
     """Every rank's work in this process: stage by stage, each rank's chunks in turn (the barrier
     between stages is the loop's order). ``features``: another source of layer 1's input rows
     (scripts/bench_infer.py compares a memory-mapped feature file with the tiers)."""
-    device = device_for(plan=read_plan(opts.plan) if opts.plan is not None else None)
+    device = device_for(plan=read_plan(opts.plan) if opts.plan is not None else None, requested=opts.device)
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
     ranks = [
@@ -663,6 +672,8 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
         opts.dtype,
         "--batch-size",
         str(opts.batch_size),
+        "--device",
+        opts.device,
         *(["--plan", str(opts.plan)] if opts.plan is not None else []),
     ]
 
@@ -698,10 +709,11 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
+    ap.add_argument("--device", choices=DEVICES, default="auto")
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None)
+        device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
         loaded = load(Path(args.data), Path(args.checkpoint), device)
         data = Path(args.work)
         if not (data / WORK / INPUTS).is_file():

@@ -45,6 +45,13 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
     dtype = p.add_argument("--dtype", default="float32", help="of the hidden-layer arrays")
     registry_choices(dtype, "trainer.infer", "DTYPES")
     p.add_argument("--batch-size", type=positive, default=8192, help="destination vertices per chunk (default 8192)")
+    device = p.add_argument(
+        "--device",
+        default="auto",
+        help="where the ranks run: cpu, cuda (each rank on the GPU the plan gives it) or auto (default: cuda "
+        "where there is CUDA, else cpu)",
+    )
+    registry_choices(device, "trainer.infer", "DEVICES")
     p.set_defaults(func=cmd_infer)
 
 
@@ -60,6 +67,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         layers=args.layers,
         dtype=args.dtype,
         batch_size=args.batch_size,
+        device=args.device,
     )
 
     def run_ranks(cmd: list[str]) -> int:
