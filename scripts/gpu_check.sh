@@ -6,7 +6,8 @@
 #      GPU-resident sampling: tests/test_uva.py);
 #   2. `moment demo` on demo-sized data, one epoch, one rank on every GPU of the machine;
 #   3. one epoch of the demo's data with the graph in registered host memory (--sampling uva),
-#      one rank on every GPU, against the demo's own run (where its graph fits the GPU);
+#      and one with CPU-cache rows staged on the host (--host-gather stage), one rank on every
+#      GPU, against the demo's own run (graph on the GPU, CPU-cache rows gathered by the GPU);
 #   4. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
 #      --io kvikio (kvikio: pip install -e '.[gpu]').
 # Each step's exit status goes in the report; the script's exit status is the number of steps
@@ -67,6 +68,9 @@ step "moment demo, 1 epoch on $NGPU GPU(s)" "$OUT/demo.log" \
 step "moment train --sampling uva, 1 epoch on $NGPU GPU(s)" "$OUT/train-uva.log" \
     "$PY" -m moment train --plan "$OUT/demo/plan.json" --data "$OUT/demo/placed" --epochs 1 --nproc "$NGPU" \
     --metrics-json "$OUT/train-uva.json" -- --hidden 128 --sampling uva
+step "moment train --host-gather stage, 1 epoch on $NGPU GPU(s)" "$OUT/train-stage.log" \
+    "$PY" -m moment train --plan "$OUT/demo/plan.json" --data "$OUT/demo/placed" --epochs 1 --nproc "$NGPU" \
+    --metrics-json "$OUT/train-stage.json" -- --hidden 128 --host-gather stage
 for io in posix kvikio; do
     step "bench_features --device cuda --io $io" "$OUT/bench-$io.log" \
         "$PY" scripts/bench_features.py "$OUT/demo/placed" --device cuda --io "$io" --rounds 3 \
@@ -95,12 +99,14 @@ if m.exists():
     print(f"  prediction note: {doc['prediction'].get('note')}")
 else:
     print("- training: no metrics.json (see demo.log)")
-for name, f in (("demo", out / "demo" / "metrics.json"), ("--sampling uva", out / "train-uva.json")):
+runs = (("demo", out / "demo" / "metrics.json"), ("--sampling uva", out / "train-uva.json"),
+        ("--host-gather stage", out / "train-stage.json"))
+for name, f in runs:
     if f.exists():
         doc = json.loads(f.read_text())
         e = doc["epochs"][-1] if doc["epochs"] else {}
-        print(f"- sampling {name}: {doc.get('sampling')}, {e.get('seeds_per_s', 0):,.0f} seeds/s, "
-              f"data wait {e.get('data_wait_s')} s")
+        print(f"- {name}: sampling {doc.get('sampling')}, {e.get('seeds_per_s', 0):,.0f} seeds/s, "
+              f"data wait {e.get('data_wait_s')} s; {'; '.join(doc['ranks'])}")
 for io in ("posix", "kvikio"):
     f = out / f"bench-{io}.json"
     if f.exists():

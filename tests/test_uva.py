@@ -120,6 +120,8 @@ def test_ranks_agree_on_the_lowest_choice(monkeypatch: pytest.MonkeyPatch) -> No
 def test_sampling_is_a_trainer_option() -> None:
     assert TrainConfig(data="d").sampling == "auto"
     assert from_args(["--data", "d", "--sampling", "uva"]).sampling == "uva"
+    assert TrainConfig(data="d").host_gather == "auto"
+    assert from_args(["--data", "d", "--host-gather", "stage"]).host_gather == "stage"
     with pytest.raises(SystemExit) as exc:
         from_args(["--data", "d", "--sampling", "zero-copy"])
     assert exc.value.code == 2
@@ -295,3 +297,78 @@ def test_uva_sampling_on_a_gpu_matches_gpu_resident_sampling() -> None:
     got.close()
     torch.zeros(1, device=device).add_(1)  # no CUDA error left behind
     torch.cuda.synchronize(device)
+
+
+# -- the CPU tier gathered on the device (GPU review #17) ----------------------------------------
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_cpu_tier_rows_gathered_from_the_registered_tier_match_the_staged_path(
+    placed: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared: bool
+) -> None:
+    from placement.placed import open_placed
+    from trainer.featurestore import TieredFeatureStore
+
+    p = open_placed(placed)
+    ids = torch.from_numpy(np.random.default_rng(5).integers(0, p.num_nodes, size=3000))
+    with TieredFeatureStore(p, device="cpu", uva=False) as plain:
+        want = plain.get(ids)
+        staged = plain.stats()["tiers"]["cpu"]["rows"]
+    fake = uva_fake.install(monkeypatch)
+    shm = tmp_path / "moment-host-x" if shared else None
+    store = TieredFeatureStore(p, device="cpu", uva=True, host_shm=shm)
+    assert store.host_gather == "uva" and store.host_gather_note is None
+    nbytes = store.cpu.numel() * store.cpu.element_size()
+    assert fake.calls == [("register", store.cpu.data_ptr(), nbytes, uva.PORTABLE | uva.MAPPED)]
+    got = store.get(ids)
+    assert torch.equal(got, want)
+    assert staged > 0 and store.stats()["tiers"]["cpu"]["rows"] == staged  # the CPU tier did serve rows
+    store.cpu.view(torch.uint8)[0].fill_(0)  # the device reads the tier itself: a change shows at once
+    first_cpu_id = next(b.start for b in p.bins if b.tier == "cpu")
+    assert int(store.get(torch.tensor([first_cpu_id])).view(torch.uint8)[0, 0]) == 0
+    store.close()
+    store.close()
+    assert [c[0] for c in fake.calls] == ["register", "unregister"] and fake.live == {}
+
+
+def test_a_cpu_tier_that_cannot_be_registered_is_staged_and_says_why(
+    placed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from placement.placed import open_placed
+    from trainer.featurestore import TieredFeatureStore
+
+    p = open_placed(placed)
+    ids = torch.arange(p.num_nodes)
+    with TieredFeatureStore(p, device="cpu", uva=False) as plain:
+        want = plain.get(ids)
+    fake = uva_fake.install(monkeypatch, limit=4096)
+    with TieredFeatureStore(p, device="cpu", uva=True) as store:
+        assert store.host_gather == "stage" and "cudaErrorMemoryAllocation" in (store.host_gather_note or "")
+        assert torch.equal(store.get(ids), want)
+    assert fake.live == {} and [c[0] for c in fake.calls] == ["register"]
+    with TieredFeatureStore(p, device="cpu") as default:  # not asked for, not on CUDA: not tried
+        assert default.host_gather == "stage" and default.host_gather_note is None
+    assert [c[0] for c in fake.calls] == ["register"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shared", [False, True])
+def test_cpu_tier_rows_gathered_on_a_gpu_from_registered_memory_match_the_staged_path(
+    placed: Path, tmp_path: Path, shared: bool
+) -> None:
+    from placement.placed import open_placed
+    from trainer.featurestore import TieredFeatureStore
+
+    p = open_placed(placed)
+    ids = torch.from_numpy(np.random.default_rng(6).integers(0, p.num_nodes, size=5000)).cuda()
+    with TieredFeatureStore(p, device="cuda", uva=False) as staged:
+        want = staged.get(ids)
+    shm = tmp_path / "moment-host-x" if shared else None
+    with TieredFeatureStore(p, device="cuda", host_shm=shm) as store:  # uva by default on CUDA
+        assert store.host_gather == "uva", store.host_gather_note
+        got = store.get(ids)
+        torch.cuda.synchronize()
+        assert got.is_cuda and torch.equal(got, want) and store.stats()["tiers"]["cpu"]["rows"] > 0
+    torch.zeros(1, device="cuda").add_(1)  # no CUDA error left behind
+    torch.cuda.synchronize()

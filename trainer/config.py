@@ -54,6 +54,7 @@ class TrainConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
     sampling: str = "auto"  # where sampling runs: auto, gpu, uva (CSR in pinned host memory), cpu (trainer.sampling)
+    host_gather: str = "auto"  # CPU-tier rows on CUDA: auto/uva (a GPU gather reading them in place), stage
     io: str = "auto"  # SSD reads: auto (whichever a short probe measured faster on CUDA; else posix), posix, kvikio
 
     def __post_init__(self) -> None:
@@ -190,6 +191,14 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
         help="where neighbour sampling runs: gpu (the graph in GPU memory), uva (on the GPU, the graph in pinned "
         "host memory read zero-copy), cpu; auto (default): gpu when the graph takes at most a quarter of the "
         "free GPU memory, else uva on CUDA when the host has room, else cpu",
+    )
+    p.add_argument(
+        "--host-gather",
+        choices=("auto", "uva", "stage"),
+        default=d.host_gather,
+        help="how rows of the CPU cache reach the GPU: uva (a GPU gather reading the cache in place, registered "
+        "with CUDA), stage (gathered on the host into a pinned buffer, then one copy); auto (default): uva on CUDA, "
+        "stage when registration fails",
     )
     p.add_argument("--io", choices=IO_CHOICES, default=d.io, help=io_help())
     return p

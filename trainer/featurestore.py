@@ -22,9 +22,11 @@ process that names the same path uses one copy: the first to come writes it, the
 
 Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
 final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
-its place in the output, so each SSD row is copied once after its read. The tier tensors are not
-pinned: rows leave them through the pinned staging buffer, and pinning would buy nothing
-without zero-copy kernels. Seconds in the stats are host wall time: on CUDA they include
+its place in the output, so each SSD row is copied once after its read. On CUDA the CPU tier is
+instead registered with CUDA (``uva``, :mod:`trainer.uva`; ``--host-gather``) and its rows are
+gathered by a kernel reading it in place over PCIe, straight into the output: no host gather,
+no staging, no extra copy (GPU review #17); where registration fails they take the staging
+path. Seconds in the stats are host wall time: on CUDA they include
 issuing, not finishing, the asynchronous copies. A store is not thread-safe: one ``get`` at a
 time (it reuses its staging buffers).
 """
@@ -44,6 +46,7 @@ from placement.placed import Placed, PlacedBin, PlacedError
 from trainer.readers import Reader, ReadRequest, make_reader
 from trainer.shm import map_shared
 from trainer.staging import Staging
+from trainer.uva import HostMapping, UvaError
 
 GPU, CPU, SSD = range(len(TIERS))
 
@@ -60,12 +63,16 @@ class TieredFeatureStore:
         host_shm: str | Path | None = None,
         io: str = "auto",
         stage_reserve: int = 0,
+        uva: bool | None = None,
     ) -> None:
         """``placed``: the opened placed dataset (``open_placed`` refuses a missing or truncated
         bin, naming it); ``reader``: how SSD bins are read (default: ``make_reader(device, io=io)``
         probing the SSD bins, closed with the store); ``stage_reserve``: bytes of the staging
         buffers, allocated once now (a bound on one call's rows: :func:`trainer.staging.stage_bytes`;
-        0: sized by the first call), so no pinned buffer is grown mid-training."""
+        0: sized by the first call), so no pinned buffer is grown mid-training; ``uva``: gather the
+        CPU tier's rows on the device from the tier itself, registered with CUDA (zero-copy reads,
+        :mod:`trainer.uva`), instead of into the staging buffer (None: on a CUDA device; when
+        registration fails the store stages them and ``host_gather_note`` says why)."""
         self.placed = placed
         self.device = _indexed(torch.device(device))
         self.dtype = torch.from_numpy(np.zeros(0, dtype=self.placed.feature_dtype)).dtype
@@ -93,6 +100,11 @@ class TieredFeatureStore:
         else:
             self.gpu, self.cpu = self._map_shared(self.host_shm)
         self._tensors = (self.gpu, self.cpu)
+        self._cpu_reg: HostMapping | None = None
+        self._cpu_view: torch.Tensor | None = None  # the CPU tier as the device reads it (uva)
+        self.host_gather_note: str | None = None
+        if (self.device.type == "cuda" if uva is None else uva) and self.cpu.numel():
+            self._map_cpu_tier()
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
         cuda = self.device if self.device.type == "cuda" else None
@@ -144,6 +156,25 @@ class TieredFeatureStore:
         copy_in_chunks(gpu, out)
         return out, cpu
 
+    def _map_cpu_tier(self) -> None:
+        """Register the CPU tier for the device and view it from there; on failure, say why and
+        keep gathering it on the host."""
+        reg = HostMapping.over(self.cpu, self.device)
+        try:
+            reg.register()
+            flat = reg.view(0, self.cpu.numel(), np.dtype(self.placed.feature_dtype))
+        except UvaError as exc:
+            reg.close()
+            self.host_gather_note = f"{exc}: CPU-tier rows are gathered on the host"
+            return
+        self._cpu_reg, self._cpu_view = reg, flat.view(-1, self.dim)
+
+    @property
+    def host_gather(self) -> str:
+        """How CPU-tier rows reach the device: ``uva`` (a device gather reading the registered
+        tier in place) or ``stage`` (gathered on the host into the staging buffer, then copied)."""
+        return "uva" if self._cpu_view is not None else "stage"
+
     # Reading #################################################################
 
     def get(self, ids: torch.Tensor) -> torch.Tensor:
@@ -159,11 +190,11 @@ class TieredFeatureStore:
         where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
         self._bin_rows += np.bincount(b, minlength=self._bin_rows.size)
         uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
-        host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu"]
+        host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu" and not self._mapped(t)]
         ssd_rows = 0 if self.reader.on_device else uniq.size
         stage = self._host_stage.take((ssd_rows + sum(where[t].size for t in host_tiers)) * self.row_bytes)
         stage = stage.view(-1, self.row_bytes)
-        src = np.empty(new.size, dtype=np.int64)  # each host-served row's row in the staging buffer
+        src = np.zeros(new.size, dtype=np.int64)  # each staged row's row in the staging buffer
         at = ssd_rows
         for t in host_tiers:
             k = where[t].size
@@ -174,7 +205,9 @@ class TieredFeatureStore:
         ssd_stage = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows])
         out = torch.empty((new.size, self.dim), dtype=self.dtype, device=self.device)
         if self.device.type == "cpu":
-            self._assemble_on_host(out, stage, src)
+            if stage.shape[0]:  # empty when every row comes from the registered CPU tier
+                self._assemble_on_host(out, stage, src)
+            self._gather_mapped(out, where[CPU], row[where[CPU]])  # after: the host gather wrote every row
         else:
             self._assemble_on_device(out, where, row, stage, src, ssd_stage)
         self._host_stage.release()
@@ -242,6 +275,8 @@ class TieredFeatureStore:
         """Fill a GPU output: the host-served rows in one host→device copy, the rest on the GPU."""
         dev = out.device
         on_device = np.zeros(out.shape[0], dtype=bool)
+        if self._gather_mapped(out, where[CPU], row[where[CPU]]):
+            on_device[where[CPU]] = True
         if self.gpu.device == dev and where[GPU].size:
             start = time.perf_counter()
             out.index_copy_(0, _on(where[GPU], dev), self.gpu.index_select(0, _on(row[where[GPU]], dev)))
@@ -258,6 +293,21 @@ class TieredFeatureStore:
             values = stage.view(self.dtype).to(dev, non_blocking=self.pin)
             out.index_copy_(0, _on(pos, dev), values.index_select(0, _on(src[pos], dev)))
         self._assemble_seconds += time.perf_counter() - start
+
+    def _mapped(self, tier: int) -> bool:
+        return tier == CPU and self._cpu_view is not None
+
+    def _gather_mapped(self, out: torch.Tensor, pos: np.ndarray, rows: np.ndarray) -> bool:
+        """``out[pos] = cpu[rows]`` by a gather on ``out``'s device reading the registered CPU
+        tier in place (no host copy, no staging); False when the tier is not registered."""
+        if self._cpu_view is None:
+            return False
+        if pos.size:
+            start = time.perf_counter()
+            dev = out.device
+            out.index_copy_(0, _on(pos, dev), self._cpu_view.index_select(0, _on(rows, dev)))
+            self._count(CPU, pos.size, pos.size * self.row_bytes, time.perf_counter() - start)
+        return True
 
     def _assemble_on_host(self, out: torch.Tensor, stage: torch.Tensor, src: np.ndarray) -> None:
         """Fill a host output: every row comes from the staging buffer, in one gather."""
@@ -318,9 +368,15 @@ class TieredFeatureStore:
         }
 
     def close(self) -> None:
-        """Close the reader if this store made it."""
-        if self._owns_reader:
-            self.reader.close()
+        """Close the reader if this store made it; release the CPU tier's registration (uva)."""
+        try:
+            if self._owns_reader:
+                self.reader.close()
+        finally:
+            self._cpu_view = None
+            if self._cpu_reg is not None:
+                reg, self._cpu_reg = self._cpu_reg, None
+                reg.close()
 
     def __enter__(self) -> TieredFeatureStore:
         return self

@@ -194,13 +194,22 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
 
 
 def open_store(
-    placed: Placed, device: torch.device, io: str, shm_dir: str, env: DistEnv, plan: PlanDoc | None, stage: int = 0
+    placed: Placed,
+    device: torch.device,
+    io: str,
+    shm_dir: str,
+    env: DistEnv,
+    plan: PlanDoc | None,
+    stage: int = 0,
+    host_gather: str = "auto",
 ) -> tuple[TieredFeatureStore, str]:
     """This rank's feature store (SSD reads by ``io``, ``stage`` bytes of staging allocated up
-    front), and how it holds the host-memory tiers: with several ranks one copy per socket in
-    ``shm_dir`` (:func:`trainer.shm.per_socket`), else (or without room there) a private copy."""
+    front, CPU-tier rows gathered as ``host_gather`` says), and how it holds the host-memory
+    tiers: with several ranks one copy per socket in ``shm_dir`` (:func:`trainer.shm.per_socket`),
+    else (or without room there) a private copy."""
+    uva = device.type == "cuda" and host_gather != "stage"
     store = per_socket(
-        lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io, stage_reserve=stage),
+        lambda path: TieredFeatureStore(placed, device=device, host_shm=path, io=io, stage_reserve=stage, uva=uva),
         shm_dir,
         placed,
         plan,
@@ -210,7 +219,10 @@ def open_store(
     if device.type == "cpu":
         host += store.gpu.numel() * store.gpu.element_size()
     share = "one copy per socket" if store.host_shm else "a private copy"
-    return store, f"{host / 2**20:.1f} MiB, {share}"
+    if store.host_gather_note:
+        print(f"warning: rank {env.rank}: {store.host_gather_note}", file=sys.stderr)
+    gather = ", its rows gathered on the GPU in place (uva)" if store.host_gather == "uva" else ""
+    return store, f"{host / 2**20:.1f} MiB, {share}{gather}"
 
 
 def sampling_setup(
@@ -277,7 +289,9 @@ class Run:
         _seed_everything(cfg.seed)  # same initial parameters on every rank
         shape = memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1)
         stage = memory.stage_reserve(shape)  # the figure the budget counts, allocated once
-        self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan, stage)
+        self.store, self.host_tiers = open_store(
+            data.placed, device, cfg.io, cfg.shm_dir, env, plan, stage, cfg.host_gather
+        )
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.csr = open_csr(data.placed, cfg.sampling, device, cfg.shm_dir, env, plan)

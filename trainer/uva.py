@@ -4,7 +4,8 @@ A CUDA kernel can read host memory directly over PCIe when the pages are page-lo
 into the device's address space: ``cudaHostRegister`` does both for memory we already hold. On a
 64-bit system with unified addressing the device address of registered memory is its host
 address, so a tensor made from it is a ``cuda`` tensor whose reads go to host memory. The
-sampler uses this for a CSR too big for GPU memory (:mod:`trainer.sampling`).
+sampler uses this for a CSR too big for GPU memory (:mod:`trainer.sampling`); the feature store
+for its CPU tier, whose rows a GPU gather then reads in place (:mod:`trainer.featurestore`).
 
 What this relies on, checked in PyTorch's source:
 
@@ -118,6 +119,8 @@ class HostMapping:
     :meth:`host` before :meth:`register`; :meth:`close` unregisters (once) and unmaps, after
     every tensor of :meth:`view` is gone."""
 
+    _mm: mmap.mmap | None
+
     def __init__(self, nbytes: int, device: torch.device, path: Path | None = None) -> None:
         self.nbytes = int(nbytes)
         self.device = device
@@ -133,7 +136,21 @@ class HostMapping:
                 os.close(fd)
         self._bytes: np.ndarray | None = np.frombuffer(self._mm, dtype=np.uint8)
         self.ptr = int(self._bytes.ctypes.data)
+        self._keep: torch.Tensor | None = None
         self.registered = False
+
+    @classmethod
+    def over(cls, tensor: torch.Tensor, device: torch.device) -> HostMapping:
+        """The memory of an existing contiguous host tensor (a tier, maybe a shared mapping), kept
+        alive by this object; :meth:`close` unregisters it and lets it go, unmapping nothing."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("only a contiguous host tensor can be registered")
+        self = cls.__new__(cls)
+        self.nbytes, self.device, self.path = tensor.numel() * tensor.element_size(), device, None
+        self._mm, self._bytes, self._keep = None, None, tensor
+        self.ptr = int(tensor.data_ptr())
+        self.registered = False
+        return self
 
     def host(self, offset: int, count: int, dtype: np.dtype | type) -> np.ndarray:
         """A numpy view of ``count`` items of ``dtype`` at byte ``offset`` (to fill or to read)."""
@@ -176,6 +193,8 @@ class HostMapping:
             rc = _in_thread(lambda: cudart().cudaHostUnregister(self.ptr), self.device)
             if rc != 0:
                 raise UvaError(f"cudaHostUnregister of {self.nbytes} bytes for {self.device}: {error_name(rc)}")
+        self._keep = None
         if self._bytes is not None:
             self._bytes = None
-            self._mm.close()
+            if self._mm is not None:
+                self._mm.close()
