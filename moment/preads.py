@@ -41,9 +41,4 @@ def _compile() -> PreadRuns | None:
         from moment import preads_kernel
     except ImportError:  # no numba
         return None
-    for cache in (True, False):  # on disk where numba finds a writable cache folder
-        try:
-            return preads_kernel.compiled(cache)
-        except Exception:  # noqa: BLE001 - no cache folder, or no pread to link: try without, then give up
-            continue
-    return None
+    return preads_kernel.compiled_or_none(preads_kernel.compiled)

@@ -1,10 +1,10 @@
-"""Random row reads: the file reader's compiled loop vs its Python loop vs plain C.
+"""Random row reads: the file reader's engines vs plain C.
 
-Reads ``--reads`` random rows (one pread each: no two rows adjacent) of a scratch file with
-``FileReader(native=False)`` (one ``os.preadv`` per row from Python), ``FileReader()`` (the
-compiled loop of moment/preads.py, GIL released) and, where a C compiler is found, a plain C
-program doing the same preads from the same number of pthreads: the floor, what the hardware and
-kernel allow. By default the file is in the page cache, so the figures are the CPU cost per read —
+Reads ``--reads`` random rows (one read each: no two rows adjacent) of a scratch file with each
+engine of ``FileReader`` that runs here — ``python`` (one ``os.preadv`` per row), ``pread`` (the
+compiled loop of moment/preads.py, GIL released, one read in flight per thread) and ``io_uring``
+(a ring per thread, moment/uring.py) — and, where a C compiler is found, a plain C program doing
+the same blocking preads from the same number of pthreads. By default the file is in the page cache, so the figures are the CPU cost per read —
 what limits a rank that SSDs can feed faster than Python can ask (finding 18 of the GPU review);
 ``--direct`` reads with O_DIRECT from the disk instead. Best of ``--rounds`` per cell; the bytes
 read are checked against the file. The scratch folder is made with mkdtemp under ``--dir`` and
@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moment.preads import native_preads
-from trainer.readers import FileReader
+from trainer.readers import ENGINES, FileReader, engine_refusal
 
 C_PROGRAM = r"""
 #define _GNU_SOURCE
@@ -102,17 +101,16 @@ def drop_cache(path: Path) -> None:
     os.close(fd)
 
 
-def time_reader(path: Path, rows: np.ndarray, out: np.ndarray, threads: int, native: bool, direct: bool, rounds: int):
+def time_reader(path: Path, rows: np.ndarray, out: np.ndarray, threads: int, engine: str, direct: bool, rounds: int):
     best = float("inf")
-    with FileReader(threads=threads, direct=direct, native=native) as reader:
+    with FileReader(threads=threads, direct=direct, engine=engine) as reader:
         for _ in range(rounds):
             if direct:
                 drop_cache(path)
             start = time.perf_counter()
             reader.read(path, rows, out)
             best = min(best, time.perf_counter() - start)
-        engine = reader.engine
-    return best, engine
+    return best
 
 
 def main() -> None:
@@ -129,8 +127,10 @@ def main() -> None:
     nrows = args.size_mb * (1 << 20) // rb
     if args.reads * 2 > nrows:
         ap.error(f"--reads {args.reads}: the file has {nrows} rows; at most {nrows // 2} reads fit without adjacency")
-    if native_preads() is None:
-        ap.error("the compiled read loop cannot be built here (numba or libc pread missing)")
+    engines = [e for e in ENGINES if engine_refusal(e) is None]
+    for e in ENGINES:
+        if e not in engines:
+            print(f"{e}: not measured: {engine_refusal(e)}")
     work = Path(tempfile.mkdtemp(prefix="moment-bench-readers-", dir=args.dir))
     try:
         path = work / "rows.bin"
@@ -145,34 +145,26 @@ def main() -> None:
             f"{args.reads} random {rb}-byte reads of a {args.size_mb} MiB file, "
             f"{'O_DIRECT from disk' if args.direct else 'page-cached'}; best of {args.rounds}; M reads/s"
         )
-        print(f"{'threads':>7}  {'python':>8}  {'native':>8}  {'C':>8}  native/python  native/C")
+        names = [*engines, "C"]
+        print(f"{'threads':>7}  " + "  ".join(f"{n:>8}" for n in names) + "   (vs python)")
+        check = np.fromfile(path, dtype=np.uint8).reshape(-1, rb)[rows]
         for threads in (int(t) for t in args.threads.split(",")):
-            py, _ = time_reader(path, rows, out, threads, False, args.direct, args.rounds)
-            nat, engine = time_reader(path, rows, out, threads, True, args.direct, args.rounds)
-            assert engine == "native"
-            check = np.fromfile(path, dtype=np.uint8).reshape(-1, rb) if threads == 1 else None
-            if check is not None and not np.array_equal(out, check[rows]):
-                raise SystemExit("bench_readers: the native reader read wrong bytes")
-            c = float("nan")
+            seconds = {}
+            for engine in engines:
+                out.fill(0)
+                seconds[engine] = time_reader(path, rows, out, threads, engine, args.direct, args.rounds)
+                if not np.array_equal(out, check):
+                    raise SystemExit(f"bench_readers: the {engine} engine read wrong bytes")
+            seconds["C"] = float("nan")
             if exe is not None:
                 if args.direct:
                     drop_cache(path)
-                argv = [
-                    str(exe),
-                    str(path),
-                    str(work / "offsets.bin"),
-                    str(rows.size),
-                    str(rb),
-                    str(threads),
-                    str(int(args.direct)),
-                    str(args.rounds),
-                ]
-                c = float(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
-            rate = [rows.size / s / 1e6 for s in (py, nat, c)]
-            print(
-                f"{threads:>7}  {rate[0]:>8.3f}  {rate[1]:>8.3f}  {rate[2]:>8.3f}  "
-                f"{rate[1] / rate[0]:>12.2f}×  {rate[1] / rate[2]:>7.2f}×"
-            )
+                argv = [str(exe), str(path), str(work / "offsets.bin"), str(rows.size), str(rb), str(threads),
+                        str(int(args.direct)), str(args.rounds)]  # fmt: skip
+                seconds["C"] = float(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+            rate = {n: rows.size / s / 1e6 for n, s in seconds.items()}
+            ratios = "  ".join(f"{n} {rate[n] / rate['python']:.2f}×" for n in names if n != "python")
+            print(f"{threads:>7}  " + "  ".join(f"{rate[n]:>8.3f}" for n in names) + f"   {ratios}")
     finally:
         shutil.rmtree(work)
 

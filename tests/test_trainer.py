@@ -346,9 +346,9 @@ def test_an_ssd_read_failing_mid_run_is_one_line_and_the_reader_is_closed_once(
         real_close(self)
 
     monkeypatch.setattr(readers.FileReader, "close", counted_close)
-    # Reads in Python: the compiled loop calls libc's pread, not os.preadv (a failing read is
-    # redone in Python there too, which is where the error gets the file's name).
-    monkeypatch.setattr(readers, "native_preads", lambda: None)
+    # EIO is injected through os.preadv, which the python engine calls for every read; the
+    # compiled engines hand a failing read to that same code (tests/test_preads.py).
+    monkeypatch.setattr(readers, "pick_engine", lambda engine: "python")
     args = ["--data", str(placed), *SMALL, *CPU, "--epochs", "1", "--max-batches-per-epoch", "1"]
     assert run_main(args) == 0 and len(closes) == 1
     monkeypatch.setattr(os, "preadv", failing_preadv)

@@ -6,12 +6,13 @@ rows back to back. Runs of consecutive rows become one read, and the requests of
 flight together, so every SSD has work queued at once (the plan counts on the SSDs reading in
 parallel).
 
-* :class:`FileReader` reads into host memory from a thread pool, each thread running its reads
-  in a compiled loop of libc ``pread`` with the GIL released (:mod:`moment.preads`; plain
-  ``os.preadv`` per read where that cannot be built). With ``direct=True`` it uses ``O_DIRECT`` — bypassing the page cache, whose
-  memory the plan gave to the CPU tier — when the file system accepts it and the rows are
-  512-byte aligned in size and buffer address; otherwise, or if the kernel then refuses a read,
-  it reads buffered. ``modes`` records what each file got.
+* :class:`FileReader` reads into host memory from a thread pool, each thread with the GIL
+  released: through its own io_uring ring, many reads in flight (:mod:`moment.uring`), or where
+  io_uring is blocked in a compiled loop of libc ``pread`` (:mod:`moment.preads`), or as a last
+  resort ``os.preadv`` per read (its ``engine``). With ``direct=True`` it uses ``O_DIRECT`` —
+  bypassing the page cache, whose memory the plan gave to the CPU tier — when the file system
+  accepts it and the rows are 512-byte aligned in size and buffer address; otherwise, or if the
+  kernel then refuses a read, it reads buffered. ``modes`` records what each file got.
 * :class:`KvikioReader` reads straight into GPU memory with kvikio (GPUDirect Storage when the
   system has it, kvikio's POSIX compat mode otherwise). kvikio is imported only when one is made,
   and configured explicitly (:func:`configure_kvikio`), because its defaults changed under us:
@@ -29,7 +30,7 @@ parallel).
 (``--io``'s choices and help come from it), and :func:`make_reader` picks one: a name forces that
 reader; ``io="auto"`` takes, on a CUDA device, whichever reader that can run here a short probe of
 the caller's files (:func:`probe_io`) measured fastest — what is installed does not decide it —
-and the file reader otherwise. Adding a reader (io_uring, say) is a class with the
+and the file reader otherwise. Adding a reader (SPDK, say) is a class with the
 :class:`Reader` interface and one :data:`READERS` entry.
 """
 
@@ -41,6 +42,7 @@ import fcntl
 import importlib.util
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +55,7 @@ import torch
 
 from moment.errors import MomentError
 from moment.preads import native_preads
+from moment.uring import Ring, uring_reads
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
 DIRECT_ALIGN = 512
@@ -230,22 +233,28 @@ class _Reader:
 class FileReader(_Reader):
     """Reads rows of plain files into host memory: coalesced preads from a thread pool.
 
-    Each thread reads a task's runs in one call of the compiled loop of :mod:`moment.preads`
-    (GIL released; ``engine`` says ``"native"``), or one ``os.preadv`` per run where that loop
-    cannot be built or ``native=False`` (``"python"``). ``preads`` counts the read calls issued
-    (a run of consecutive rows is one); ``modes`` maps each file to ``"direct"`` or
-    ``"buffered"``, the mode its latest read used. Files are opened once and kept open until
-    :meth:`close`."""
+    ``engine`` is how each thread reads a task's runs, all with the GIL released except the last:
+    ``"io_uring"`` (a ring per thread, :data:`moment.uring.RING_ENTRIES` reads in flight each,
+    :mod:`moment.uring`), ``"pread"`` (a compiled loop of blocking ``pread``, one in flight per
+    thread, :mod:`moment.preads`) or ``"python"`` (``os.preadv`` per run). ``"auto"`` takes the
+    first of them that works here (:func:`engine_refusal` says why one does not). A read that
+    fails or comes up short is finished with ``os.preadv``, so its error names the file.
+    ``preads`` counts the reads issued (a run of consecutive rows is one); ``modes`` maps each file
+    to ``"direct"`` or ``"buffered"``, the mode its latest read used. Files are opened once and
+    kept open until :meth:`close`."""
 
     on_device = False
     route = "host"  # how SSD bytes reach a GPU: through host memory (the plan's ssd_reads: host)
 
     def __init__(
-        self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES, native: bool = True
+        self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES, engine: str = "auto"
     ) -> None:
         self._pool = _Pool(threads, "moment-read")
-        self._native = native_preads() if native else None
-        self.engine = "python" if self._native is None else "native"
+        self.engine = pick_engine(engine)
+        self._pread = native_preads() if self.engine == "pread" else None
+        self._uring = uring_reads()[0] if self.engine == "io_uring" else None
+        self._rings: list[Ring] = []
+        self._local = threading.local()
         self.threads = threads
         self.direct = direct
         self.max_run_bytes = max_run_bytes
@@ -281,6 +290,10 @@ class FileReader(_Reader):
                 os.close(f.direct_fd)
         self._files.clear()
         self._pool.shutdown()
+        for ring in self._rings:
+            ring.close()
+        self._rings.clear()
+        self._local = threading.local()
 
     def opens_direct(self, file: FileRef) -> bool:
         """Whether ``file`` is open for O_DIRECT reads (the file system accepted the flag)."""
@@ -332,9 +345,14 @@ class FileReader(_Reader):
     def issue(self, task: ReadTask) -> tuple[int, float, int, str]:
         """One task's preads: the compiled loop reads runs until one fails or comes up short;
         that run is finished here, where errors get the file's name; then the loop goes on."""
-        f, native = task.file, self._native
+        f, native = task.file, self._pread
         direct = task.direct and not f.direct_failed
         i, n = 0, len(task.sizes)
+        if self._uring is not None and n:
+            got = self._ring_read(task, f.direct_fd if direct else f.fd)
+            for k in np.flatnonzero(got != task.sizes).tolist():
+                direct = self._finish_run(task, k, int(got[k]), direct)
+            i = n
         while i < n:
             done = 0
             if native is not None:
@@ -345,6 +363,19 @@ class FileReader(_Reader):
             direct = self._finish_run(task, i, done, direct)
             i += 1
         return task.request, time.perf_counter(), n, "direct" if direct else "buffered"
+
+    def _ring_read(self, task: ReadTask, fd: int) -> np.ndarray:
+        """All of a task's runs through this thread's ring: bytes each run got."""
+        ring = getattr(self._local, "ring", None)
+        if ring is None:
+            ring = self._local.ring = Ring()
+            self._rings.append(ring)  # list.append is atomic: threads may add at once
+        got = np.zeros(len(task.sizes), dtype=np.int64)
+        if self._uring(*ring.args, fd, task.buffer[1], task.offsets, task.dests, task.sizes, got) != 0:
+            self._local.ring = None
+            ring.close()  # the kernel finishes or cancels what is in flight before the buffer is reused
+            raise ReadError(errno.EIO, f"{task.name}: io_uring_enter kept failing; reads stopped")
+        return got
 
     @staticmethod
     def _finish_run(task: ReadTask, i: int, done: int, direct: bool) -> bool:
@@ -365,6 +396,30 @@ class FileReader(_Reader):
         if got != size:
             _pread_full(fd, view[got:], offset + got, f.name)
         return direct
+
+
+ENGINES = ("io_uring", "pread", "python")
+
+
+def engine_refusal(engine: str) -> str | None:
+    """Why the file reader's ``engine`` cannot run here, or None."""
+    if engine == "io_uring":
+        return uring_reads()[1] or None
+    if engine == "pread" and native_preads() is None:
+        return "the compiled pread loop cannot be built here (numba)"
+    return None
+
+
+def pick_engine(engine: str) -> str:
+    """``engine`` if it can run here (a ValueError saying why not otherwise); for "auto" the
+    first of :data:`ENGINES` that can."""
+    if engine == "auto":
+        return next(e for e in ENGINES if engine_refusal(e) is None)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be auto or one of {', '.join(ENGINES)}, not {engine!r}")
+    if (why := engine_refusal(engine)) is not None:
+        raise ValueError(why)
+    return engine
 
 
 def _row_bytes(nbytes: int, rows: int) -> int:
