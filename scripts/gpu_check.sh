@@ -2,9 +2,12 @@
 # Validate moment's GPU path on a GPU server, in one command; writes OUT/report.md (default
 # ./gpu-check/report.md) and the logs beside it:
 #   1. the GPU tests (pytest -m gpu: CUDA feature store with posix and kvikio, a one-GPU run,
-#      two nccl ranks where there are two GPUs);
+#      two nccl ranks where there are two GPUs, UVA sampling from registered host memory against
+#      GPU-resident sampling: tests/test_uva.py);
 #   2. `moment demo` on demo-sized data, one epoch, one rank on every GPU of the machine;
-#   3. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
+#   3. one epoch of the demo's data with the graph in registered host memory (--sampling uva),
+#      one rank on every GPU, against the demo's own run (where its graph fits the GPU);
+#   4. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
 #      --io kvikio (kvikio: pip install -e '.[gpu]').
 # Each step's exit status goes in the report; the script's exit status is the number of steps
 # that failed. Run from the repository root:  scripts/gpu_check.sh [OUT]
@@ -69,6 +72,9 @@ echo "|---|---|---|---|" >>"$OUT/steps.md"
 step "pytest -m gpu" "$OUT/pytest-gpu.log" "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu tests
 step "moment demo, 1 epoch on $NGPU GPU(s)" "$OUT/demo.log" \
     "$PY" -m moment demo --workdir "$OUT/demo" --epochs 1 --nproc "$NGPU"
+step "moment train --sampling uva, 1 epoch on $NGPU GPU(s)" "$OUT/train-uva.log" \
+    "$PY" -m moment train --plan "$OUT/demo/plan.json" --data "$OUT/demo/placed" --epochs 1 --nproc "$NGPU" \
+    --metrics-json "$OUT/train-uva.json" -- --hidden 128 --sampling uva
 for io in posix kvikio; do
     step "bench_features --device cuda --io $io" "$OUT/bench-$io.log" \
         "$PY" scripts/bench_features.py "$OUT/demo/placed" --device cuda --io "$io" --rounds 3 \
@@ -97,6 +103,12 @@ if m.exists():
     print(f"  prediction note: {doc['prediction'].get('note')}")
 else:
     print("- training: no metrics.json (see demo.log)")
+for name, f in (("demo", out / "demo" / "metrics.json"), ("--sampling uva", out / "train-uva.json")):
+    if f.exists():
+        doc = json.loads(f.read_text())
+        e = doc["epochs"][-1] if doc["epochs"] else {}
+        print(f"- sampling {name}: {doc.get('sampling')}, {e.get('seeds_per_s', 0):,.0f} seeds/s, "
+              f"data wait {e.get('data_wait_s')} s")
 for io in ("posix", "kvikio"):
     f = out / f"bench-{io}.json"
     if f.exists():

@@ -24,6 +24,8 @@ from trainer.defaults import EPOCHS
 from trainer.models import LAYERS, default_hidden
 from trainer.readers import IO_CHOICES, io_help, io_refusal
 
+SAMPLING_CHOICES = ("auto", "gpu", "uva", "cpu")  # --sampling: what each means is trainer.sampling's docstring
+
 
 @dataclass
 class TrainConfig:
@@ -51,6 +53,7 @@ class TrainConfig:
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
+    sampling: str = "auto"  # where sampling runs: auto, gpu, uva (CSR in pinned host memory), cpu (trainer.sampling)
     io: str = "auto"  # SSD reads: auto (whichever a short probe measured faster on CUDA; else posix), posix, kvikio
 
     def __post_init__(self) -> None:
@@ -179,6 +182,14 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
         metavar="DIR",
         help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
         "(default /dev/shm; '' for a copy per rank)",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=SAMPLING_CHOICES,
+        default=d.sampling,
+        help="where neighbour sampling runs: gpu (the graph in GPU memory), uva (on the GPU, the graph in pinned "
+        "host memory read zero-copy), cpu; auto (default): gpu when the graph takes at most a quarter of the "
+        "free GPU memory, else uva on CUDA when the host has room, else cpu",
     )
     p.add_argument("--io", choices=IO_CHOICES, default=d.io, help=io_help())
     return p

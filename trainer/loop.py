@@ -42,7 +42,7 @@ from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
 from placement.placed import Placed, open_placed
 from placement.sampler import NeighborSampler, derive_seed, num_batches
-from trainer import checkpoint, memory
+from trainer import checkpoint, memory, sampling
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
 from trainer.featurestore import TieredFeatureStore
@@ -213,19 +213,45 @@ def open_store(
     return store, f"{host / 2**20:.1f} MiB, {share}"
 
 
-def sampling_setup(sampler: NeighborSampler, plan: PlanDoc | None, env: DistEnv) -> dict[str, Any]:
-    """Where neighbour sampling runs, for the metrics: on the GPU when the sampler put the CSR
-    there (it fits: :class:`placement.sampler.NeighborSampler`), else on the CPU with this rank's
-    share of its CPUs as torch threads — torchrun sets ``OMP_NUM_THREADS=1`` for several ranks,
-    which would leave sampling (vectorised torch ops) on one core."""
-    if isinstance(sampler.indptr, torch.Tensor) and sampler.indptr.is_cuda:
-        return {"where": "gpu", "threads": None}
-    sharing = sum(socket_of(plan, r) == socket_of(plan, env.local_rank) for r in range(local_world_size(env)))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cpus // max(sharing, 1))
-    if threads > torch.get_num_threads():
-        torch.set_num_threads(threads)
-    return {"where": "cpu", "threads": torch.get_num_threads()}
+def sampling_setup(
+    sampler: NeighborSampler, plan: PlanDoc | None, env: DistEnv, csr: sampling.Csr | None = None
+) -> dict[str, Any]:
+    """Where neighbour sampling runs, for the metrics: ``csr.where`` (:mod:`trainer.sampling`;
+    without it, gpu when the sampler's CSR is on the GPU), and on the CPU this rank's share of its
+    CPUs as torch threads — torchrun sets ``OMP_NUM_THREADS=1`` for several ranks, which would
+    leave sampling (vectorised torch ops) on one core. ``note``: why it is not what was asked."""
+    if csr is not None:
+        where = csr.where
+    else:
+        where = "gpu" if isinstance(sampler.indptr, torch.Tensor) and sampler.indptr.is_cuda else "cpu"
+    out: dict[str, Any] = {"where": where, "threads": None}
+    if where == "cpu":
+        sharing = sum(socket_of(plan, r) == socket_of(plan, env.local_rank) for r in range(local_world_size(env)))
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cpus // max(sharing, 1))
+        if threads > torch.get_num_threads():
+            torch.set_num_threads(threads)
+        out["threads"] = torch.get_num_threads()
+    if csr is not None and csr.note:
+        out["note"] = csr.note
+    return out
+
+
+def open_csr(
+    placed: Placed, mode: str, device: torch.device, shm_dir: str, env: DistEnv, plan: PlanDoc | None
+) -> sampling.Csr:
+    """The graph where ``--sampling mode`` puts it (:mod:`trainer.sampling`), the ranks agreeing;
+    a uva CSR is one copy per socket in ``shm_dir`` (:func:`trainer.shm.per_socket`)."""
+    indptr, indices = placed.array("indptr"), placed.array("indices")
+    gpu_free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    nbytes = sampling.csr_bytes(indptr, indices)
+    choice = sampling.agree(sampling.choose(mode, device, nbytes, gpu_free, sampling.host_available()))
+    csr = sampling.open_csr(
+        indptr, indices, choice, device, lambda open_: per_socket(open_, shm_dir, placed, plan, env, kind="csr")
+    )
+    if csr.note:
+        print(f"warning: rank {env.rank}: sampling: {csr.note}", file=sys.stderr)
+    return csr
 
 
 def local_world_size(env: DistEnv) -> int:
@@ -254,10 +280,16 @@ class Run:
         self.store, self.host_tiers = open_store(data.placed, device, cfg.io, cfg.shm_dir, env, plan, stage)
         self.module = build_model(cfg, data.placed.feature_dim, data.num_classes).to(device)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
+        self.csr = open_csr(data.placed, cfg.sampling, device, cfg.shm_dir, env, plan)
         self.base = NeighborSampler(
-            data.placed.array("indptr"), data.placed.array("indices"), cfg.fanouts, device=device, seed=cfg.seed
+            self.csr.indptr,
+            self.csr.indices,
+            cfg.fanouts,
+            device=device,
+            seed=cfg.seed,
+            csr_on_device=self.csr.where != "cpu",
         )
-        self.sampling = sampling_setup(self.base, plan, env)
+        self.sampling = sampling_setup(self.base, plan, env, self.csr)
         if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
             budget = memory.budget(shape)
             if (why := memory.live_refusal(budget, torch.cuda.mem_get_info(device)[0], str(device))) is not None:
@@ -274,6 +306,14 @@ class Run:
             self.model = DistributedDataParallel(self.module, device_ids=ids)
         self.metrics = Metrics(cfg, data.placed.manifest.prediction, history, enabled=self.rank == 0)
         self.metrics.sampling = self.sampling
+
+    def close(self) -> None:
+        """The feature store, then the sampler and the CSR's host registration (uva)."""
+        try:
+            self.store.close()
+        finally:
+            self.base = None  # type: ignore[assignment]
+            self.csr.close()
 
     def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
         prepare = make_prepare(epoch_sampler(self.base, sampler_seed), self.store, self.data.labels, self.device)
@@ -363,7 +403,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
         return run.fit()
     finally:
         if run is not None:
-            run.store.close()
+            run.close()
         # Teardown order, against a deadlock at exit: the process group must not die with DDP's
         # reducer, whose release keeps the GIL while gloo's threads, finishing their last work,
         # wait for it (pytorch#56297). So DDP goes first, while `group` still holds the group,

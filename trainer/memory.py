@@ -16,11 +16,16 @@ GPU, per rank (``device`` cuda):
   plus its largest per-edge tensor (SAGE's gathered ``x_j`` is [edges, input width]; GAT's
   projected messages and attention coefficients).
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
+* ``csr``: the graph, when sampling runs on the GPU with the CSR there (``sampling`` gpu).
 
 Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
 see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
-two by torch's pinned-memory allocator.
+two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
+(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank).
+Which of gpu, uva or cpu ``--sampling auto`` takes is predicted (:func:`predict_sampling`) as
+the rank will decide it (:mod:`trainer.sampling`). A CPU-sampled graph stays a memory map of
+its file: page cache, not counted.
 
 The figures are estimates of the peak, not measurements: the activations term in particular is
 an upper-side guess from tensor shapes. Batch rows come from the placement's pre-sampling (its
@@ -37,6 +42,8 @@ from typing import Any
 import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
+from placement.sampler import CSR_GPU_SHARE
+from trainer.sampling import csr_bytes
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
@@ -62,6 +69,9 @@ class RunShape:
     prefetch: int
     ranks_per_node: int
     sockets: int
+    csr_bytes: int = 0  # the graph as sampling holds it (indptr int64 + indices)
+    sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
+    csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -108,6 +118,7 @@ class MemoryBudget:
             "gpu_capacity_source": self.gpu_capacity_source,
             "host_capacity_bytes": self.host_capacity,
             "host_capacity_source": self.host_capacity_source,
+            "sampling": self.shape.sampling if self.gpu else "cpu",
             "estimate": "peak, from tensor shapes (activations are an upper-side guess)",
         }
 
@@ -178,14 +189,34 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
         host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
+        if shape.sampling == "gpu":
+            gpu["csr"] = shape.csr_bytes
+        elif shape.sampling == "uva":
+            host["pinned_csr"] = shape.csr_copies * shape.csr_bytes
         return MemoryBudget(gpu, host, shape)
     per_rank.pop("gpu_cache")  # a CPU rank's GPU tier is a view of the shared host copy
     host["ranks"] = shape.ranks_per_node * sum(per_rank.values())
     return MemoryBudget({}, host, shape)
 
 
-def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int) -> RunShape:
-    """The run ``cfg`` would make on the placed dataset ``placed`` (a :class:`Placed`)."""
+def predict_sampling(shape: RunShape, mode: str, cuda: bool, gpu_free: int | None) -> str:
+    """Where a rank will sample (:func:`trainer.sampling.choose`) for ``--sampling mode``: auto
+    puts the CSR on the GPU when it takes at most ``CSR_GPU_SHARE`` of what ``gpu_free`` leaves
+    once the GPU cache, the model and the CUDA context are in (unknown ``gpu_free``: as if it
+    fits), else in pinned host memory (uva; whether the host has room is the budget's to say)."""
+    if not cuda or mode == "cpu":
+        return "cpu"
+    if mode != "auto":
+        return mode
+    if gpu_free is None:
+        return "gpu"
+    left = gpu_free - shape.gpu_cache_rows * shape.row_bytes - 16 * model_parameters(shape) - CUDA_CONTEXT
+    return "gpu" if shape.csr_bytes <= CSR_GPU_SHARE * left else "uva"
+
+
+def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gpu_free: int | None = None) -> RunShape:
+    """The run ``cfg`` would make on the placed dataset ``placed`` (a :class:`Placed`), with the
+    sampling placement predicted from ``gpu_free`` (bytes of one GPU, when known)."""
     m = placed.manifest
     hot = m.hotness
     fanouts = tuple(cfg.fanouts or hot.fanouts)
@@ -211,6 +242,14 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int) ->
     if fanouts != base.fanouts:
         scale = sampled(fanouts, base.batch_size) / sampled(base.fanouts, base.batch_size)
         base = replace(base, fanouts=fanouts, unique_per_batch=min(base.unique_per_batch * scale, base.nodes))
+    shared = ranks_per_node > 1 and bool(getattr(cfg, "shm_dir", ""))
+    base = replace(
+        base,
+        csr_bytes=csr_bytes(placed.array("indptr"), placed.array("indices")),
+        csr_copies=base.sockets if shared else ranks_per_node,
+    )
+    cuda = cfg.resolved_device().startswith("cuda")
+    base = replace(base, sampling=predict_sampling(base, getattr(cfg, "sampling", "auto"), cuda, gpu_free))
     return base.with_batch(batch) if batch != base.batch_size else base
 
 
@@ -300,6 +339,8 @@ def refusal(b: MemoryBudget) -> str | None:
             hints.append(f"--batch-size {fit} or less")
         if b.gpu.get("gpu_cache", 0) > 0:
             hints.append(f"a smaller GPU cache (moment place --gpu-cache; it takes {b.gpu['gpu_cache'] / GB:.1f} GB)")
+        if b.gpu.get("csr", 0) > 0:
+            hints.append(f"--sampling uva (the graph, {b.gpu['csr'] / GB:.1f} GB, in pinned host memory)")
         parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in sorted(b.gpu.items(), key=lambda kv: -kv[1]) if v)
         return (
             f"memory: a rank needs about {b.gpu_bytes_per_rank / GB:.1f} GB of GPU memory ({parts} GB), "
@@ -312,6 +353,11 @@ def refusal(b: MemoryBudget) -> str | None:
             f"memory: a node needs about {b.host_bytes_per_node / GB:.1f} GB of host memory ({parts} GB), more "
             f"than the {b.host_capacity / GB:.1f} GB it has ({b.host_capacity_source}): shrink the CPU cache "
             f"(moment place --cpu-cache), --batch-size or --nproc"
+            + (
+                ", or sample on the CPU (--sampling cpu) instead of pinning the graph"
+                if b.host.get("pinned_csr")
+                else ""
+            )
         )
     return None
 

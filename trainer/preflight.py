@@ -141,13 +141,14 @@ def memory_budget(cfg: TrainConfig, plan: PlanDoc | None, placed: Placed, ranks_
     the capacities to hold them against: the live GPU when CUDA is here, else the plan's profile."""
     ranks = plan.ranks[:ranks_per_node] if plan else []
     sockets = len({r.socket for r in ranks}) or 1
-    shape = shape_of_placed(placed, cfg, ranks_per_node, sockets)
-    b = budget(shape, cuda=cfg.resolved_device().startswith("cuda"))
     try:
         machine = resolve_profile(plan.profile.name) if plan else None
     except MomentError:
         machine = None  # a profile this installation does not have: capacities from this machine
-    b.gpu_capacity, b.gpu_capacity_source = gpu_capacity(machine)
+    gpu, gpu_source = gpu_capacity(machine)
+    shape = shape_of_placed(placed, cfg, ranks_per_node, sockets, gpu_free=gpu)  # where the graph goes: gpu or uva
+    b = budget(shape, cuda=cfg.resolved_device().startswith("cuda"))
+    b.gpu_capacity, b.gpu_capacity_source = gpu, gpu_source
     b.host_capacity, b.host_capacity_source = host_capacity(machine)
     return b
 

@@ -57,24 +57,32 @@ def socket_writer(plan: PlanDoc | None, env: DistEnv) -> bool:
     return all(socket_of(plan, r) != mine for r in range(env.local_rank))
 
 
-def shm_path(shm_dir: str | Path, placed: Placed, socket: str) -> Path:
-    """The socket-shared host-tier file of this run: named after the placement (its manifest),
-    the torchrun job and the socket, so runs of other placements or jobs never map it."""
+def shm_path(shm_dir: str | Path, placed: Placed, socket: str, kind: str = "host") -> Path:
+    """The socket-shared file of this run holding ``kind`` (``host``: the host tiers; ``csr``: the
+    graph, :mod:`trainer.sampling`): named after the placement (its manifest), the torchrun job
+    and the socket, so runs of other placements or jobs never map it."""
     manifest = (placed.root / "placed.json").read_bytes()
     job = f"{attempt()}:{os.environ.get('MASTER_PORT', '')}:{socket}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
-    return Path(shm_dir) / f"moment-host-{key}"
+    return Path(shm_dir) / f"moment-{kind}-{key}"
 
 
 def per_socket(
-    open_store: Callable[[Path | None], T], shm_dir: str, placed: Placed, plan: PlanDoc | None, env: DistEnv
+    open_store: Callable[[Path | None], T],
+    shm_dir: str,
+    placed: Placed,
+    plan: PlanDoc | None,
+    env: DistEnv,
+    kind: str = "host",
 ) -> T:
     """``open_store(path)`` on every rank with one shared file per socket (``open_store(None)``:
     a private copy). With a process group and ``shm_dir`` set, the socket's writer opens first
     (writing the file) while the others wait at a barrier; then the others open (mapping it); a
     second barrier, and the writer unlinks it. Without room there, each rank loads its own copy."""
     writer = socket_writer(plan, env)
-    path = shm_path(shm_dir, placed, socket_of(plan, env.local_rank)) if dist.is_initialized() and shm_dir else None
+    path = (
+        shm_path(shm_dir, placed, socket_of(plan, env.local_rank), kind) if dist.is_initialized() and shm_dir else None
+    )
     if path is not None and not path.parent.is_dir():
         if env.rank == 0:
             print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)

@@ -77,10 +77,13 @@ class RunPrediction(_Part):
 
 
 class Sampling(_Part):
-    """Where neighbour sampling ran (rank 0's), with its torch threads on the CPU."""
+    """Where neighbour sampling ran (rank 0's; ``--sampling``, trainer/sampling.py): gpu (the CSR
+    in GPU memory), uva (on the GPU, the CSR in registered host memory), cpu (with its torch
+    threads); ``note``: why it is not what was asked (absent when it is)."""
 
-    where: Literal["gpu", "cpu"]
+    where: Literal["gpu", "uva", "cpu"]
     threads: int | None
+    note: str | None = None
 
 
 class MetricsDoc(Contract):
