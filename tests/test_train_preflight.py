@@ -142,6 +142,8 @@ def test_bad_trainer_argument_without_dry_run_starts_no_torchrun(plan_file: Path
             "--epochs",
             "1",
             "--",
+            "--device",
+            "cpu",
             "--fanouts=abc",
         ],
         capture_output=True,
