@@ -12,10 +12,17 @@
 #      --io kvikio (kvikio: pip install -e '.[gpu]').
 # Each step's exit status goes in the report; the script's exit status is the number of steps
 # that failed. Run from the repository root:  scripts/gpu_check.sh [OUT]
+# Python: $PYTHON, else the .venv that `make test` / `make demo` create, else python on PATH.
 set -uo pipefail
 
 OUT=${1:-gpu-check}
-PY=${PYTHON:-python}
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+elif [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+else
+    PY=python
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 REPORT=$OUT/report.md
@@ -62,7 +69,8 @@ EOF
 echo "| step | exit | time | log |" >"$OUT/steps.md"
 echo "|---|---|---|---|" >>"$OUT/steps.md"
 
-step "pytest -m gpu" "$OUT/pytest-gpu.log" "$PY" -m pytest -p no:cacheprovider -q -m gpu tests
+# -m gpu replaces pyproject's "-m 'not slow'": every gpu test runs, slow or not; -rs lists the skipped ones and why
+step "pytest -m gpu" "$OUT/pytest-gpu.log" "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu tests
 step "moment demo, 1 epoch on $NGPU GPU(s)" "$OUT/demo.log" \
     "$PY" -m moment demo --workdir "$OUT/demo" --epochs 1 --nproc "$NGPU"
 step "moment train --sampling uva, 1 epoch on $NGPU GPU(s)" "$OUT/train-uva.log" \

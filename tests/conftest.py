@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,19 +51,20 @@ _RUNS = (
 
 @pytest.fixture(scope="session", autouse=True)
 def runs_name_their_device() -> Iterator[None]:
-    """Every training or inference run a test starts in this process names its device (``--device
-    cpu``, ``device="cpu"``; ``cuda`` in a ``gpu`` test). With ``auto`` the same test would run on the
-    GPU of a machine that has one: NCCL instead of gloo, CUDA kernels whose sums are not
-    reproducible bit for bit, two ranks refused on one GPU, the process pinned to the plan's
-    socket. This makes such a run fail on every machine, CPU-only CI included, instead of only on a
-    GPU server. Runs in subprocesses (torchrun, ``python -m moment train|infer``) are not seen here:
-    their tests pass ``--device`` the same way. Only modules the collected tests imported are
-    watched (a session that does not use them does not import torch for this)."""
+    """Every training or inference run a test starts names its device (``--device cpu``,
+    ``device="cpu"``; ``cuda`` in a ``gpu`` test). With ``auto`` the same test would run on the GPU
+    of a machine that has one: NCCL instead of gloo, CUDA kernels whose sums are not reproducible
+    bit for bit, two ranks refused on one GPU, the process pinned to the plan's socket. This makes
+    such a run fail on every machine, CPU-only CI included, instead of only on a GPU server: runs
+    in this process (``_RUNS``; only modules the collected tests imported are watched, so a session
+    that does not use them imports no torch for this) and processes started for one (torchrun,
+    ``python -m moment train|infer``: :class:`_RunPopen`)."""
     with pytest.MonkeyPatch.context() as mp:
         for name, attr, at in _RUNS:
             module = sys.modules.get(name)
             if module is not None:
                 mp.setattr(module, attr, _device_named(getattr(module, attr), at))
+        mp.setattr(subprocess, "Popen", _RunPopen)
         yield
 
 
@@ -78,3 +80,20 @@ def _device_named(run: Callable[..., Any], at: int) -> Callable[..., Any]:
         return run(*args, **kwargs)
 
     return checked
+
+
+class _RunPopen(subprocess.Popen):
+    """``subprocess.Popen`` refusing a command that starts training or inference ranks without
+    ``--device`` or with ``--device auto``: torchrun (``-m torch.distributed.run``) or ``-m moment
+    train|infer`` (``--help`` aside)."""
+
+    def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+        verb = next((argv[i + 2] for i in range(len(argv) - 2) if argv[i : i + 2] == ["-m", "moment"]), None)
+        if ("torch.distributed.run" in argv or verb in ("train", "infer")) and "--help" not in argv:
+            device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
+            assert device != "auto", (
+                f"a test started {' '.join(argv[:6])} ... with device 'auto': pass --device (cpu, or cuda in a "
+                "test marked gpu)"
+            )
+        super().__init__(args, *rest, **kwargs)

@@ -566,6 +566,7 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_
     )
     doc = read_json(metrics)
     assert doc["ranks"][0].startswith("cuda:")
+    assert doc["sampling"]["where"] == "gpu"  # this graph's CSR fits the GPU many times over
     assert doc["test_acc"] > 4 * CHANCE
 
 
