@@ -13,29 +13,12 @@ import pytest
 from rich.console import Console
 
 from moment.contracts.metrics import MetricsDoc, MetricsError
-from moment.contracts.placed import Prediction
+from prediction_fixture import prediction
 from trainer.config import TrainConfig
 from trainer.metrics import Metrics, epoch_record
 from trainer.readers import FileReader
 
-PREDICTION = Prediction.model_validate(
-    {
-        "source": "dataset",
-        "profile": "moment-machine-b",
-        "layout": "paper",
-        "iteration_s": 0.5,
-        "tier_shares": {"gpu": 0.2, "cpu": 0.1, "ssd": 0.7},
-        "bin_shares": {"gpu-cache": 0.2, "nvme0": 0.7},
-        "workload": {
-            "fanouts": [10, 5],
-            "batch_size": 512,
-            "unique_per_batch": 100.0,
-            "gpu_cache_rows": 10,
-            "cpu_cache_rows": 10,
-            "hotness": "measured",
-        },
-    }
-)
+PREDICTION = prediction({"gpu-cache": 0.2, "nvme0": 0.7})
 STATS = {
     "asked": 1000,
     "seconds": 0.25,

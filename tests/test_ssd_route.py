@@ -8,29 +8,12 @@ import io
 from rich.console import Console
 
 from kvikio_fake import FakeKvikio
-from moment.contracts.placed import Prediction
+from prediction_fixture import prediction
 from trainer.config import TrainConfig
 from trainer.metrics import Metrics
 from trainer.readers import FileReader, KvikioReader
 
-PREDICTION = Prediction.model_validate(
-    {
-        "source": "dataset",
-        "profile": "moment-machine-b",
-        "layout": "paper",
-        "iteration_s": 0.5,
-        "tier_shares": {"gpu": 0.2, "cpu": 0.1, "ssd": 0.7},
-        "bin_shares": {"gpu": 0.2},
-        "workload": {
-            "fanouts": [10, 5],
-            "batch_size": 512,
-            "unique_per_batch": 100.0,
-            "gpu_cache_rows": 10,
-            "cpu_cache_rows": 10,
-            "hotness": "measured",
-        },
-    }
-)
+PREDICTION = prediction({"gpu": 0.2})
 
 
 def metrics() -> tuple[Metrics, io.StringIO]:

@@ -423,3 +423,19 @@ def test_metrics_prediction_is_the_placements(placed: Path) -> None:
     assert pred["tier_shares"] == manifest.prediction.tier_shares.model_dump()
     kept = manifest.prediction.model_copy(update={"source": "plan"})
     assert metrics.prediction(kept, cfg)["comparable"] is False
+
+
+def test_a_checkpoint_whose_history_is_damaged_is_refused_before_the_run(
+    tmp_path: Path, placed: Path, ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its epoch records are metrics.json's: a record that is not one (here a loss that is text)
+    is one line at resume, naming the record and field, not an error at the first epoch's end."""
+    meta = checkpoint.read_meta(ckpt)
+    body = torch.load(checkpoint.path_in(ckpt), weights_only=True)
+    assert meta.history, "the fixture checkpoint has trained at least one epoch"
+    body["history"] = [dict(meta.history[0], loss="low")]
+    torch.save(body, checkpoint.path_in(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match=r"history: .*record 0: loss: Input should be a valid number"):
+        checkpoint.read_meta(tmp_path)
+    code, _, err = train(capsys, "--data", str(placed), "--checkpoint-dir", str(tmp_path), "--resume", "--dry-run")
+    assert code == 1 and "record 0: loss" in one_line(err)

@@ -14,9 +14,10 @@ import hashlib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 
 from moment.contracts import Contract, Strict
+from moment.contracts.metrics import EpochRecord
 from moment.contracts.placed import MANIFEST, PlacedManifest
 from moment.errors import MomentError
 
@@ -75,7 +76,21 @@ class CheckpointMeta(Contract):
     epoch: int = Field(ge=0)  # epochs done
     config: dict[str, Any]  # the TrainConfig, as primitives
     data: DataIdentity
-    history: list[dict[str, Any]]  # the metrics records of the epochs done
+    history: list[dict[str, Any]]  # the metrics records of the epochs done (EpochRecord each)
+
+    @field_validator("history")
+    @classmethod
+    def _records(cls, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each record checked at load, against the one record model metrics.json uses: a damaged
+        one is refused before the run, not at its first metrics write. Kept as plain data."""
+        for i, record in enumerate(history):
+            try:
+                EpochRecord.model_validate(record)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise ValueError(f"record {i}: {where}: {err['msg']}") from None
+        return history
 
     def refusal(self, config: dict[str, Any], data: DataIdentity) -> str | None:
         """Why this checkpoint cannot be resumed by a run of ``config`` on ``data`` (None: it can)."""
