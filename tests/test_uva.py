@@ -275,7 +275,6 @@ def test_dry_run_json_reports_the_pinned_graph(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_uva_sampling_on_a_gpu_matches_gpu_resident_sampling() -> None:
     """Really registered host memory: the sampler's kernels read it zero-copy and draw exactly
     the batches they draw from the same CSR in GPU memory."""
