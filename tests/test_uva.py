@@ -351,7 +351,6 @@ def test_a_cpu_tier_that_cannot_be_registered_is_staged_and_says_why(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shared", [False, True])
 def test_cpu_tier_rows_gathered_on_a_gpu_from_registered_memory_match_the_staged_path(
     placed: Path, tmp_path: Path, shared: bool
