@@ -81,6 +81,13 @@ def test_a_failed_registration_is_one_line_naming_the_cuda_error(monkeypatch: py
     m.close()
     assert [c[0] for c in fake.calls] == ["register"]  # nothing to unregister
 
+    def no_bindings() -> None:
+        raise RuntimeError("torch was built without CUDA\nmore")
+
+    monkeypatch.setattr(uva, "cudart", no_bindings)  # a torch without cudart: the same one line
+    with pytest.raises(uva.UvaError, match="^cudaHostRegister for cpu: torch was built without CUDA$"):
+        uva.HostMapping(4096, CPU).register()
+
 
 # -- the choice -------------------------------------------------------------------------------
 

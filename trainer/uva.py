@@ -55,6 +55,13 @@ ERRORS = {
 }
 
 
+HINTS = {
+    2: ": not enough host memory the driver could page-lock",
+    712: ": part of it is registered already",
+    801: ": not supported by this system or driver",
+}
+
+
 class UvaError(MomentError):
     """Host memory could not be registered with CUDA (the caller falls back to the CPU)."""
 
@@ -83,6 +90,13 @@ class CudaArray:
             "strides": None,
             "version": 3,
         }
+
+
+def indexed(device: torch.device) -> torch.device:
+    """``cuda`` as ``cuda:<current device>``: registration makes that device current first."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _in_thread(call: Callable[[], Any], device: torch.device) -> int:
@@ -123,7 +137,7 @@ class HostMapping:
 
     def __init__(self, nbytes: int, device: torch.device, path: Path | None = None) -> None:
         self.nbytes = int(nbytes)
-        self.device = device
+        self.device = indexed(device)
         self.path = path
         size = max(self.nbytes, 1)
         if path is None:
@@ -146,7 +160,7 @@ class HostMapping:
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError("only a contiguous host tensor can be registered")
         self = cls.__new__(cls)
-        self.nbytes, self.device, self.path = tensor.numel() * tensor.element_size(), device, None
+        self.nbytes, self.device, self.path = tensor.numel() * tensor.element_size(), indexed(device), None
         self._mm, self._bytes, self._keep = None, None, tensor
         self.ptr = int(tensor.data_ptr())
         self.registered = False
@@ -162,13 +176,16 @@ class HostMapping:
         """Page-lock and map the memory for the device; a failure is one :class:`UvaError` line."""
         if self.registered:
             return
-        rc = _in_thread(lambda: cudart().cudaHostRegister(self.ptr, max(self.nbytes, 1), FLAGS), self.device)
+        try:
+            rc = _in_thread(lambda: cudart().cudaHostRegister(self.ptr, max(self.nbytes, 1), FLAGS), self.device)
+        except (RuntimeError, AttributeError, ValueError) as exc:  # no usable cudart bindings or device
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UvaError(f"cudaHostRegister for {self.device}: {why}") from None
         if rc != 0:
+            what = f"a shared mapping of {self.path}" if self.path else "anonymous" if self._mm else "a host tensor"
             raise UvaError(
-                f"cudaHostRegister of {self.nbytes / 2**30:.2f} GiB of host memory "
-                f"({'a shared mapping of ' + str(self.path) if self.path else 'anonymous'}) for {self.device} "
-                f"failed: {error_name(rc)}: not enough memory the driver can page-lock "
-                f"(memory free, the container's locked-memory limit)"
+                f"cudaHostRegister of {self.nbytes / 2**30:.2f} GiB of host memory ({what}) for {self.device} "
+                f"failed: {error_name(rc)}{HINTS.get(rc, '')}"
             )
         self.registered = True
 
