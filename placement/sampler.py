@@ -246,9 +246,16 @@ def _place(arr: Array, device: torch.device, dtype: torch.dtype | None) -> Array
     return out
 
 
-def _fits_on_gpu(indptr: Array, indices: Array, device: torch.device) -> bool:
-    """Whether the CSR (indptr as int64) takes at most ``CSR_GPU_SHARE`` of free GPU memory."""
+def csr_bytes(indptr: Array, indices: Array) -> int:
+    """Bytes of the CSR as sampling holds it: indptr as int64, indices in their own type."""
     itemsize = indices.element_size() if isinstance(indices, torch.Tensor) else indices.dtype.itemsize
-    nbytes = len(indptr) * 8 + len(indices) * itemsize
-    free, _total = torch.cuda.mem_get_info(device)
+    return len(indptr) * 8 + len(indices) * itemsize
+
+
+def fits_on_gpu(nbytes: int, free: int) -> bool:
+    """Whether a CSR of ``nbytes`` goes on a GPU with ``free`` bytes: at most ``CSR_GPU_SHARE``."""
     return nbytes <= CSR_GPU_SHARE * free
+
+
+def _fits_on_gpu(indptr: Array, indices: Array, device: torch.device) -> bool:
+    return fits_on_gpu(csr_bytes(indptr, indices), torch.cuda.mem_get_info(device)[0])

@@ -42,8 +42,7 @@ from typing import Any
 import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
-from placement.sampler import CSR_GPU_SHARE
-from trainer.sampling import csr_bytes
+from placement.sampler import csr_bytes, fits_on_gpu
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
@@ -211,7 +210,7 @@ def predict_sampling(shape: RunShape, mode: str, cuda: bool, gpu_free: int | Non
     if gpu_free is None:
         return "gpu"
     left = gpu_free - shape.gpu_cache_rows * shape.row_bytes - 16 * model_parameters(shape) - CUDA_CONTEXT
-    return "gpu" if shape.csr_bytes <= CSR_GPU_SHARE * left else "uva"
+    return "gpu" if fits_on_gpu(shape.csr_bytes, left) else "uva"
 
 
 def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gpu_free: int | None = None) -> RunShape:

@@ -30,7 +30,7 @@ import torch
 from moment.fileio import atomic_file
 from moment.outputs import short_of_space
 from placement.placed import PlacedError
-from placement.sampler import CSR_GPU_SHARE, UPLOAD_CHUNK
+from placement.sampler import UPLOAD_CHUNK, csr_bytes, fits_on_gpu
 from trainer.config import SAMPLING_CHOICES
 from trainer.dist import all_gather
 from trainer.shm import SharedMemoryFullError
@@ -48,12 +48,6 @@ Array = np.ndarray | torch.Tensor
 class Choice:
     where: str  # gpu | uva | cpu
     note: str | None = None  # why it is not what was asked (or what auto would pick)
-
-
-def csr_bytes(indptr: Array, indices: Array) -> int:
-    """Bytes of the CSR as sampling holds it: indptr as int64, indices in their own type."""
-    item = indices.element_size() if isinstance(indices, torch.Tensor) else indices.dtype.itemsize
-    return len(indptr) * 8 + len(indices) * item
 
 
 def host_available() -> int | None:
@@ -80,7 +74,7 @@ def choose(mode: str, device: torch.device, nbytes: int, gpu_free: int | None, h
         return Choice(mode)
     if mode == "uva":  # asked for: tried even where auto would not (registration says if it fails)
         return Choice("uva")
-    if gpu_free is not None and nbytes <= CSR_GPU_SHARE * gpu_free:
+    if gpu_free is not None and fits_on_gpu(nbytes, gpu_free):
         return Choice("gpu")
     if host_free is None or nbytes <= HOST_PIN_SHARE * host_free:
         return Choice("uva")
