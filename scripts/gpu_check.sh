@@ -9,7 +9,10 @@
 #      and one with CPU-cache rows staged on the host (--host-gather stage), one rank on every
 #      GPU, against the demo's own run (graph on the GPU, CPU-cache rows gathered by the GPU);
 #   4. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
-#      --io kvikio (kvikio: pip install -e '.[gpu]').
+#      --io kvikio (kvikio: pip install -e '.[gpu]');
+#   5. scripts/bench_readers.py --direct: the file reader's engines (io_uring, pread, python) and
+#      a C pthread loop, random 4 KiB O_DIRECT reads of a 4 GiB scratch file made in $BENCH_DIR
+#      (default OUT: point it at a folder on the NVMe SSDs to measure them).
 # Each step's exit status goes in the report; the script's exit status is the number of steps
 # that failed. Run from the repository root:  scripts/gpu_check.sh [OUT]
 # Python: $PYTHON, else the .venv that `make test` / `make demo` create, else python on PATH.
@@ -85,6 +88,10 @@ for io in posix kvikio; do
         --json "$OUT/bench-$io.json"
 done
 
+step "bench_readers --direct in ${BENCH_DIR:-$OUT}" "$OUT/bench-readers.log" \
+    "$PY" scripts/bench_readers.py --dir "${BENCH_DIR:-$OUT}" --direct --size-mb 4096 --reads 200000 \
+    --threads 1,16,64 --rounds 2
+
 {
     echo
     echo "## Steps ($failed failed)"
@@ -120,9 +127,15 @@ for io in ("posix", "kvikio"):
     if f.exists():
         b = json.loads(f.read_text())
         print(f"- bench_features --io {io}: store {b['store_gbps']:.3f} GB/s vs raw {b['raw_gbps']:.3f} GB/s "
-              f"(ratio {b['ratio']:.2f}), {b['reader']}, modes {b['modes']}, config {b['config']}, routes {b['routes']}")
+              f"(ratio {b['ratio']:.2f}), {b['reader']} (engine {b.get('engine')}), modes {b['modes']}, "
+              f"config {b['config']}, routes {b['routes']}")
     else:
         print(f"- bench_features --io {io}: no figures (see bench-{io}.log)")
+log = out / "bench-readers.log"
+lines = log.read_text().splitlines() if log.exists() else []
+head = next((i for i, line in enumerate(lines) if line.startswith("threads")), None)
+table = [] if head is None else lines[max(head - 1, 0) : head + 4]  # what was read, the header, 3 rows
+print("- bench_readers (M reads/s):" + "".join(f"\n      {line}" for line in table) if table else "- bench_readers: no figures")
 EOF
 } >>"$REPORT"
 rm -f "$OUT/steps.md"
