@@ -11,7 +11,7 @@ from kvikio_fake import FakeKvikio
 from prediction_fixture import prediction
 from trainer.config import TrainConfig
 from trainer.metrics import Metrics
-from trainer.readers import FileReader, KvikioReader
+from trainer.readers import ENGINES, FileReader, KvikioReader
 
 PREDICTION = prediction({"gpu": 0.2})
 
@@ -26,7 +26,13 @@ def test_posix_reads_against_a_direct_plan_are_noted_once() -> None:
     m, out = metrics()
     with FileReader(threads=1) as reader:
         m.note_ssd_route("direct", reader)
-    assert m.predicted["ssd_route"] == {"planned": "direct", "run": "host", "reader": "FileReader"}
+    assert m.predicted["ssd_route"] == {
+        "planned": "direct",
+        "run": "host",
+        "reader": "FileReader",
+        "engine": reader.engine,
+    }
+    assert reader.engine in ENGINES
     assert "ssd_reads: direct" in m.predicted["note"] and "through host memory (FileReader)" in m.predicted["note"]
     assert out.getvalue().count("note:") == 1
 

@@ -214,7 +214,12 @@ class Metrics:
         which go through host memory, or the reverse. ``planned``: the plan's ``ssd_reads``
         (None without a plan: nothing to compare)."""
         route = getattr(reader, "route", "host")
-        self.predicted["ssd_route"] = {"planned": planned, "run": route, "reader": type(reader).__name__}
+        self.predicted["ssd_route"] = {
+            "planned": planned,
+            "run": route,
+            "reader": type(reader).__name__,
+            "engine": getattr(reader, "engine", None),
+        }
         if planned is None or planned == route:
             return
         how = {"host": "through host memory", "direct": "straight to the GPU (GPUDirect Storage)"}

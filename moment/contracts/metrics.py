@@ -59,6 +59,7 @@ class SsdRoute(_Part):
     planned: Literal["host", "direct"] | None
     run: Literal["host", "direct"]
     reader: str
+    engine: str | None = None  # the file reader's engine (io_uring, pread, python); None for others
 
 
 class RunPrediction(_Part):
