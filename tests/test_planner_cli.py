@@ -104,7 +104,7 @@ def test_sweep_gpus() -> None:
     assert [r["gpus"] for r in rows] == [1, 2, 3]
     # More GPUs read more bytes per iteration in total: the iteration never gets shorter.
     times = [r["predicted_iteration_s"] for r in rows]
-    assert times == sorted(times)
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(times, times[1:])), times  # up to the LP's tolerance
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ from pathlib import Path
 from rich.markup import escape
 
 from moment.cli.args import Parser, non_negative, positive, registry_choices
-from moment.cli.output import RichProgress, err, out
+from moment.cli.output import err, out
 from moment.errors import UsageError
+from moment.progress import Reporter
 
 
 def add_dataset(sub: argparse._SubParsersAction) -> None:
@@ -165,7 +166,7 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
         f"{args.dim}-dim {args.dtype} features: ~{total / 1e9:.2f} GB on disk"
     )
     synth.check_free_space(Path(args.out), total)
-    with RichProgress(err) as progress:
+    with Reporter(err) as progress:
         ds = synth.synthesize(
             args.out,
             nodes=args.nodes,
@@ -221,7 +222,7 @@ def cmd_dataset_import(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         (err if line.startswith("warning:") else out).print(escape(line))
 
-    with RichProgress(err) as progress:
+    with Reporter(err) as progress:
         ds = run(imp.name, args.out, given, progress=None if args.dry_run else progress, log=log)
     if ds is not None:
         out.print(
@@ -258,7 +259,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         seed=args.seed,
         profile=profile,
     )
-    with RichProgress(err) as bars:
+    with Reporter(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)
     if args.json:
         print(json.dumps(manifest, indent=2))

@@ -38,6 +38,7 @@ class LayoutBound:
         n_gpus: int,
     ) -> None:
         self.D = workload.demand_gb()
+        self.memo: dict[tuple, float] = {}
         fixed = [d for d in skeleton.fixed.values() if d.kind == "gpu"]
         self.G = n_gpus + len(fixed)
         self.shares = workload.tier_shares()
@@ -98,7 +99,44 @@ class LayoutBound:
             )
         return best
 
+    def for_gpus(self, g: tuple[int, ...], room: list[int], n_ssds: int) -> float:
+        """A bound for GPU placement ``g`` valid for every way of adding ``n_ssds`` SSDs (``room``:
+        free SSD slots per class): each of :meth:`__call__`'s terms at its smallest over the SSD
+        placements (a min of maxima is at least the max of the minima). The SSD tier gets the
+        fastest SSDs that fit; a cut, its traffic with the SSD read rates left out."""
+        D, G, h = self.D, self.G, self.shares
+        best = self.dram_bound
+        rate, left = 0.0, n_ssds
+        for r, n in sorted(zip(self.ssd_rate, room), reverse=True):
+            take = min(n, left)
+            rate, left = rate + take * r, left - take
+        if h["ssd"] > 0:
+            best = max(best, h["ssd"] * D * G / rate if rate > 0 else float("inf"))
+        links = sum(n * c for n, c in zip(g, self.gpu_link))
+        if links > 0:
+            best = max(best, D * G * (1 - h["gpu"]) / links)
+        inside = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
+        for cuts, ng in zip(self.class_cuts, g):
+            for cut in cuts:
+                inside[cut] += ng
+        s = h["ssd"]
+        for cut, c in self.cuts.items():
+            k = inside[cut]
+            if c.capacity == float("inf") or k == 0:
+                continue
+            cpu = 0.0 if c.has_dram else h["cpu"]
+            lines = [(k * D * (cpu + s) / c.capacity, -k * D * s / c.capacity), (0.0, (G - k) * D * s / c.capacity)]
+            best = max(best, _min_max_lines(lines))
+        return best
+
     def _cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
+        """:meth:`_solve_cut`, remembered: layouts of one search share most of their cuts."""
+        key = (k, r_in, r_out, cap, dram_inside)
+        if key not in self.memo:
+            self.memo[key] = self._solve_cut(*key)
+        return self.memo[key]
+
+    def _solve_cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
         """Smallest T at which some share X of the SSD bytes stored inside the cut satisfies:
         k·D·(c + s·(1-X)) ≤ T·cap into it (c: the CPU share, unless the socket's own cache copy
         is inside), (G-k)·D·s·X ≤ T·cap out of it, and the SSD read rates on each side

@@ -15,6 +15,7 @@ from moment.planner import search
 from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.scoring import Scored, score
 from moment.planner.workload import Workload
+from moment.progress import Update
 from moment.topology.model import Machine
 from moment.yamlio import load_yaml, yaml_problem
 
@@ -71,11 +72,17 @@ def plan(
     method: str = "auto",
     engine: str = "ortools",
     milp_solver: str = "ortools",
+    space: search.Space | None = None,
+    progress: Update | None = None,
+    ties: int | None = None,
 ) -> PlanOutcome:
     """The search's best layouts, each scored by every flow model (``engine``: the paper model's max
-    flow; ``milp_solver``: the ``milp`` search's solver)."""
+    flow; ``milp_solver``: the ``milp`` search's solver; ``space``, ``progress``, ``ties``: as
+    :func:`~moment.planner.search.plan_search` takes them)."""
     t0 = time.perf_counter()
-    result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method, milp_solver=milp_solver)
+    result = search.plan_search(
+        machine, workload, n_gpus, n_ssds, top, method, milp_solver, space=space, progress=progress, ties=ties
+    )
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
@@ -84,9 +91,9 @@ def plan(
         for i, cand in enumerate(result.ranked, 1)
     ]
     ranking[0].name = "best"
-    space = slot_space(machine)
+    slots = space.slots if space is not None else slot_space(machine)
     classic = {}
-    if n_gpus == len(space.gpus) and n_ssds == len(space.ssds):  # named layouts use the profile's devices
+    if n_gpus == len(slots.gpus) and n_ssds == len(slots.ssds):  # named layouts use the profile's devices
         for name, layout in sorted(machine.layouts.items()):
             classic[name] = score(machine, name, layout, workload, engine=engine)
     return PlanOutcome(
