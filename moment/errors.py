@@ -20,6 +20,11 @@ class UsageError(MomentError):
     exit_code = 2
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is (as SIGINT raises KeyboardInterrupt), so that what
+    cleans up on Ctrl-C cleans up on ``kill`` too; the CLI exits 143 (128 + 15)."""
+
+
 class ProfileError(MomentError):
     """A topology profile that does not validate; the message names file and field."""
 

@@ -80,3 +80,71 @@ def test_the_full_sweep_finishes_on_every_bundled_profile(name: str, capsys) -> 
     doc = json.loads(out)
     assert len(doc["sweep"]) + len(doc["skipped"]) == 128
     assert doc["sweep"], doc["skipped"][:3]
+
+
+def test_a_profile_with_every_gpu_fixed_plans_subsets_of_them(tmp_path, capsys) -> None:
+    """dgx-like-8xa100: eight SXM GPUs, no slot. `--gpus 4` picks four of the installed GPUs (the
+    plan's ranks name them), 9 does not fit, and SSDs have nowhere to go."""
+    from moment.contracts.plan import read_plan
+
+    w = tmp_path / "w.yaml"
+    w.write_text("cpu_cache_fraction: 1.0\n")
+    out = tmp_path / "plan.json"
+    base = ["plan", "--profile", "dgx-like-8xa100", "--workload", str(w)]
+    rc, stdout, err = cli([*base, "--gpus", "4", "--top", "3", "--out", str(out), "--json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(stdout)
+    assert doc["search"]["gpus"] == 4
+    ranks = read_plan(out).ranks
+    assert len(ranks) == 4 and len({r.gpu for r in ranks}) == 4
+    assert {r.socket for r in ranks} == {"cpu0", "cpu1"}  # both sockets' memory serves the CPU cache
+    rc, stdout, err = cli([*base, "--top", "1", "--json"], capsys)  # as installed: all eight
+    assert rc == 0, err
+    assert json.loads(stdout)["search"]["gpus"] == 8 and len(json.loads(stdout)["best"]["slots"]) == 8
+    rc, stdout, err = cli(["score", "--profile", "dgx-like-8xa100", "--workload", str(w), "--layout", str(out)], capsys)
+    assert rc == 0, err
+    rc, stdout, err = cli([*base, "--gpus", "9"], capsys)
+    assert rc == 2 and "fixed in place" in err
+    rc, stdout, err = cli(
+        ["plan", "--profile", "dgx-like-8xa100", "--gpus", "1..8", "--ssds", "1..16", "--json"], capsys
+    )
+    assert rc == 0, err
+    doc = json.loads(stdout)
+    assert doc["sweep"] == [] and {s["reason"] for s in doc["skipped"]} == {
+        "more SSDs than the profile's 0 slots an SSD fits"
+    }
+    rc, stdout, err = cli([*base, "--gpus", "1..8", "--ssds", "0", "--json"], capsys)
+    assert rc == 0, err
+    times = [r["predicted_iteration_s"] for r in json.loads(stdout)["sweep"]]
+    assert len(times) == 8 and all(t > 0 for t in times)
+
+
+def test_profiles_prints_whole_headers_into_a_pipe() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "moment", "profiles"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in done.stdout.splitlines() if "name" in line)
+    assert [h.strip() for h in header.strip("┃ ").split("┃")] == [
+        "name",
+        "sockets",
+        "switches",
+        "slots",
+        "gpus",
+        "nvme",
+        "nics",
+        "nvlinks",
+    ]
+
+
+def test_score_prints_four_significant_digits(tmp_path, capsys) -> None:
+    """A fast layout's time is not rounded away (0.000186 s, not 0.0002 s)."""
+    w = tmp_path / "w.yaml"
+    w.write_text("nodes: 100000\nfeature_dim: 32\nbatch_size: 64\n")
+    rc, out, err = cli(["score", "--profile", "moment-machine-b", "--workload", str(w), "--json"], capsys)
+    assert rc == 0, err
+    t = json.loads(out)["predicted_iteration_s"]
+    assert t < 0.001
+    rc, out, err = cli(["score", "--profile", "moment-machine-b", "--workload", str(w)], capsys)
+    assert f"predicted iteration {t:.4g} s" in " ".join(out.split())

@@ -45,7 +45,7 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
 
     i = dsub.add_parser(
         "import",
-        help="import a dataset from disk: plain .npy arrays, IGB, or OGB (papers100M) files",
+        help="import a dataset from disk: plain .npy arrays, IGB, or OGB (binary or CSV) files",
         description="Read the files users have on disk and write a moment dataset; the CSR is built out of core "
         "within --memory. Formats: " + "; ".join(f"{k}: {v.help}" for k, v in IMPORTERS.items()) + ".",
         epilog="IGB splits (IGB ships none), over the L labelled vertices, from one torch.randperm(L) seeded with "
@@ -241,6 +241,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         name, sep, d = spec.partition("=")
         if not sep or not name or not d:
             raise UsageError(f"--ssd-dir {spec!r}: expected BIN=DIR, e.g. nvme0=/mnt/nvme0")
+        if name in dirs:
+            raise UsageError(f"--ssd-dir {spec!r}: {name} is given a directory twice")
         dirs[name] = Path(d)
     profile = None
     if args.profile:

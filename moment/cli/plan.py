@@ -157,7 +157,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.Namespace) -> int:
     """The best time of every GPU and SSD count in the ranges; counts that do not fit the slots
-    (or leave an SSD-reading workload without SSDs) are skipped and listed. Each count is one
+    (or leave an SSD-reading workload without SSDs) are skipped and listed, even all of them (the
+    list is the sweep's answer then, as a table is otherwise). Each count is one
     search on the machine's shared :class:`~moment.planner.search.Space`, and ties are not broken
     on headroom (the time is the plan's; ``moment plan`` for one count picks among equals)."""
     from moment.planner.plan import check_ssd_tier, plan
@@ -176,11 +177,10 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
                 except UsageError:
                     why = f"the workload reads {workload.tier_shares()['ssd']:.1%} of its rows from SSDs"
             (todo if why is None else skipped).append((g, s, why))
-    if not todo:
-        raise UsageError(f"no GPU and SSD count of the sweep fits {machine.name}: {skipped[0][2]}")
     rows = []
     with Reporter(err) as report:
-        report("plan sweep", 0, len(todo))
+        if todo:
+            report("plan sweep", 0, len(todo))
         for i, (g, s, _) in enumerate(todo, 1):
             outcome = plan(
                 machine,
@@ -200,7 +200,10 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
         gone = [{"gpus": g, "ssds": s, "reason": why} for g, s, why in skipped]
         print(json.dumps({"profile": machine.name, "sweep": rows, "skipped": gone}, indent=2))
         return 0
-    out.print(sweep_table(machine.name, rows))
+    if rows:
+        out.print(sweep_table(machine.name, rows))
+    else:
+        out.print(f"no GPU and SSD count of the sweep fits {machine.name}")
     if skipped:
         out.print(f"skipped {len(skipped)} of {len(skipped) + len(todo)} counts:")
         for line in _skipped_lines(skipped):
@@ -297,6 +300,6 @@ def plan_picture(scored, path: str) -> None:
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")
     notes, hot = edge_notes(scored)
-    title = f"{scored.machine.name} — layout {scored.name}: {scored.prop.iteration_s:.4f} s per iteration (bottleneck in red)"
+    title = f"{scored.machine.name} — layout {scored.name}: {scored.prop.iteration_s:.4g} s per iteration (bottleneck in red)"
     atomic_write_text(Path(path), render_svg(scored.machine, notes, hot, title))
     err.print(f"picture written to {path}")

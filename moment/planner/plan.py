@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from moment.errors import UsageError
+from moment.errors import MomentError, UsageError
 from moment.planner import search
 from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.scoring import Scored, score
@@ -29,9 +29,9 @@ class PlanOutcome:
 
 
 def default_counts(machine: Machine) -> tuple[int, int]:
-    """GPUs and SSDs as installed."""
+    """GPUs and SSDs as installed (GPUs fixed in place included where a layout picks among them)."""
     space = slot_space(machine)
-    return len(space.gpus), len(space.ssds)
+    return len(space.gpus) or len(space.fixed_gpus), len(space.ssds)
 
 
 def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: int, n_ssds: int) -> None:
@@ -121,20 +121,22 @@ def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, 
         return name_or_file, dict(machine.layouts[name_or_file])
     path = Path(name_or_file)
     if not path.exists():
+        if path.suffix in (".json", ".yaml", ".yml"):  # meant as a file, as profiles are told apart
+            raise MomentError(f"{path}: no such layout file")
         names = ", ".join(["installed", *sorted(machine.layouts)])
         raise UsageError(f"unknown layout {name_or_file!r}: not a file, and not a layout of {machine.name} ({names})")
     try:
         data = json.loads(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
+        raise MomentError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
+        raise MomentError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
         data = data["layout"]
         if isinstance(data.get("slots"), list):  # a plan.json: its layout's slots
             data = {s.get("port"): s.get("device") for s in data["slots"] if isinstance(s, dict)}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise UsageError(f"{path}: a layout file maps slot/port ids to device ids")
+        raise MomentError(f"{path}: a layout file maps slot/port ids to device ids")
     return path.stem, data
 
 

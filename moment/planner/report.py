@@ -71,7 +71,7 @@ def print_layout(console: Console, s: Scored) -> None:
 
 def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
     d = s.to_dict()
-    times = ", ".join(f"{p.iteration_s:.4f} s ({FLOW_MODELS[m].title})" for m, p in s.predictions.items())
+    times = ", ".join(f"{p.iteration_s:.4g} s ({FLOW_MODELS[m].title})" for m, p in s.predictions.items())
     console.print(
         f"[bold]{s.name}[/]: predicted iteration {times}; "
         f"per GPU {', '.join(f'{x:.3g}' for x in d['gbps_per_gpu'])} GB/s; imbalance {d['imbalance']:.3f}"
@@ -114,9 +114,9 @@ def ranking_table(title: str, rows: list[Scored], best_s: float) -> Table:
             s.name,
             _spread(s, "gpu"),
             _spread(s, "nvme"),
-            f"{s.prop.iteration_s:.4f}",
+            f"{s.prop.iteration_s:.4g}",
             f"{s.prop.iteration_s / best_s:.2f}×",
-            *(f"{s.predictions[m].iteration_s:.4f}" for m in others),
+            *(f"{s.predictions[m].iteration_s:.4g}" for m in others),
             bottleneck_summary(s),
         )
     return table

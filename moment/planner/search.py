@@ -69,7 +69,10 @@ def slot_classes(machine: Machine, space: SlotSpace) -> list[SlotClass]:
         bw = port.link.bandwidth_gbps()
         key = f"{parents[port.id]}|{port.kind}|{slot.form}|{slot.width}|{bw}"  # type: ignore[union-attr]
         groups.setdefault(key, []).append(port)
-    gpu_ids = {p.id for p in space.gpu_slots()}
+    for port in space.fixed_gpus:  # GPUs fixed in place that a layout may leave idle
+        key = f"{parents[port.id]}|fixed-gpu|{port.device.model}|{port.link.bandwidth_gbps()}"  # type: ignore[union-attr]
+        groups.setdefault(key, []).append(port)
+    gpu_ids = {p.id for p in space.gpu_slots() + space.fixed_gpus}
     ssd_ids = {p.id for p in space.ssd_slots()}
     return [
         SlotClass(key, tuple(p.id for p in ports), ports[0].id in gpu_ids, ports[0].id in ssd_ids)
@@ -153,24 +156,38 @@ class Space:
     def of(cls, machine: Machine) -> Space:
         slots = slot_space(machine)
         classes = slot_classes(machine, slots)
-        return cls(machine, slots, classes, skeleton_for(machine), Signer(machine, classes))
+        skeleton = skeleton_for(machine, choose_fixed=bool(slots.fixed_gpus))
+        return cls(machine, slots, classes, skeleton, Signer(machine, classes))
+
+    @property
+    def own(self) -> dict[str, str]:
+        """Port id -> the GPU fixed there, where a layout chooses among fixed GPUs."""
+        return {p.id: p.device.id for p in self.slots.fixed_gpus}  # type: ignore[union-attr]
 
     def devices(self, n_gpus: int, n_ssds: int) -> tuple[list[Device], list[Device]]:
-        """The GPUs and SSDs a layout of these counts places (refused where they do not fit)."""
+        """The GPUs and SSDs a layout of these counts places (refused where they do not fit);
+        where GPUs are fixed in place, all of them (a layout picks ``n_gpus``)."""
         if (why := self.misfit(n_gpus, n_ssds)) is not None:
             raise UsageError(f"{n_gpus} GPUs and {n_ssds} SSDs do not fit: {why}")
-        return pick_devices(self.slots, "gpu", n_gpus), pick_devices(self.slots, "nvme", n_ssds)
+        fixed = [p.device for p in self.slots.fixed_gpus]
+        gpus = fixed if fixed else pick_devices(self.slots, "gpu", n_gpus)
+        return gpus, pick_devices(self.slots, "nvme", n_ssds)  # type: ignore[return-value]
 
     def misfit(self, n_gpus: int, n_ssds: int) -> str | None:
         """Why ``n_gpus`` GPUs and ``n_ssds`` SSDs do not fit the slots (the same words for every
         count that fails the same way, so a sweep can list them together), or None."""
         gpu_slots, ssd_slots = len(self.slots.gpu_slots()), len(self.slots.ssd_slots())
         room = len({p.id for p in self.slots.gpu_slots() + self.slots.ssd_slots()})
-        if n_gpus > gpu_slots:
+        fixed = len(self.slots.fixed_gpus)
+        if n_gpus + sum(d.kind == "gpu" for d in self.skeleton.fixed.values()) == 0:
+            return "a layout needs at least one GPU"
+        if fixed and n_gpus > fixed:
+            return f"more GPUs than the profile's {fixed}, which are fixed in place (no slot for another)"
+        if not fixed and n_gpus > gpu_slots:
             return f"more GPUs than the profile's {gpu_slots} GPU-capable slots"
         if n_ssds > ssd_slots:
             return f"more SSDs than the profile's {ssd_slots} slots an SSD fits"
-        if n_gpus + n_ssds > room:
+        if (0 if fixed else n_gpus) + n_ssds > room:
             return f"more devices than the profile's {room} free or movable slots"
         return None
 
@@ -185,13 +202,21 @@ def _signature(machine: Machine, classes: list[SlotClass], g: tuple[int, ...], s
 
 
 def _materialise(
-    classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...], gpus: list[Device], ssds: list[Device]
+    classes: list[SlotClass],
+    g: tuple[int, ...],
+    s: tuple[int, ...],
+    gpus: list[Device],
+    ssds: list[Device],
+    own: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """The layout of per-class counts: the first slots of each class, the devices in order
+    (``own``: the GPU fixed at a port, which only it can hold)."""
     layout: dict[str, str] = {}
     gi, si = iter(gpus), iter(ssds)
+    own = own or {}
     for c, ng, ns in zip(classes, g, s):
         for port_id in c.ports[:ng]:
-            layout[port_id] = next(gi).id
+            layout[port_id] = own[port_id] if port_id in own else next(gi).id
         for port_id in c.ports[ng : ng + ns]:
             layout[port_id] = next(si).id
     return layout
@@ -232,7 +257,7 @@ def search(
         for s in _distribute(n_ssds, ssd_caps):
             sig = sp.signer(g, s)
             if sig not in seen:
-                seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s))
+                seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s))
     raw = count_layouts(classes, n_gpus, n_ssds, slots=True)
     skeleton = sp.skeleton
     pool = {d.id: d for d in gpus + ssds}
@@ -293,6 +318,7 @@ def search_milp(
     gpus, ssds = sp.devices(n_gpus, n_ssds)
     classes, skeleton = sp.classes, sp.skeleton
     template = ssds[0] if ssds else None
+    pool = {d.id: d for d in gpus + ssds}
     placements: dict[str, tuple[int, ...]] = {}
     raw = 0
     nothing = (0,) * len(classes)
@@ -311,8 +337,7 @@ def search_milp(
             if lbs[key] >= kth * (1 - 1e-9) and (lbs[key] > kth * (1 + 1e-6) or len(found) >= limit + ties):
                 break
         g = placements[key]
-        layout = _materialise(classes, g, nothing, gpus, [])
-        placed = {p: d for p, d in zip(layout, gpus)}
+        placed = {p: pool[d] for p, d in _materialise(classes, g, nothing, gpus, [], sp.own).items()}
         reps: dict[str, flow.SsdClass] = {}
         for i, (c, gi) in enumerate(zip(classes, g)):
             room = len(c.ports) - gi
@@ -330,11 +355,10 @@ def search_milp(
         net = skeleton.network(placed, workload)
         pred = flow.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds, milp_solver=solver)
         s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
-        found.append(Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s)))
+        found.append(Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s)))
         found[-1].prediction = pred
     found.sort(key=lambda c: c.prediction.iteration_s)  # type: ignore[union-attr]
     top = found[:keep] if keep else found
-    pool = {d.id: d for d in gpus + ssds}
     for cand in top:  # the exact LP on the concrete layout, with balanced shares
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
     top.sort(key=_rank_key)
