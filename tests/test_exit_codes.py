@@ -5,17 +5,13 @@ each with one line on stderr naming the verb, never a traceback. In-process wher
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+import logged
 from moment.cli import main
-from moment.progress import INTERVAL_ENV
 
 
 @pytest.fixture(scope="module")
@@ -118,25 +114,9 @@ def test_no_verb_is_usage(capsys) -> None:
 def test_signals_exit_130_and_143_with_one_line(sig: int, code: int, line: str, tmp_path: Path) -> None:
     """A sweep long enough to be stopped half way, signalled once progress shows."""
     log = tmp_path / "err.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "moment",
-        "plan",
-        "--profile",
-        "example-8gpu-16ssd",
-        "--gpus",
-        "1..8",
-        "--ssds",
-        "1..16",
-    ]
-    with log.open("w") as f:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=f, env={**os.environ, INTERVAL_ENV: "0"})
+    proc = logged.start(["plan", "--profile", "example-8gpu-16ssd", "--gpus", "1..8", "--ssds", "1..16"], log)
     try:
-        deadline = time.monotonic() + 120
-        while "plan sweep: 1/" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert proc.poll() is None, log.read_text()
+        assert logged.seen_while_running(proc, log, "plan sweep: 1/"), log.read_text()
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
     finally:

@@ -4,15 +4,12 @@ bar would print nothing until it stops), and live bars only on a terminal."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+import logged
 from moment.errors import UsageError
 from moment.progress import INTERVAL_ENV, Reporter, duration, interval_s
 
@@ -95,33 +92,52 @@ def test_a_step_writes_progress_lines_to_its_log_file_while_it_runs(tmp_path: Pa
     """`moment plan` sweeping with stderr to a file: progress lines are in the file before the
     process ends (a rich bar on a non-terminal writes nothing until it stops)."""
     log = tmp_path / "plan.log"
-    env = {**os.environ, INTERVAL_ENV: "0"}
-    argv = [
-        sys.executable,
-        "-m",
-        "moment",
-        "plan",
-        "--profile",
-        "moment-machine-b",
-        "--gpus",
-        "1..4",
-        "--ssds",
-        "4..12",
-    ]
-    with log.open("w") as f:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=f, env=env)
-    seen_while_running = []
+    proc = logged.start(["plan", "--profile", "moment-machine-b", "--gpus", "1..4", "--ssds", "4..12"], log)
     try:
-        while proc.poll() is None:
-            text = log.read_text()
-            if proc.poll() is None and "plan sweep: " in text:
-                seen_while_running = [ln for ln in text.splitlines() if ln.startswith("plan sweep: ")]
-                break
-            time.sleep(0.05)
+        early = logged.seen_while_running(proc, log, "plan sweep: ")
     finally:
-        rc = proc.wait(timeout=120)
+        rc = proc.wait(timeout=300)
     assert rc == 0, log.read_text()
-    assert seen_while_running, f"no progress line before the end: {log.read_text()!r}"
+    assert early, f"no progress line before the end: {log.read_text()!r}"
     final = [ln for ln in log.read_text().splitlines() if ln.startswith("plan sweep: ")]
     assert final[-1].startswith("plan sweep: 36/36 (100%)") and "done in" in final[-1]
     assert "\x1b[" not in log.read_text()  # no terminal codes in a log
+
+
+def test_training_epochs_go_through_the_reporter_on_rank_0(monkeypatch) -> None:
+    """Rank 0's epoch bar: in a log (a non-terminal console), plain lines with done/total."""
+    from prediction_fixture import prediction
+    from trainer.config import TrainConfig
+    from trainer.metrics import Metrics
+
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    buf = io.StringIO()
+    cfg = TrainConfig(data="d", epochs=3, fanouts=(10, 5), batch_size=512, device="cpu")
+    metrics = Metrics(cfg, prediction({"gpu-cache": 0.2, "nvme0": 0.7}), [], enabled=True, console=Console(file=buf))
+    with metrics.progress(1, 4) as step:
+        for _ in range(4):
+            step()
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "epoch 2/3: 0/4 (0%)"
+    assert lines[-1].startswith("epoch 2/3: 4/4 (100%)") and "done in" in lines[-1]
+    assert len(lines) == 5
+
+
+@pytest.mark.slow
+def test_every_step_of_the_demo_writes_progress_lines_to_its_log(tmp_path: Path) -> None:
+    """The demo (synth, place, train with 2 ranks, infer) with stdout and stderr to one file: each
+    long step's plain progress lines are there, and the first shows before the demo ends."""
+    log = tmp_path / "demo.log"
+    argv = ["demo", "--workdir", str(tmp_path / "d"), "--nodes", "20000", "--epochs", "1"]
+    proc = logged.start(argv, log, both=True)
+    try:
+        early = logged.seen_while_running(proc, log, "features: ")
+    finally:
+        rc = proc.wait(timeout=900)
+    text = log.read_text()
+    assert rc == 0, text
+    assert early, text
+    for step in ("features: ", "writing bins: ", "epoch 1/1: ", "infer: "):
+        done = [ln for ln in text.splitlines() if ln.startswith(step) and "(100%)" in ln and "done in" in ln]
+        assert done, f"no finished progress line for {step!r} in {text}"
+    assert "\x1b[" not in text

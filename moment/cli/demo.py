@@ -69,11 +69,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     out.rule("[bold]3. place: a generated power-law graph into the planned GPU caches, CPU caches and SSD bins")
     data = work / "dataset"
-    synthesize(
-        data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05, replace=True
-    )
     placed_dir = work / "placed"
     with Reporter(err) as bars:
+        synthesize(
+            data,
+            nodes=args.nodes,
+            avg_degree=10,
+            dim=64,
+            dtype="float16",
+            seed=0,
+            train_fraction=0.05,
+            replace=True,
+            progress=bars,
+        )
         manifest = place(
             work / "plan.json",
             data,
