@@ -10,7 +10,7 @@ from pathlib import Path
 from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
-from moment.progress import Reporter
+from moment.progress import Reporter, stage_update
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -89,16 +89,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
     check_ssd_tier(machine, workload, args.profile, gpus[0], ssds[0])
-    outcome = plan(
-        machine,
-        workload,
-        gpus[0],
-        ssds[0],
-        top=args.top,
-        method=args.method,
-        engine=args.engine,
-        milp_solver=args.milp_solver,
-    )
+    with Reporter(err) as report:
+        outcome = plan(
+            machine,
+            workload,
+            gpus[0],
+            ssds[0],
+            top=args.top,
+            method=args.method,
+            engine=args.engine,
+            milp_solver=args.milp_solver,
+            progress=stage_update(report, "plan search"),
+        )
     if args.out:
         from moment.planner.planfile import save_plan
 

@@ -103,7 +103,8 @@ class LayoutBound:
         """A bound for GPU placement ``g`` valid for every way of adding ``n_ssds`` SSDs (``room``:
         free SSD slots per class): each of :meth:`__call__`'s terms at its smallest over the SSD
         placements (a min of maxima is at least the max of the minima). The SSD tier gets the
-        fastest SSDs that fit; a cut, its traffic with the SSD read rates left out."""
+        fastest SSDs that fit; a cut, its least over how many SSDs sit inside it, each side's
+        SSDs read at its fastest rate (the cut's bound only falls as the rates rise)."""
         D, G, h = self.D, self.G, self.shares
         best = self.dram_bound
         rate, left = 0.0, n_ssds
@@ -116,17 +117,26 @@ class LayoutBound:
         if links > 0:
             best = max(best, D * G * (1 - h["gpu"]) / links)
         inside = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
-        for cuts, ng in zip(self.class_cuts, g):
+        room_in = {cut: 0 for cut in self.cuts}  # free SSD slots inside each cut ...
+        rate_in = {cut: 0.0 for cut in self.cuts}  # ... and the fastest SSD rate among them
+        for cuts, ng, n, r in zip(self.class_cuts, g, room, self.ssd_rate):
             for cut in cuts:
                 inside[cut] += ng
-        s = h["ssd"]
+                if n > 0:
+                    room_in[cut] += n
+                    rate_in[cut] = max(rate_in[cut], r)
         for cut, c in self.cuts.items():
-            k = inside[cut]
-            if c.capacity == float("inf") or k == 0:
+            if c.capacity == float("inf"):
                 continue
-            cpu = 0.0 if c.has_dram else h["cpu"]
-            lines = [(k * D * (cpu + s) / c.capacity, -k * D * s / c.capacity), (0.0, (G - k) * D * s / c.capacity)]
-            best = max(best, _min_max_lines(lines))
+            outside = [r for cuts, n, r in zip(self.class_cuts, room, self.ssd_rate) if n > 0 and cut not in cuts]
+            r_out = max(outside, default=0.0)
+            lo, hi = max(0, n_ssds - (sum(room) - room_in[cut])), min(n_ssds, room_in[cut])
+            if lo <= hi:  # the SSDs inside, n, read at most n times the fastest rate there (as outside)
+                cut_bound = min(
+                    self._cut(inside[cut], n * rate_in[cut], (n_ssds - n) * r_out, c.capacity, c.has_dram)
+                    for n in range(lo, hi + 1)
+                )
+                best = max(best, cut_bound)
         return best
 
     def _cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:

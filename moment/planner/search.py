@@ -280,6 +280,8 @@ def search(
         done.append(cand)
         if progress is not None:
             progress(len(done), len(order))
+    if progress is not None:  # the rest were settled by the bound
+        progress(len(order), len(order))
     tied = [c for c in done if c.prediction.iteration_s <= best_t * (1 + 1e-6)]  # type: ignore[union-attr]
     for cand in tied:  # balanced shares decide among equally fast layouts
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
@@ -357,6 +359,8 @@ def search_milp(
         s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
         found.append(Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s)))
         found[-1].prediction = pred
+    if progress is not None:  # the rest were settled by the bound
+        progress(len(placements), len(placements))
     found.sort(key=lambda c: c.prediction.iteration_s)  # type: ignore[union-attr]
     top = found[:keep] if keep else found
     for cand in top:  # the exact LP on the concrete layout, with balanced shares
