@@ -196,11 +196,6 @@ class Space:
         return count_layouts(self.classes, n_gpus, n_ssds)
 
 
-def _signature(machine: Machine, classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...]) -> str:
-    """Canonical form of the tree with per-class counts: equal for mirror-image layouts."""
-    return Signer(machine, classes)(g, s)
-
-
 def _materialise(
     classes: list[SlotClass],
     g: tuple[int, ...],
