@@ -62,6 +62,7 @@ def interval_s() -> float:
 class _Stage:
     start: float
     first_done: int
+    total: int
     last_t: float  # when its last line was written
     last_step: int  # the STEP share its last line was in
     finished: bool = False
@@ -138,8 +139,8 @@ class Reporter:
         now = self.clock()
         st = self.stages.get(stage)
         step = int(done / total / STEP) if total else 0
-        if st is None:  # a stage starts (or resumes at done)
-            self.stages[stage] = _Stage(now, done, now, step, finished=bool(total) and done >= total)
+        if st is None or total != st.total or (st.finished and done < total):  # (re)starts, or resumes at done
+            self.stages[stage] = _Stage(now, done, total, now, step, finished=bool(total) and done >= total)
             self._write(line(stage, done, total, 0.0, None))
             return
         if st.finished:

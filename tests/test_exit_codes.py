@@ -23,6 +23,7 @@ def files(tmp_path_factory) -> Path:
     (d / "badw.yaml").write_text("batchsize: 3\n")
     (d / "bad.yaml").write_text("sockets: [\n")
     (d / "data.bin").write_bytes(b"\0" * 4096)
+    (d / "noslot.json").write_text('{"sw9-gpu0": "gpu0"}')
     assert (
         main(["plan", "--profile", "moment-machine-b", "--gpus", "1", "--ssds", "2", "--out", str(d / "plan.json")])
         == 0
@@ -51,6 +52,7 @@ CASES = [
     ("score", ["score", "--profile", "moment-machine-a", "--layout", "classic-z"], 2),
     ("score", ["score", "--profile", "moment-machine-a", "--layout", "{d}/bad.json"], 1),
     ("score", ["score", "--profile", "moment-machine-a", "--layout", "{d}/missing.json"], 1),
+    ("score", ["score", "--profile", "moment-machine-a", "--layout", "{d}/noslot.json"], 1),
     ("bench", ["bench", "--profile", "moment-machine-b", "--file", "{d}/missing.bin:nvme0"], 1),
     ("bench", ["bench", "--profile", "moment-machine-b", "--file", "{d}/data.bin:gpu0"], 2),
     ("dataset synth", ["dataset", "synth", "--nodes", "-5", "--out", "{d}/ds2"], 2),

@@ -68,6 +68,23 @@ def test_a_resumed_stage_rates_only_its_own_work_and_unknown_totals_print_counts
     ]
 
 
+def test_a_stage_run_again_with_another_total_starts_over() -> None:
+    """The CSR build reports "fill" twice (once per pass, each with its own total)."""
+    report, buf, clock = plain(interval=1.0)
+    report("fill", 0, 10)
+    report("fill", 10, 10)
+    clock.t += 1.0
+    report("fill", 0, 4)
+    clock.t += 1.0
+    report("fill", 4, 4)
+    assert buf.getvalue().splitlines() == [
+        "fill: 0/10 (0%)",
+        "fill: 10/10 (100%), done in 0.0s",
+        "fill: 0/4 (0%)",
+        "fill: 4/4 (100%), 4/s, done in 1.0s",
+    ]
+
+
 def test_live_bars_only_on_a_terminal() -> None:
     assert not Reporter(Console(file=io.StringIO(), force_terminal=False)).live
     assert Reporter(Console(file=io.StringIO(), force_terminal=True)).live

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moment.errors import UsageError
+from moment.errors import MomentError, UsageError
 from moment.topology.model import Device, Machine, Port, Slot
 
 MOVABLE = ("gpu", "nvme")
@@ -117,6 +117,7 @@ def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
 
 def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> dict[str, Device]:
     """Check ``layout`` (port id -> device id) against the profile; return port id -> device.
+    A layout that does not fit is bad input (a layout file's, or a plan's): exit 1.
 
     ``devices`` lists the devices the layout may use (default: the profile's movable ones).
     """
@@ -125,23 +126,23 @@ def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Devic
     by_id = {p.id: p for p in space.positions}
     own = {p.id: p.device for p in space.fixed_gpus}
     if len(set(layout.values())) != len(layout):
-        raise UsageError("layout places the same device in two slots")
+        raise MomentError("layout places the same device in two slots")
     out: dict[str, Device] = {}
     for port_id, dev_id in layout.items():
         if port_id in own:  # a GPU fixed in place: only its own, which the layout uses
             if dev_id != own[port_id].id:  # type: ignore[union-attr]
-                raise UsageError(f"layout puts {dev_id!r} at {port_id!r}, where {own[port_id].id} is fixed in place")  # type: ignore[union-attr]
+                raise MomentError(f"layout puts {dev_id!r} at {port_id!r}, where {own[port_id].id} is fixed in place")  # type: ignore[union-attr]
             out[port_id] = own[port_id]  # type: ignore[assignment]
             continue
         if port_id not in by_id:
-            raise UsageError(
+            raise MomentError(
                 f"layout names slot/port {port_id!r}, which is not a free or movable slot of {machine.name}"
             )
         if dev_id not in pool:
-            raise UsageError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
+            raise MomentError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
         port, dev = by_id[port_id], pool[dev_id]
         if not fits(dev, port.slot, space.double_width_known):  # type: ignore[arg-type]
-            raise UsageError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
+            raise MomentError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
         out[port_id] = dev
     return out
 
