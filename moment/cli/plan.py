@@ -10,6 +10,7 @@ from pathlib import Path
 from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
+from moment.fileio import check_file_target
 from moment.progress import Reporter, stage_update
 
 
@@ -88,6 +89,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError("--top must be at least 1")
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
+    for target in (args.out, args.picture):
+        if target:
+            check_file_target(target)
     check_ssd_tier(machine, workload, args.profile, gpus[0], ssds[0])
     with Reporter(err) as report:
         outcome = plan(
@@ -219,6 +223,8 @@ def sweep_table(name: str, rows: list[dict]):
     over one GPU fewer with as many SSDs), where the sweep has that neighbour."""
     from rich.table import Table
 
+    from moment.planner.report import seconds
+
     table = Table(title=f"{name}: best layout per GPU and SSD count")
     for col in ("GPUs", "SSDs", "iteration s", "GB/s per GPU", "+1 SSD", "+1 GPU", "bottleneck"):
         table.add_column(col, justify="right" if col != "bottleneck" else "left")
@@ -230,7 +236,7 @@ def sweep_table(name: str, rows: list[dict]):
         table.add_row(
             str(g),
             str(s),
-            f"{here:.4g}",
+            seconds(here),
             f"{min(r['gbps_per_gpu']):.3g}",
             ssd,
             gpu,
@@ -296,12 +302,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 def plan_picture(scored, path: str) -> None:
     """A layout with the flow on every link as SVG at ``path`` (``--picture``), bottleneck in red."""
     from moment.fileio import atomic_write_text
-    from moment.planner.report import edge_notes
+    from moment.planner.report import edge_notes, seconds
     from moment.topology.picture import render_svg
 
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")
     notes, hot = edge_notes(scored)
-    title = f"{scored.machine.name} — layout {scored.name}: {scored.prop.iteration_s:.4g} s per iteration (bottleneck in red)"
+    title = f"{scored.machine.name} — layout {scored.name}: {seconds(scored.prop.iteration_s)} s per iteration (bottleneck in red)"
     atomic_write_text(Path(path), render_svg(scored.machine, notes, hot, title))
     err.print(f"picture written to {path}")
