@@ -109,6 +109,7 @@ def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
         iteration_s=scored.prop.iteration_s,
         tier_shares=TierShares(**scored.net.shares),
         bin_shares=shares,
+        ssd_amplification=workload.ssd_amplification(),
         workload=_brief(workload),
     )
 
@@ -123,6 +124,7 @@ def plan_prediction(plan: PlanDoc) -> Prediction:
         iteration_s=plan.predicted.predicted_iteration_s,
         tier_shares=plan.tier_shares,
         bin_shares={t.bin: t.share for t in plan.bin_targets},
+        ssd_amplification=plan.workload.ssd_amplification(),
         workload=_brief(plan.workload),
     )
 

@@ -10,7 +10,7 @@ from moment.planner.layout import apply_layout
 from moment.planner.network import build_network
 from moment.planner.plan import resolve_layout
 from moment.planner.scoring import score
-from moment.planner.ssd_reads import amplification, pack_amplification, page_counts, random_read_gbps
+from moment.ssd_reads import amplification, pack_amplification, page_counts, random_read_gbps
 from moment.planner.workload import Workload, load_workload
 from moment.topology.model import Machine
 from moment.topology.profile_io import resolve_profile
@@ -144,3 +144,29 @@ def test_machine_a_with_the_datasheet_iops_ties_a_and_c() -> None:
     measured = score(machine, "classic-c", resolve_layout(machine, "classic-c")[1], w)
     assert measured.net.edges["read:nvme0"][2] == pytest.approx(1_258_291 * 4096 / 1e9)
     assert measured.prop.iteration_s < times["classic-c"] * 0.6
+
+
+def test_the_reader_counts_the_pages_it_reads(tmp_path) -> None:
+    """FileReader.read_bytes: per file, the bytes of the distinct 4 KiB pages a batch's reads
+    touch. 512 B rows 0,1 | 9 | 17 | 63 are pages 0, 1, 2, 7: 16 KiB for 2.5 KiB of rows; rows 0
+    and 3 share page 0; a 1536 B row at byte 3072 straddles pages 0 and 1."""
+    import numpy as np
+
+    from trainer.readers import FileReader, ReadRequest
+
+    small, wide = tmp_path / "small.bin", tmp_path / "wide.bin"
+    small.write_bytes(np.arange(64 * 512, dtype=np.uint8).tobytes())
+    wide.write_bytes(np.arange(8 * 1536, dtype=np.uint8).tobytes())
+    with FileReader(threads=2) as reader:
+        rows = np.array([0, 1, 9, 17, 63])
+        out = np.empty((rows.size, 512), dtype=np.uint8)
+        reader.read_batch([ReadRequest(small, rows, out)])
+        assert reader.read_bytes == {str(small): 4 * 4096}
+        assert np.array_equal(out, np.frombuffer(small.read_bytes(), dtype=np.uint8).reshape(64, 512)[rows])
+        reader.read_batch(
+            [
+                ReadRequest(small, np.array([0, 3]), np.empty((2, 512), dtype=np.uint8)),
+                ReadRequest(wide, np.array([2]), np.empty((1, 1536), dtype=np.uint8)),
+            ]
+        )
+        assert reader.read_bytes == {str(small): 5 * 4096, str(wide): 2 * 4096}

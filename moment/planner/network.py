@@ -6,7 +6,7 @@ cache (a copy in every GPU: edges ``local:<gpu>``), the CPU cache (a copy in eve
 memory: edges ``dram:<socket>``; each GPU reads its own socket's copy), each SSD. Every PCIe link is two directed edges (``up:``/``down:``
 + port id), PCIe being full duplex; ``upi:a>b`` likewise. Splitting a GPU into ``D:`` and ``G:``
 keeps data from relaying through a GPU. Capacities are GB/s; loads are the bytes that move: an
-SSD bin's feature bytes × its ``amplification`` (whole pages, :mod:`moment.planner.ssd_reads`),
+SSD bin's feature bytes × its ``amplification`` (whole pages, :mod:`moment.ssd_reads`),
 and an SSD's ``read:`` edge is what it serves of them (``min(read_gbps, iops × page)`` for rows
 read at random). These names are spelled and parsed
 only by the helpers below (``socket_node``, ``up_edge``, ``edge_kind`` ...).
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 from moment.planner.layout import DEFAULT_SSD, slot_space
-from moment.planner.ssd_reads import PAGE_BYTES, random_read_gbps
+from moment.ssd_reads import PAGE_BYTES, random_read_gbps
 from moment.planner.workload import Workload
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
@@ -335,7 +335,7 @@ GEFORCE_IDS = {
 
 def ssd_read_gbps(ssd: Device, workload: Workload) -> float:
     """Page-rounded GB/s an SSD serves this workload: ``read_gbps`` for packed reads, and no more
-    than its IOPS × the page for rows read at random (:mod:`moment.planner.ssd_reads`)."""
+    than its IOPS × the page for rows read at random (:mod:`moment.ssd_reads`)."""
     gbps = ssd.read_gbps or DEFAULT_SSD_GBPS
     return gbps if workload.ssd_pack_bytes is not None else random_read_gbps(gbps, ssd.iops)
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from moment.contracts import first_error
 from moment.errors import MomentError
-from moment.planner.ssd_reads import PAGE_BYTES, amplification, pack_amplification
+from moment.ssd_reads import PAGE_BYTES, amplification, pack_amplification
 from moment.yamlio import load_yaml, yaml_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -175,7 +175,7 @@ class Workload(BaseModel):
 
     def ssd_amplification(self) -> float:
         """SSD bytes moved per feature byte read from the SSDs: whole pages for rows read at
-        random, the page-rounded pack for packed reads (:mod:`moment.planner.ssd_reads`)."""
+        random, the page-rounded pack for packed reads (:mod:`moment.ssd_reads`)."""
         if self.ssd_pack_bytes is not None:
             return pack_amplification(self.ssd_pack_bytes)
         return amplification(self.row_bytes, self.ssd_density())

@@ -1,9 +1,9 @@
 """``moment bench``: measure the bandwidths the planner would otherwise take from spec tables.
 
 Read-only and safe: SSDs are measured by random reads of a file (or of a block device opened
-read-only), twice: of one page (4 KiB, :data:`~moment.planner.ssd_reads.PAGE_BYTES`), whose rate
+read-only), twice: of one page (4 KiB, :data:`~moment.ssd_reads.PAGE_BYTES`), whose rate
 is the drive's ``iops``, and of large blocks (1 MiB), whose GB/s is its ``read_gbps`` — the two
-figures the planner charges an SSD with (:mod:`moment.planner.ssd_reads`). DRAM by a memory copy;
+figures the planner charges an SSD with (:mod:`moment.ssd_reads`). DRAM by a memory copy;
 with CUDA, host→GPU copies per GPU and GPU→GPU peer copies. Measured figures go into a copy of the
 profile (``gbps`` on links, ``read_gbps``/``iops`` on SSDs, ``dram_gbps`` on sockets), where they
 override the bandwidth table. (``scripts/bench_*`` are something else: benchmarks of moment itself.)
@@ -31,7 +31,7 @@ from moment.preads import native_preads
 
 # Random reads per call of the compiled read loop in random_read (a few ms of reads at most).
 READ_CHUNK = 64
-PAGE_READ = 4096  # the page reads an SSD's iops is measured in (moment.planner.ssd_reads.PAGE_BYTES)
+PAGE_READ = 4096  # the page reads an SSD's iops is measured in (moment.ssd_reads.PAGE_BYTES)
 LARGE_READ = 1 << 20  # reads large enough for an SSD's GB/s, not its IOPS, to bound them
 
 

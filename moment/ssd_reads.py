@@ -66,3 +66,14 @@ def random_read_gbps(read_gbps: float, iops: float | None, page: int = PAGE_BYTE
     """An SSD's rate of page-rounded bytes under random reads: its GB/s, or its IOPS × the page
     where those are fewer (an unknown IOPS caps nothing)."""
     return read_gbps if iops is None else min(read_gbps, iops * page / 1e9)
+
+
+def pages_read(offsets: np.ndarray, sizes: np.ndarray, page: int = PAGE_BYTES) -> int:
+    """Bytes of the distinct pages that reads of ``sizes`` bytes at ``offsets`` touch (sorted,
+    non-overlapping runs, as a reader plans them): what the SSD moves for them, a page shared by
+    two runs once."""
+    if len(sizes) == 0:
+        return 0
+    offsets, sizes = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+    first, last = offsets // page, (offsets + sizes - 1) // page
+    return (int((last - first + 1).sum()) - int((first[1:] == last[:-1]).sum())) * page
