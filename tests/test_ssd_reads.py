@@ -10,8 +10,8 @@ from moment.planner.layout import apply_layout
 from moment.planner.network import build_network
 from moment.planner.plan import resolve_layout
 from moment.planner.scoring import score
-from moment.ssd_reads import amplification, pack_amplification, page_counts, random_read_gbps
 from moment.planner.workload import Workload, load_workload
+from moment.ssd_reads import amplification, pack_amplification, page_counts, random_read_gbps
 from moment.topology.model import Machine
 from moment.topology.profile_io import resolve_profile
 from planner_fixtures import SSD_ONLY, one_switch
@@ -138,7 +138,9 @@ def test_machine_a_with_the_datasheet_iops_ties_a_and_c() -> None:
     w = Workload.model_validate(machine.workload or {})
     ssd_gb = w.demand_gb() * 4 * w.tier_shares()["ssd"]
     datasheet = with_ssds(machine.model_copy(deep=True), iops=700_000)
-    times = {n: score(datasheet, n, resolve_layout(datasheet, n)[1], w).prop.iteration_s for n in ("classic-a", "classic-c")}
+    times = {
+        n: score(datasheet, n, resolve_layout(datasheet, n)[1], w).prop.iteration_s for n in ("classic-a", "classic-c")
+    }
     assert times["classic-a"] == pytest.approx(ssd_gb / (8 * 2.8672), rel=1e-6)
     assert times["classic-c"] == pytest.approx(times["classic-a"], rel=1e-6)
     measured = score(machine, "classic-c", resolve_layout(machine, "classic-c")[1], w)

@@ -205,10 +205,7 @@ def _amplification_line(doc: MetricsDoc) -> str:
         for b, n in _summed(e.read_bytes_per_ssd for e in doc.epochs).items()
     )
     predicted = doc.prediction.ssd_amplification
-    return (
-        f"{_fmt(measured, '.2f')}× the feature bytes measured (whole pages), "
-        f"{_fmt(predicted, '.2f')}× predicted"
-    )
+    return f"{_fmt(measured, '.2f')}× the feature bytes measured (whole pages), {_fmt(predicted, '.2f')}× predicted"
 
 
 def _summed(maps: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 from moment.planner.layout import DEFAULT_SSD, slot_space
-from moment.ssd_reads import PAGE_BYTES, random_read_gbps
 from moment.planner.workload import Workload
+from moment.ssd_reads import PAGE_BYTES, random_read_gbps
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
 

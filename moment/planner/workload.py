@@ -195,7 +195,6 @@ class Workload(BaseModel):
             f"hotness: {self.hotness.source}"
         )
 
-
     def _ssd_moves(self) -> str:
         amp = self.ssd_amplification()
         if self.ssd_pack_bytes is not None:

@@ -320,7 +320,7 @@ def measure(
     got = Measured()
     for path, dev in [file_spec(spec, machine) for spec in files]:
         pair = []
-        for size, what, gives in ((read_size, "iops", "iops"), (large_read, "read", "read_gbps")):
+        for size, gives in ((read_size, "iops"), (large_read, "read_gbps")):
             res = random_read(path, size, queue_depth, seconds)
             pair.append(res)
             note = None if gives != "iops" or size == PAGE_READ else f"not written: iops counts {PAGE_READ} B reads"
