@@ -172,3 +172,29 @@ def test_the_reader_counts_the_pages_it_reads(tmp_path) -> None:
             ]
         )
         assert reader.read_bytes == {str(small): 5 * 4096, str(wide): 2 * 4096}
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "ssds"),
+    [pytest.param("moment-machine-b", 4, 8, marks=pytest.mark.slow), ("moment-machine-a-nvlink", 2, 3)],
+)
+def test_the_search_charges_pages_too(name: str, gpus: int, ssds: int) -> None:
+    """512 B rows on the reference machines: the search's cut bounds stay below every layout's
+    time, and the MILP (SSD counts per slot class, a class's rate in pages) finds the time of the
+    best enumerated layout."""
+    from moment.planner import search
+    from moment.planner.bounds import LayoutBound
+    from moment.planner.layout import slot_space
+
+    machine = resolve_profile(name)
+    workload = load_workload(machine.workload, feature_dim=128)
+    space = slot_space(machine)
+    classes = search.slot_classes(machine, space)
+    bound = LayoutBound(
+        machine, search.skeleton_for(machine), [c.ports for c in classes], workload, space.gpus[0], space.ssds[0], gpus
+    )
+    enum = search.search(machine, workload, gpus, ssds, keep=0)
+    for cand in enum.ranked:
+        assert bound(*cand.counts) <= cand.prediction.iteration_s * (1 + 1e-6)
+    milp = search.search_milp(machine, workload, gpus, ssds, keep=1)
+    assert milp.ranked[0].prediction.iteration_s == pytest.approx(enum.ranked[0].prediction.iteration_s, rel=1e-6)
