@@ -145,6 +145,6 @@ def test_score_prints_four_significant_digits(tmp_path, capsys) -> None:
     rc, out, err = cli(["score", "--profile", "moment-machine-b", "--workload", str(w), "--json"], capsys)
     assert rc == 0, err
     t = json.loads(out)["predicted_iteration_s"]
-    assert t < 0.001
+    assert t < 0.01
     rc, out, err = cli(["score", "--profile", "moment-machine-b", "--workload", str(w)], capsys)
-    assert f"predicted iteration {t:.4g}" in " ".join(out.split())  # 0.0001860 s, not 0.0002 s
+    assert f"predicted iteration {t:#.4g} s" in " ".join(out.split())  # 0.002011 s, not 0.0020 s

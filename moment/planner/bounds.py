@@ -100,12 +100,13 @@ class LayoutBound:
             )
         return best
 
-    def for_gpus(self, g: tuple[int, ...], room: list[int], n_ssds: int) -> float:
+    def for_gpus(self, g: tuple[int, ...], room: list[int], n_ssds: int, cuts: bool = True) -> float:
         """A bound for GPU placement ``g`` valid for every way of adding ``n_ssds`` SSDs (``room``:
         free SSD slots per class): each of :meth:`__call__`'s terms at its smallest over the SSD
         placements (a min of maxima is at least the max of the minima). The SSD tier gets the
         fastest SSDs that fit; a cut, its least over how many SSDs sit inside it, each side's
-        SSDs read at its fastest rate (the cut's bound only falls as the rates rise)."""
+        SSDs read at its fastest rate (the cut's bound only falls as the rates rise). ``cuts``
+        False: the tier and GPU-link terms alone, a quicker and lower bound."""
         D, G, h = self.D, self.G, self.shares
         best = self.dram_bound
         rate, left = 0.0, n_ssds
@@ -117,6 +118,8 @@ class LayoutBound:
         links = sum(n * c for n, c in zip(g, self.gpu_link))
         if links > 0:
             best = max(best, D * G * (1 - h["gpu"]) / links)
+        if not cuts:
+            return best
         inside = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
         room_in = {cut: 0 for cut in self.cuts}  # free SSD slots inside each cut ...
         rate_in = {cut: 0.0 for cut in self.cuts}  # ... and the fastest SSD rate among them

@@ -9,6 +9,7 @@ instead; tests check that both find the same best time.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterator
@@ -151,6 +152,7 @@ class Space:
     classes: list[SlotClass]
     skeleton: Skeleton
     signer: Signer
+    placements: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # GPU count -> ...
 
     @classmethod
     def of(cls, machine: Machine) -> Space:
@@ -190,6 +192,16 @@ class Space:
         if (0 if fixed else n_gpus) + n_ssds > room:
             return f"more devices than the profile's {room} free or movable slots"
         return None
+
+    def gpu_placements(self, n_gpus: int) -> dict[str, tuple[int, ...]]:
+        """The distinct ways to put ``n_gpus`` GPUs into the classes (one per mirror image), by
+        signature; remembered, as a sweep asks for each GPU count once per SSD count."""
+        if n_gpus not in self.placements:
+            nothing, found = (0,) * len(self.classes), {}
+            for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in self.classes]):
+                found.setdefault(self.signer(g, nothing), g)
+            self.placements[n_gpus] = found
+        return self.placements[n_gpus]
 
     def size(self, n_gpus: int, n_ssds: int) -> int:
         """Number of class-count layouts (the ``(g, s)`` vectors :func:`search` enumerates)."""
@@ -316,24 +328,33 @@ def search_milp(
     classes, skeleton = sp.classes, sp.skeleton
     template = ssds[0] if ssds else None
     pool = {d.id: d for d in gpus + ssds}
-    placements: dict[str, tuple[int, ...]] = {}
-    raw = 0
+    placements = sp.gpu_placements(n_gpus)
+    raw = count_layouts(classes, n_gpus, n_ssds, slots=True)
     nothing = (0,) * len(classes)
-    for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in classes]):
-        room = sum(len(c.ports) - gi for c, gi in zip(classes, g) if c.ssd_ok)
-        raw += math.prod(math.comb(len(c.ports), gi) for c, gi in zip(classes, g)) * math.comb(room, n_ssds)
-        placements.setdefault(sp.signer(g, nothing), g)
     bound = _bound(sp, workload, gpus, ssds, n_gpus)
-    rooms = {k: [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)] for k, g in placements.items()}
-    lbs = {k: bound.for_gpus(g, rooms[k], n_ssds) if bound else 0.0 for k, g in placements.items()}
+
+    def lower(g: tuple[int, ...], cuts: bool) -> float:
+        room = [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]
+        return bound.for_gpus(g, room, n_ssds, cuts=cuts) if bound else 0.0
+
+    # Best first by the bound, worked out lazily: every placement gets the quick bound (no cuts),
+    # one whose turn comes gets the full bound and waits again (ahead of equal quick bounds).
+    heap = [(lower(g, False), 1, key) for key, g in placements.items()]
+    heapq.heapify(heap)
     found: list[Candidate] = []
     limit = max(keep, 1) if keep else len(placements)
-    for n, key in enumerate(sorted(placements, key=lambda k: lbs[k]), 1):
+    n = 0
+    while heap:
+        lb, quick, key = heapq.heappop(heap)
         if len(found) >= limit:
             kth = sorted(c.prediction.iteration_s for c in found)[limit - 1]  # type: ignore[union-attr]
-            if lbs[key] >= kth * (1 - 1e-9) and (lbs[key] > kth * (1 + 1e-6) or len(found) >= limit + ties):
+            if lb >= kth * (1 - 1e-9) and (lb > kth * (1 + 1e-6) or len(found) >= limit + ties):
                 break
         g = placements[key]
+        if quick:
+            heapq.heappush(heap, (max(lb, lower(g, True)), 0, key))
+            continue
+        n += 1
         placed = {p: pool[d] for p, d in _materialise(classes, g, nothing, gpus, [], sp.own).items()}
         reps: dict[str, flow.SsdClass] = {}
         for i, (c, gi) in enumerate(zip(classes, g)):
