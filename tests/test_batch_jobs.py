@@ -127,6 +127,12 @@ def _train_args(data: dict[str, Path], ck: Path, epochs: int = 1000) -> list[str
     ]
 
 
+def _with(args: list[str], *more: str) -> list[str]:
+    """``moment train`` arguments with ``more`` before the trainer's (after ``--``)."""
+    cut = args.index("--")
+    return [*args[:cut], *more, *args[cut:]]
+
+
 def _infer_args(data: dict[str, Path], out: Path) -> list[str]:
     return ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["ck"]), "--out", str(out)] + [
         "--nproc",
@@ -153,7 +159,7 @@ def test_a_signalled_train_stops_every_rank_and_reports_one_line(
     with _no_orphans(str(tmp_path)):
         proc = _moment(_train_args(data, ck), start_new_session=True)
         _wait_for(lambda: _ranks_registered(ck), proc, "two registered ranks")
-        second = _moment([*_train_args(data, ck, epochs=2)[: -len(TINY) - 1], "--overwrite", "--", *TINY])
+        second = _moment(_with(_train_args(data, ck, epochs=2), "--overwrite"))
         _, err2 = second.communicate(timeout=240)
         assert second.returncode == 1, err2
         assert f"another moment train is using it (pid {proc.pid} on" in err2, err2
@@ -196,11 +202,11 @@ def test_a_signalled_infer_stops_every_rank_and_the_rerun_resumes(data: dict[str
 @pytest.mark.slow
 def test_ranks_whose_launcher_was_killed_stop_by_themselves(data: dict[str, Path], tmp_path: Path) -> None:
     """A launcher killed with SIGKILL cannot forward anything: its ranks (and torchrun) notice it
-    is gone and stop within seconds."""
-    out = tmp_path / "emb"
+    is gone and stop within seconds, instead of training on."""
+    ck = tmp_path / "ck"
     with _no_orphans(str(tmp_path)):
-        proc = _moment(_infer_args(data, out), start_new_session=True)
-        _wait_for(lambda: _ranks_registered(out.with_name("emb.partial")), proc, "two registered ranks")
+        proc = _moment(_train_args(data, ck), start_new_session=True)
+        _wait_for(lambda: _ranks_registered(ck), proc, "two registered ranks")
         proc.kill()
         proc.communicate(timeout=60)
         time.sleep(10)
@@ -232,7 +238,7 @@ def test_one_training_per_checkpoint_directory(data: dict[str, Path], tmp_path: 
     ck = tmp_path / "ck"
     args = _train_args(data, ck, epochs=1)
     with DirLock(ck, "moment train"):
-        assert main([*args[: -len(TINY) - 1], "--overwrite", "--", *TINY]) == 1
+        assert main(_with(args, "--overwrite")) == 1
     with joined(ck, "moment train"), pytest.raises(MomentError, match="still write it"):
         DirLock(ck, "moment train").acquire()
     # a bare trainer (no launcher) takes the lock on rank 0
@@ -280,8 +286,7 @@ def test_a_checkpoint_with_a_flipped_weight_is_refused_by_infer_and_resume(
     assert main(["infer", "--data", str(data["placed"]), "--checkpoint", str(bad), "--out", str(out), *CPU]) == 1
     err = capsys.readouterr().err
     assert "fails its CRC-32 check" in err and str(bad) in err and not out.exists()
-    args = ["train", "--data", str(data["placed"]), "--nproc", "2", "--epochs", "2", "--checkpoint-dir", str(bad)]
-    assert main([*args, "--resume", "--dry-run", "--", *TINY]) == 1
+    assert main(_with(_train_args(data, bad, epochs=2), "--resume", "--dry-run")) == 1
     assert "fails its CRC-32 check" in capsys.readouterr().err
     # the ranks check too (a bare torchrun, a restarted worker group)
     rc = loop.main(["--data", str(data["placed"]), *TINY, "--epochs", "2", "--checkpoint-dir", str(bad), "--resume"])
@@ -326,26 +331,7 @@ def test_resume_of_a_run_whose_fanouts_came_from_the_placement(data: dict[str, P
     (ck / checkpoint.FILENAME).write_bytes(checkpoint.path_in(data["ck"]).read_bytes())
     argv = ["--data", str(data["placed"]), *TINY, "--epochs", "2", "--checkpoint-dir", str(ck), "--resume"]
     preflight.preflight(argv, 2, resume=True)  # no "cannot resume: made with fanouts=[...], this run has None"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(data["placed"]),
-                "--nproc",
-                "2",
-                "--epochs",
-                "2",
-                "--checkpoint-dir",
-                str(ck),
-                "--resume",
-                "--dry-run",
-                "--",
-                *TINY,
-            ]
-        )
-        == 0
-    )
+    assert main(_with(_train_args(data, ck, epochs=2), "--resume", "--dry-run")) == 0
     assert loop.main(argv) == 0
     assert torch.load(checkpoint.path_in(ck), weights_only=True)["epoch"] == 2
 
@@ -375,9 +361,7 @@ def test_a_full_disk_during_training_is_one_line_and_keeps_the_last_checkpoint(
     size = checkpoint.path_in(data["ck"]).stat().st_size
     with small_fs(tmp_path / "fs", int(size * 1.6) + 65536) as fs, _no_orphans(str(tmp_path)):
         ck = fs / "ck"
-        args = _train_args(data, ck, epochs=3)
-        args[-len(TINY) - 1 : -len(TINY) - 1] = ["--metrics-json", str(fs / "m.json")]
-        proc = _moment(args)
+        proc = _moment(_with(_train_args(data, ck, epochs=3), "--metrics-json", str(fs / "m.json")))
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 1, err
         assert "Traceback" not in err, err

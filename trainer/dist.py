@@ -168,3 +168,10 @@ def together(step: Callable[[], object], lost: str = "") -> None:
         raise MomentError(failure)
     if any(f is not None for f in failures):
         raise PeerFailedError(next(f for f in failures if f is not None))
+
+
+def lost_peer(exc: Exception) -> str:
+    """One line for a collective that failed because another rank is gone (it reported its own
+    error, or was killed): what this rank says instead of a traceback."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"another rank stopped first ({first[:160]})"

@@ -64,7 +64,7 @@ from placement.placed import Placed, open_placed
 from placement.writer import file_digest
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.dist import DistEnv, select_device
+from trainer.dist import DistEnv, lost_peer, select_device
 from trainer.featurestore import TieredFeatureStore
 from trainer.models import BlockGNN, build_model
 
@@ -723,6 +723,11 @@ def rank_main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
         return procs.stopped(getattr(exc, "exit_code", 130), True)
+    except torch.distributed.DistError as exc:  # a peer is gone
+        if (signum := procs.stopping()) is not None:
+            return procs.stopped(128 + signum, True)
+        print(f"trainer.infer rank {rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
     except (MomentError, OSError) as exc:
         if (signum := procs.stopping()) is not None:
             return procs.stopped(128 + signum, True)

@@ -48,7 +48,7 @@ from placement.placed import Placed, open_placed
 from placement.sampler import NeighborSampler, derive_seed, num_batches
 from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
-from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, setup, together
+from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
@@ -482,6 +482,9 @@ def _main(cfg: TrainConfig, env: DistEnv) -> int:
             train(cfg, env, plan, data)
     except PeerFailedError as exc:  # rank 0 reported it
         return exc.exit_code
+    except dist.DistError as exc:  # a peer is gone (it failed and said why, or was killed)
+        print(f"error: rank {env.rank}: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
     except MomentError as exc:
         prefix = f"rank {env.rank}: " if env.world_size > 1 else ""
         print(f"error: {prefix}{exc}", file=sys.stderr)
