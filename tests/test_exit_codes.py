@@ -111,7 +111,11 @@ def test_no_verb_is_usage(capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sig", "code", "line"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+    ("sig", "code", "line"),
+    [
+        (signal.SIGINT, 130, "moment plan: interrupted (SIGINT)"),
+        (signal.SIGTERM, 143, "moment plan: interrupted (SIGTERM)"),
+    ],
 )
 def test_signals_exit_130_and_143_with_one_line(sig: int, code: int, line: str, tmp_path: Path) -> None:
     """A sweep long enough to be stopped half way, signalled once progress shows."""
