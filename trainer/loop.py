@@ -377,6 +377,7 @@ class Run:
                 data_wait_s=wait / self.world,
                 stats=stats,
             )
+            self.metrics.memory = memory.measured(self.device)
             self.metrics.add_epoch(record)
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())
