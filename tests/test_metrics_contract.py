@@ -45,6 +45,7 @@ KEYS = [
     "prediction",
     "test_acc",
     "rank_param_digests",
+    "memory",
 ]
 
 
