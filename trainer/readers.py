@@ -623,6 +623,7 @@ def import_kvikio() -> Any:
     (cuda.pathfinder's DynamicLibNotFoundError for a missing libcufile) or an OSError (ctypes)."""
     try:
         import kvikio
+        import kvikio.defaults  # a submodule kvikio's __init__ does not import (26.10): the reader configures it
     except ImportError:
         raise
     except Exception as exc:  # noqa: BLE001 (whatever the loader raises means "not usable here")
