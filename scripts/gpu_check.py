@@ -79,7 +79,7 @@ def steps(work: Path, dev: str, ngpu: int, bench_dir: Path, small: bool = False)
         ),
         Step("infer-cuda", [*infer, "--out", str(work / "infer-cuda"), "--device", dev], 45, needs=[str(work / "ck")]),
         Step("infer-cpu", [*infer, "--out", str(work / "infer-cpu"), "--device", "cpu"], 60, needs=[str(work / "ck")]),
-        Step("pytest-gpu", [py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "-m", "gpu", "tests"], 120),
+        Step("pytest-gpu", [py, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "-m", "gpu", "tests"], 120),
         run("train-uva-sampling", 1, "--sampling", "uva"),  # on the CPU: samples there, with a note
         run("train-cpu-sampling", 1, "--sampling", "cpu"),
         run("train-stage", 1, "--host-gather", "stage"),
@@ -207,7 +207,9 @@ def figures(step: str, work: Path, log: str) -> dict[str, Any]:
         if step == "kvikio-config":
             return {"lines": [ln for ln in log.splitlines() if ln.startswith("kvikio ")][-1:]}
         if step == "read-engines":
-            return {"lines": [ln for ln in log.splitlines() if re.match(r"\s*(threads|\d+\s)", ln)][:6]}
+            return {
+                "lines": [ln for ln in log.splitlines() if re.match(r"\s*(threads|\d+\s)", ln) or "random" in ln][:6]
+            }
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:  # a figure is missing: say which
         return {"lines": [f"no figures: {type(exc).__name__}: {exc}"]}
     return {}
@@ -331,6 +333,14 @@ def pytest_figures(log: str) -> dict[str, Any]:
     return {**counts, "lines": [*fails, *skips][:30]}
 
 
+def error_lines(log: str) -> list[str]:
+    """What a failed step said: its error lines (a MomentError's one line, argparse's, a
+    traceback's last), else its last three lines."""
+    lines = log.strip().splitlines()
+    errors = [ln.strip() for ln in lines if re.search(r"(^|\s|:)error\b|^\w*(Error|Exception)\b", ln)]
+    return errors[-3:] or lines[-3:]
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -396,7 +406,7 @@ def _run_steps(args: argparse.Namespace, out: Path, work: Path, doc: dict[str, A
             status = "ok" if rc != 0 and "Traceback" not in log else "failed (expected a one-line refusal on the CPU)"
         else:
             status = "ok" if rc == 0 else "failed"
-        record["figures"] = figures(st.name, work, log) if rc == 0 else {"lines": log.strip().splitlines()[-3:]}
+        record["figures"] = figures(st.name, work, log) if rc == 0 else {"lines": error_lines(log)}
         if status == "ok" and record["figures"].get("fell_back") and not args.self_test:
             status = "fell back"
         record["status"] = status
