@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "moment.gpu-check/1"
-LOG_CAP = 1 << 20  # bytes of one step's output kept in steps.log (its head and its tail)
+LOG_CAP = 512 << 10  # bytes of one step's output kept in steps.log (its head and tail): 16 steps stay under 16 MiB
 HEAD = 16 << 10
 
 

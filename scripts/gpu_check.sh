@@ -86,7 +86,7 @@ if ! TORCH=$("$PY" "$REPO/scripts/wheelhouse.py" torch ${BUNDLE:+--dir "$BUNDLE"
     --bound "$(grep -oE '"torch[<>=~!][^"]*"' "$REPO/pyproject.toml" | head -1 | tr -d '"')" \
     $([ "$SELF_TEST" = 1 ] && echo --cpu) 2>"$WORK/torch.log"); then
     grep '^gpu_check' "$WORK/torch.log" >&2 || tail -3 "$WORK/torch.log" >&2
-    "$PY" "$HELPER" record "$OUT" --name torch --exit 1 --seconds 0 --command "$PY: import torch" --log /dev/null
+    "$PY" "$HELPER" record "$OUT" --name torch --exit 1 --seconds 0 --command "$PY: import torch" --log "$WORK/torch.log"
     exit 1
 fi
 

@@ -35,6 +35,20 @@ def _bundle(tmp_path: Path, roots: list[str], packages: list[dict], python: str 
     return tmp_path
 
 
+def _run_args(gc, out: Path, work: Path, seconds: float):
+    """``gpu_check.py run``'s arguments: one GPU, a budget of ``seconds`` from now."""
+    return gc.argparse.Namespace(
+        out=str(out),
+        work=str(work),
+        ngpu=1,
+        deadline=time.time() + seconds,
+        scale=1.0,
+        bench_dir=None,
+        only=None,
+        self_test=False,
+    )
+
+
 def _pkg(name: str, version: str, requires: list[str] | None = None) -> dict:
     return {"name": name, "version": version, "file": f"{name}-{version}.whl", "requires": requires or []}
 
@@ -116,17 +130,7 @@ def test_a_timed_out_step_is_recorded_and_the_next_one_runs(tmp_path: Path, monk
     monkeypatch.setattr(gc, "save", save)
     gc.start(gc.argparse.Namespace(out=str(out), self_test=False))
     start = time.monotonic()
-    args = gc.argparse.Namespace(
-        out=str(out),
-        work=str(work),
-        ngpu=1,
-        deadline=time.time() + 20,
-        scale=1.0,
-        bench_dir=None,
-        only=None,
-        self_test=False,
-    )
-    assert gc.run(args) == 0
+    assert gc.run(_run_args(gc, out, work, seconds=20)) == 0
     assert time.monotonic() - start < 15  # the 30 s sleep was cut at its 1 s limit
     doc = json.loads((out / "report.json").read_text())
     got = {s["name"]: s for s in doc["steps"]}
@@ -158,16 +162,6 @@ def test_a_step_past_the_budget_is_not_run(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(gc, "steps", lambda *a, **k: [gc.Step("late", ["true"], 60)])
     out = tmp_path / "out"
     gc.start(gc.argparse.Namespace(out=str(out), self_test=True))
-    args = gc.argparse.Namespace(
-        out=str(out),
-        work=str(tmp_path),
-        ngpu=0,
-        deadline=time.time() + 3,
-        scale=1.0,
-        bench_dir=None,
-        only=None,
-        self_test=True,
-    )
-    gc.run(args)
+    gc.run(_run_args(gc, out, tmp_path, seconds=3))
     step = json.loads((out / "report.json").read_text())["steps"][0]
     assert step["status"] == "not run" and step["figures"]["lines"][0].startswith("out of time")
