@@ -13,6 +13,7 @@ one way such a JSON document is read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -50,15 +51,22 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def check_file_target(path: str | Path) -> Path:
+    """``path`` as a file to write, refused if a directory stands there: checked by commands
+    before their work as well as when they write (a long search is not wasted on it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise MomentError(f"{path}: a directory, expected a file name")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, binary: bool = False, replace: bool = True) -> Iterator[IO[Any]]:
     """Write ``path`` through a temporary file that replaces it only once complete.
 
     ``replace=False``: an existing ``path`` is kept (another process published it first: the
     temporary file is linked into place, which fails rather than replaces)."""
-    path = Path(path)
-    if path.is_dir():
-        raise MomentError(f"{path}: a directory, expected a file name")
+    path = check_file_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -103,3 +111,19 @@ def read_json(path: str | Path, fmt: str, what: str, error: type[MomentError] = 
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise error(f"{p}: format: expected {fmt!r}, got {got!r}")
     return doc
+
+
+def reserve(path: str | Path) -> None:
+    """Allocate every block of ``path`` (its current size) now: a file written through a memory
+    map gets SIGBUS ("Bus error", no message) when a page has no room on a full file system,
+    so the room is taken when the file is made, where a full disk is an OSError naming it. A file
+    system that cannot preallocate keeps the file as it is."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        os.close(fd)
