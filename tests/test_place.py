@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moment.contracts.placed import PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
-from moment.contracts.placed import PHASES
 from placement.place import PlaceOptions, parse_rows, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
