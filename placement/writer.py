@@ -71,7 +71,8 @@ class Written:
 @dataclass
 class WriteTimes:
     """Seconds of the pass: ``hash`` and ``fsync`` are busy time in their threads (they overlap
-    the writes; the part the writer waited for is in ``wait``)."""
+    the writes, and hashing runs one thread per bin: summed over threads; the part the writer
+    waited for is in ``wait``)."""
 
     hash: float = 0.0
     fsync: float = 0.0
@@ -147,11 +148,16 @@ def _save_state(work: Path, key: str, next_row: int, sizes: dict[str, int]) -> N
     atomic_write_text(work / STATE, json.dumps({"key": key, "next_row": next_row, "bytes": sizes}))
 
 
-def _hash_parts(hashers: list, parts: list[tuple[int, memoryview]]) -> float:
+def _hash_part(hasher: hashlib._Hash, part: memoryview) -> float:
     t0 = time.perf_counter()
-    for b, part in parts:
-        hashers[b].update(part)
+    hasher.update(part)
     return time.perf_counter() - t0
+
+
+def hash_threads(nbins: int) -> int:
+    """Threads hashing a chunk's parts: one per bin up to the cores (SHA-256 runs at 1-2 GB/s a
+    core, so one thread would bound a server's array of SSDs; bins hash independently)."""
+    return max(1, min(nbins, os.cpu_count() or 1))
 
 
 def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
@@ -220,7 +226,7 @@ def write_bins(
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs
     (a resumed run must be writing the same placement, or it starts over). Four things overlap:
     reading the next source chunk, grouping and writing this one (the caller's thread), hashing
-    it, and the last checkpoint's fsync. Returns the files written and where the time went.
+    it (each bin's part in its own thread), and the last checkpoint's fsync. Returns the files written and where the time went.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
@@ -244,8 +250,10 @@ def write_bins(
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
     sizes = [fh.tell() for fh in handles]
-    threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="moment-write")
-    hashed = synced = None
+    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="moment-write")
+    hashing = ThreadPoolExecutor(max_workers=hash_threads(len(files)), thread_name_prefix="moment-hash")
+    hashed: list = []
+    synced = None
     times = WriteTimes()
 
     def wait(job):  # a thread's seconds, and how long this one waited for it
@@ -275,9 +283,8 @@ def write_bins(
             edges = np.concatenate(([0], np.cumsum(counts))) * row_bytes
             raw = memoryview(grouped.reshape(-1))
             parts = [(b, raw[edges[b] : edges[b + 1]]) for b in np.flatnonzero(counts)]
-            if hashed is not None:
-                times.hash += wait(hashed)  # one chunk hashed at a time, in order
-            hashed = threads.submit(_hash_parts, hashers, parts)
+            times.hash += sum(wait(job) for job in hashed)  # a bin's parts are hashed in order: chunk by chunk
+            hashed = [hashing.submit(_hash_part, hashers[b], part) for b, part in parts]
             for b, part in parts:
                 _write_full(handles[b], part)
                 sizes[b] += len(part)
@@ -292,12 +299,12 @@ def write_bins(
                 since = 0
             if progress:
                 progress(row, n)
-        if hashed is not None:
-            times.hash += wait(hashed)
+        times.hash += sum(wait(job) for job in hashed)
         if synced is not None:
             times.fsync += wait(synced)
     finally:
         threads.shutdown(wait=True, cancel_futures=True)
+        hashing.shutdown(wait=True, cancel_futures=True)
         for fh in handles:
             fh.close()
     for f, h in zip(files, hashers):
