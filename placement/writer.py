@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable 
 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
-CHUNK_BYTES = 64 << 20  # source rows read per step
+CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
 
 
 def new_hasher() -> hashlib._Hash:
