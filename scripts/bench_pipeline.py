@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,11 @@ def _status(field: str) -> int:
     return 0
 
 
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _io() -> dict[str, int]:
     with open("/proc/self/io") as fh:
         return {k: int(v) for k, v in (line.split(": ") for line in fh)}
@@ -69,7 +75,7 @@ def child(report: Path, argv: list[str]) -> int:
             peak[0] = max(peak[0], _status("RssAnon"))
 
     threading.Thread(target=watch, daemon=True).start()
-    io0, t0 = _io(), time.perf_counter()
+    io0, t0, cpu0 = _io(), time.perf_counter(), _cpu()
     if argv[0] == "copy":
         rc = 0
         for src in argv[1:-1]:
@@ -88,6 +94,7 @@ def child(report: Path, argv: list[str]) -> int:
     result = {
         "rc": rc,
         "wall_s": wall,
+        "cpu_s": _cpu() - cpu0,  # user + system, all threads (and children: torchrun ranks)
         "peak_anon": max(peak[0], _status("RssAnon")),
         "base_anon": base_anon,  # before the step: the interpreter and its imports
         "peak_rss": _status("VmHWM"),
@@ -151,7 +158,8 @@ def files_under(root: Path) -> list[Path]:
 def row(step: str, m: dict, copy: dict, nbytes: int) -> str:
     mib = 2**20
     return (
-        f"| {step} | {m['wall_s']:.1f} s | {copy['wall_s']:.1f} s | {copy['wall_s'] / m['wall_s']:.2f}x "
+        f"| {step} | {m['wall_s']:.1f} s | {m.get('cpu_s', 0):.1f} s | {copy['wall_s']:.1f} s "
+        f"| {copy['wall_s'] / m['wall_s']:.2f}x "
         f"| {(m['peak_anon'] - m['base_anon']) / mib:,.0f} MiB | {m['peak_rss'] / mib:,.0f} MiB "
         f"| {m['read_bytes'] / 1e9:.2f} GB | {m['write_bytes'] / 1e9:.2f} GB | {nbytes / 1e9:.2f} GB |"
     )
@@ -252,10 +260,10 @@ def main() -> int:
             f"({nbytes / 1e9:.2f} GB of IGB input); ratio = copy time / step time\n"
         )
         print(
-            "| step | wall | plain copy of its bytes | ratio | peak anon (above start) | peak RSS "
+            "| step | wall | CPU | plain copy of its bytes | ratio | peak anon (above start) | peak RSS "
             "| read | written | bytes copied |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
             print(row(*r))
         return 0
