@@ -13,6 +13,7 @@ nothing else of N entries is held and nothing is read back to checksum it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,16 @@ def _gather_rows_py(
 _gather_rows = numba.njit(cache=True, nogil=True)(_gather_rows_py) if numba is not None else _gather_rows_py
 
 
+def _rows(indptr: np.ndarray, indices: np.ndarray, r: Relabel, row: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """New rows [row, end): their degrees and their neighbour lists in new ids, one after the other."""
+    olds = r.new_to_old[row:end].astype(np.int64)
+    starts = np.asarray(indptr[olds], dtype=np.int64)
+    lens = np.asarray(indptr[olds + 1], dtype=np.int64) - starts
+    block = np.empty(int(lens.sum()), dtype=indices.dtype)
+    _gather_rows(indices, starts, lens, r.old_to_new, block)
+    return lens, block
+
+
 def rewrite_csr(
     indptr: np.ndarray,
     indices: np.ndarray,
@@ -104,22 +115,25 @@ def rewrite_csr(
     progress: Update | None = None,
 ) -> None:
     """CSR in new ids: row r_new = old row new_to_old[r_new], neighbour ids mapped through
-    old_to_new; both files written front to back, ``chunk_rows`` rows at a time."""
+    old_to_new; both files written front to back, ``chunk_rows`` rows at a time. The next chunk
+    is gathered in a thread (the compiled gather releases the GIL) while this one is checksummed
+    and written: the gather is bound by memory latency (a random row, a random id per edge)."""
     n = r.new_to_old.size
     out_indptr.write(np.zeros(1, dtype=np.int64))
     end_of_last = 0
-    for row in range(0, n, chunk_rows):
-        olds = r.new_to_old[row : row + chunk_rows].astype(np.int64)
-        starts = np.asarray(indptr[olds], dtype=np.int64)
-        lens = np.asarray(indptr[olds + 1], dtype=np.int64) - starts
-        ends = np.cumsum(lens) + end_of_last
-        out_indptr.write(ends)
-        end_of_last = int(ends[-1])
-        block = np.empty(int(lens.sum()), dtype=indices.dtype)
-        _gather_rows(indices, starts, lens, r.old_to_new, block)
-        out_indices.write(block)
-        if progress:
-            progress(min(n, row + chunk_rows), n)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-csr") as pool:
+        ahead = pool.submit(_rows, indptr, indices, r, 0, min(n, chunk_rows)) if n else None
+        for row in range(0, n, chunk_rows):
+            lens, block = ahead.result()
+            end = min(n, row + chunk_rows)
+            if end < n:
+                ahead = pool.submit(_rows, indptr, indices, r, end, min(n, end + chunk_rows))
+            ends = np.cumsum(lens) + end_of_last
+            out_indptr.write(ends)
+            end_of_last = int(ends[-1])
+            out_indices.write(block)
+            if progress:
+                progress(end, n)
 
 
 def permute(values: np.ndarray, new_to_old: np.ndarray, out: NpyWriter, chunk_rows: int = 1 << 22) -> None:
