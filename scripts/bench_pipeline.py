@@ -66,7 +66,15 @@ def _io() -> dict[str, int]:
 
 def child(report: Path, argv: list[str]) -> int:
     """Run one step in this process (``copy SRC... DST`` or a moment / trainer command line) and
-    write its wall time, memory peaks and I/O to ``report``."""
+    write its wall time, memory peaks and I/O to ``report``. The libraries the step uses are
+    imported first, so "above start" is the step's own memory, not the interpreter's and torch's."""
+    if argv[0] != "copy":
+        import numba  # noqa: F401
+        import torch  # noqa: F401
+
+        import moment.cli  # noqa: F401
+        import placement.place  # noqa: F401
+        import trainer.loop  # noqa: F401
     peak, stop = [_status("RssAnon")], threading.Event()
     base_anon = peak[0]
 
