@@ -163,6 +163,10 @@ def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
         place(bad_plan, dataset, tmp_path / "x", PlaceOptions(**OPTS))
     with pytest.raises(UsageError, match="nvme9"):
         place(plan_file, dataset, tmp_path / "x", PlaceOptions(ssd_dirs={"nvme9": tmp_path}, **OPTS))
+    for tolerance in (0.0, 1.5):
+        with pytest.raises(UsageError, match="--tolerance .*between 0 and 1"):
+            place(plan_file, dataset, tmp_path / "x", PlaceOptions(tolerance=tolerance, **OPTS))
+    assert not (tmp_path / "x").exists()
 
 
 def test_parse_rows() -> None:
