@@ -49,13 +49,13 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from torch import nn
 
 from moment.contracts.metrics import FORMAT, MetricsDoc
 from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
+from moment.progress import Reporter
 from trainer.config import TrainConfig
 
 MEMORY_TIERS = TIERS[:-1]
@@ -240,6 +240,7 @@ class Metrics:
         self.ranks: list[str] = []
         self.on_plan_gpus = False  # every rank on the GPU the plan gave it (found by PCI address)
         self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
+        self.memory: dict[str, Any] | None = None  # rank 0's measured peaks (trainer.memory.measured)
 
     def note_ssd_route(self, planned: str | None, reader: Any) -> None:
         """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
@@ -281,21 +282,20 @@ class Metrics:
 
     @contextmanager
     def progress(self, epoch: int, steps: int) -> Iterator[Callable[[], None]]:
-        """A progress bar for one epoch's steps (rank 0); yields the per-step callback."""
+        """One epoch's steps on rank 0's console (a live bar, or lines in a log); yields the
+        per-step callback."""
         if not self.enabled:
             yield lambda: None
             return
-        bar = Progress(
-            TextColumn(f"epoch {epoch + 1}/{self.cfg.epochs}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-        )
-        task = bar.add_task("train", total=steps)
-        with bar:
-            yield lambda: bar.advance(task)
+        stage, done = f"epoch {epoch + 1}/{self.cfg.epochs}", [0]
+        with Reporter(self.console) as report:
+            report(stage, 0, steps)
+
+            def step() -> None:
+                done[0] += 1
+                report(stage, done[0], steps)
+
+            yield step
 
     def add_epoch(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -327,6 +327,7 @@ class Metrics:
             "prediction": self.predicted,
             "test_acc": test_acc,
             "rank_param_digests": digests,
+            "memory": self.memory,
         }
         return MetricsDoc.parse(doc, self.cfg.metrics_json or "the metrics document")
 
