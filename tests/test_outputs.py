@@ -16,6 +16,7 @@ import pytest
 from moment import faults, outputs
 from moment.cli import main
 from moment.errors import MomentError
+from placement import place as place_module
 from placement.dataset import DATASET, open_dataset
 from placement.place import PLACED, PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
@@ -243,6 +244,7 @@ def test_a_preflight_refusal_leaves_nothing(
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(outputs.shutil, "disk_usage", lambda p: usage(10, 10, 1000))
+    monkeypatch.setattr(place_module, "presample", lambda *a, **k: pytest.fail("pre-sampled before refusing"))
     with pytest.raises(MomentError, match=r"GB short"):
         place(plan_file, dataset, tmp_path / "small" / "p", PlaceOptions(**OPTS))
     assert list(tmp_path.iterdir()) == []
