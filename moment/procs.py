@@ -20,6 +20,7 @@ SIGKILL, say) or its parent (torchrun) is.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import secrets
@@ -156,7 +157,39 @@ def _handlers(handler: signal.Handlers | object) -> Iterator[None]:
 def _raise(signum: int, _frame: FrameType | None) -> None:
     if not _stopping:
         _stopping.append(signum)
+    if _in_unraisable_hook:  # raised here, it would be dropped too: later, from outside the hook
+        _send_again(signum)
+        return
     raise Interrupted(signum)
+
+
+_in_unraisable_hook = False
+_interruptible_depth = 0  # how many interruptible() blocks the main thread is in
+
+
+def _send_again(signum: int) -> None:
+    """The signal to this process once more, shortly, from another thread: its handler then
+    runs in the main thread's next bytecodes, not in the finalizer that dropped it."""
+
+    def later() -> None:
+        time.sleep(0.01)
+        if _interruptible_depth:  # not once the command has left interruptible()
+            os.kill(os.getpid(), signum)
+
+    _thread.start_new_thread(later, ())
+
+
+def _unraisable(hook: sys.UnraisableHookArgs) -> None:
+    """An ``Interrupted`` raised while a finalizer (``__del__``) ran is printed and dropped by
+    Python, and the command would go on as if never signalled: the signal is sent again, so that
+    it is raised once more where it unwinds the command."""
+    global _in_unraisable_hook
+    if not isinstance(hook.exc_value, Interrupted):
+        sys.__unraisablehook__(hook)
+        return
+    _in_unraisable_hook = True
+    _send_again(hook.exc_value.signum)
+    _in_unraisable_hook = False  # no signal check between this and the return
 
 
 @contextlib.contextmanager
@@ -166,10 +199,15 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _interruptible_depth
     previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
+    _interruptible_depth += 1
     try:
         yield
     finally:
+        _interruptible_depth -= 1
+        sys.unraisablehook = unraisable
         for s, h in previous.items():
             signal.signal(s, h)
 

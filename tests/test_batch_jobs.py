@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from moment import faults
+from moment import faults, procs
 from moment.cli import main
-from moment.errors import MomentError
+from moment.errors import Interrupted, MomentError
 from moment.outputs import DirLock, joined, live_members
 from placement.place import PlaceOptions, place
 from placement.synth import synthesize
@@ -260,6 +260,27 @@ def test_the_cli_turns_sigterm_into_one_line_and_143(data: dict[str, Path], tmp_
         pytest.skip("finished before the signal")
     assert proc.returncode == 143, err
     assert "Traceback" not in err and "moment infer: interrupted (SIGTERM)" in err
+
+
+def test_a_signal_landing_in_a_finalizer_still_stops_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python prints and drops an exception raised inside ``__del__``; a SIGTERM whose handler ran
+    there (llvmlite's finalizers, say) must still stop the command, not be lost."""
+    monkeypatch.setattr(procs, "_stopping", [])
+    finished = []
+
+    class SignalledWhileCollected:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs here, inside the finalizer
+                pass
+
+    with pytest.raises(Interrupted) as info, procs.interruptible():
+        SignalledWhileCollected()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pass
+        finished.append(True)
+    assert info.value.signum == signal.SIGTERM and not finished
 
 
 # -- H3: damaged checkpoints ------------------------------------------------------------------
