@@ -16,6 +16,12 @@ memory:
   output layer reads), ``predictions.npy`` (argmax of the logits, int64), and with
   ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
 
+Two engines compute a layer (``--engine``): ``broadcast`` (:mod:`trainer.broadcast`, the default
+where the layer has a scatter form: SAGE) streams the layer's input once per partition of the
+destinations and scatters messages into them; ``gather`` (above, the reference; GAT, whose
+attention needs each destination's in-edges together) gathers each chunk's in-neighbours. For
+a broadcast layer a "chunk" below is a destination partition, sized from ``--memory``.
+
 Ranks split each stage's vertices into contiguous ranges, one per rank, with a barrier between
 stages: either separate processes (``python -m trainer.infer`` under torchrun, gloo barriers)
 or, in one process, a loop over the ranks (:func:`run_in_process`).
@@ -62,14 +68,15 @@ from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.progress import Progress
 from placement.placed import Placed, open_placed
 from placement.writer import file_digest
-from trainer import checkpoint
+from trainer import broadcast, checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, select_device
 from trainer.featurestore import TieredFeatureStore
-from trainer.models import BlockGNN, build_model
+from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
+ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
@@ -93,6 +100,8 @@ class InferOptions:
     dtype: str = "float32"
     batch_size: int = DEFAULT_BATCH
     device: str = "auto"  # one of DEVICES
+    engine: str = "broadcast"  # one of ENGINES
+    memory: int | None = None  # bytes a broadcast pass may hold (None: half the available memory)
 
     def check(self) -> None:
         if self.nproc < 1:
@@ -103,6 +112,10 @@ class InferOptions:
             raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.memory is not None and self.memory <= 0:
+            raise UsageError(f"--memory {self.memory}: expected a positive number of bytes")
         if self.device not in DEVICES:
             raise UsageError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -160,6 +173,19 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
     return Loaded(
         placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
     )
+
+
+def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
+    """The scatter form the broadcast engine runs layer ``layer`` (1-based) with; None: the
+    gather engine runs it (asked for, or the layer has none)."""
+    if engine != "broadcast":
+        return None
+    return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
+
+
+def layer_engines(loaded: Loaded, engine: str) -> list[str]:
+    """The engine that runs each layer."""
+    return ["broadcast" if layer_form(loaded, engine, k) else "gather" for k in range(1, len(loaded.widths) + 1)]
 
 
 def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
@@ -316,10 +342,14 @@ class Rank:
         world: int,
         device: torch.device,
         features: Features | None = None,
+        engine: str = "gather",
+        memory: int = 0,
     ) -> None:
-        """``features``: where layer 1 reads its input rows (default: the placed tiers)."""
+        """``features``: where layer 1 reads its input rows (default: the placed tiers);
+        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
+        self.engine, self.memory = engine, memory
         self.rank, self.world, self.device = rank, world, device
         placed = loaded.placed
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
@@ -336,10 +366,29 @@ class Rank:
         if self._store is not None:
             self._store.close()
 
+    def form(self, layer: int) -> Scatter | None:
+        """Layer ``layer``'s scatter form when the broadcast engine runs it, else None (gather)."""
+        return layer_form(self.m, self.engine, layer)
+
     def chunks_of(self, stage: int) -> list[tuple[int, int]]:
-        """This rank's chunks of ``stage``: new ids bounded by edges for a layer, old ids for the export."""
+        """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
+        destination partitions of a broadcast one, old ids for the export."""
         lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
+        if stage < self.layout.depth and self.form(stage + 1) is not None:
+            width, in_width = self.m.widths[stage], self._in_width(stage + 1)
+            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, self.memory)
         return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
+
+    def _in_width(self, layer: int) -> int:
+        return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
+
+    def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
+        """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
+        tiers for layer 1, else a sequential slice of the previous layer's file."""
+        if layer == 1:
+            return self.inputs(1, np.arange(s0, s1, dtype=np.int64))
+        prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
+        return torch.from_numpy(np.array(prev[s0:s1])).to(self.device, torch.float32)
 
     def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
         """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
@@ -353,6 +402,24 @@ class Rank:
         return x.to(self.device, torch.float32)
 
     def run_layer_chunk(self, layer: int, a: int, b: int, out: np.memmap) -> None:
+        form = self.form(layer)
+        if form is not None:
+            with torch.inference_mode():
+                h, _ = broadcast.run_partition(
+                    form,
+                    functools.partial(self.m.model.after, layer - 1),
+                    self.indptr,
+                    self.indices,
+                    a,
+                    b,
+                    functools.partial(self.block_rows, layer),
+                    self.batch,
+                    self.layout.num_nodes,
+                    self.m.widths[layer - 1],
+                    self.device,
+                )
+            out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
+            return
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
         with torch.inference_mode():
             h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
@@ -440,7 +507,8 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
         "layers": opts.layers,
         "dtype": opts.dtype,
         "batch_size": opts.batch_size,
-        "version": 1,
+        "engines": layer_engines(loaded, opts.engine),
+        "version": 2,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -462,6 +530,7 @@ class Prepared:
     layout: Layout
     key: str
     done: InferenceManifest | None = None  # the output is already there (nothing to do)
+    memory: int = 0  # a broadcast pass's budget: the first run's, kept by a resumed one
 
 
 def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> Prepared:
@@ -492,19 +561,34 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
             stage.release()
             log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
             return Prepared(stage, loaded, layout, key, done=current)
+    memory = opts.memory or default_memory()
     if not stage.data.exists():
         check_free_space({out: layout.nbytes()}, InferenceError)
         stage.create()
         layout.create(stage.data)
-        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key}) + "\n")
-    return Prepared(stage, loaded, layout, key)
+        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key, "memory": memory}) + "\n")
+    else:  # the partitions (the chunks progress counts) were cut by the first run's budget
+        memory = int(_inputs(stage.data).get("memory") or memory)
+    return Prepared(stage, loaded, layout, key, memory=memory)
+
+
+def default_memory() -> int:
+    """A broadcast pass's default budget: half of the memory available now (as `dataset import`)."""
+    from placement.importers.csr import default_memory as half_available
+
+    return half_available()
+
+
+def _inputs(data: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((data / WORK / INPUTS).read_text())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _inputs_key(data: Path) -> str | None:
-    try:
-        return json.loads((data / WORK / INPUTS).read_text()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return _inputs(data).get("key")
 
 
 def run_in_process(
@@ -517,7 +601,7 @@ def run_in_process(
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
     ranks = [
-        Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
+        Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features, opts.engine, p.memory)
         for r in range(opts.nproc)
     ]
     states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
@@ -572,7 +656,8 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         if ids.size:
             accuracy[split] = float((np.asarray(logits[ids]).argmax(axis=1) == np.asarray(labels[ids])).mean())
     throughput = []
-    for name in stages(layout.depth):
+    engines = layer_engines(loaded, opts.engine)
+    for s, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
@@ -583,6 +668,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                 vertices=vertices,
                 seconds=seconds,
                 vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
+                **(_engine_entry(p, opts, s, engines[s]) if s < layout.depth else {}),
             )
         )
     del logits
@@ -602,6 +688,8 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         layers=opts.layers,
         nproc=opts.nproc,
         batch_size=opts.batch_size,
+        engine=opts.engine,
+        memory=p.memory if "broadcast" in engines else None,
         arrays=arrays,
         accuracy=accuracy,
         training_accuracy=training_accuracy(loaded.history),
@@ -612,6 +700,31 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     for note in p.stage.publish("infer"):
         log(f"note: {note}")
     return manifest
+
+
+def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> dict[str, Any]:
+    """What inference.json says of layer ``stage + 1``'s engine: its partitions (all ranks) when
+    broadcast; why not, when the broadcast engine was asked for and the layer has no scatter form."""
+    if engine == "gather":
+        note = None if opts.engine == "gather" else f"{p.loaded.cfg.model} has no scatter form"
+        return {"engine": engine, "note": note}
+    world, layer = opts.nproc, stage + 1
+    in_width = p.loaded.placed.feature_dim if layer == 1 else p.loaded.widths[layer - 2]
+    indptr = p.loaded.placed.array("indptr")
+    count = sum(
+        len(
+            broadcast.partitions(
+                indptr,
+                *rank_range(p.layout.num_nodes, r, world),
+                p.loaded.widths[stage],
+                in_width,
+                opts.batch_size,
+                p.memory,
+            )
+        )
+        for r in range(world)
+    )
+    return {"engine": engine, "partitions": count}
 
 
 RANKS_MARKER = "ranks"  # inside WORK: the stages ran in separate processes (timings overlap)
@@ -635,7 +748,7 @@ def infer(
     try:
         if opts.nproc > 1 and launch is not None:
             (p.stage.data / WORK / RANKS_MARKER).touch()
-            code = launch(torchrun_command(opts, p.stage.data))
+            code = launch(torchrun_command(opts, p.stage.data, p.memory))
             if code != 0:
                 raise InferenceError(
                     f"inference ranks failed with exit code {code}; run the same command again "
@@ -649,8 +762,12 @@ def infer(
         raise
 
 
-def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``."""
+def torchrun_command(
+    opts: InferOptions, data: Path, memory: int | None = None, python: str = sys.executable
+) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``;
+    ``memory``: the budget ``prepare`` recorded (default: the options', else the default)."""
+    memory = memory or opts.memory or default_memory()
     return [
         python,
         "-m",
@@ -674,6 +791,10 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
         str(opts.batch_size),
         "--device",
         opts.device,
+        "--engine",
+        opts.engine,
+        "--memory",
+        str(memory),
         *(["--plan", str(opts.plan)] if opts.plan is not None else []),
     ]
 
@@ -681,7 +802,12 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
 def summary(m: InferenceManifest) -> Iterator[str]:
     """Lines for people: throughput per stage, accuracy beside training's sampled evaluation."""
     for t in m.throughput:
-        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s)"
+        how = ""
+        if t.engine == "broadcast":
+            how = f", broadcast engine, {t.partitions} partition{'s' if t.partitions != 1 else ''}"
+        elif t.engine == "gather":
+            how = f", gather engine ({t.note})" if t.note else ", gather engine"
+        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
     acc = ", ".join(f"{k} {v:.1%}" for k, v in m.accuracy.items())
     sampled = ", ".join(f"{k} {v:.1%}" for k, v in m.training_accuracy.items())
     beside = f"; training's sampled evaluation (epoch {m.checkpoint_epoch}): {sampled}" if sampled else ""
@@ -710,6 +836,8 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     ap.add_argument("--device", choices=DEVICES, default="auto")
+    ap.add_argument("--engine", choices=ENGINES, default="broadcast")
+    ap.add_argument("--memory", type=int, default=None, help="bytes of a broadcast pass (moment infer records it)")
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
@@ -721,7 +849,18 @@ def rank_main(argv: list[str] | None = None) -> int:
         layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
         if world > 1:
             dist.init_process_group("gloo")
-        worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
+        worker = Rank(
+            loaded,
+            data,
+            layout,
+            args.batch_size,
+            rank,
+            world,
+            device,
+            None,
+            args.engine,
+            args.memory or default_memory(),
+        )
         state = RankProgress.read(data, rank)
         bars = _rank0_bars() if rank == 0 else None
         try:

@@ -1,0 +1,198 @@
+"""The broadcast engine of ``moment infer``: each layer's input streamed once, in placed order,
+its messages scattered into the destinations (the ATLAS scheme; :mod:`trainer.infer` is the
+driver, its gather engine the reference).
+
+For a layer with a scatter form (:class:`trainer.models.Scatter`: SAGE mean), destinations
+``[a, b)`` (a *partition*) are computed in one pass over the sources:
+
+* the in-edges of the partition (a contiguous slice of the CSR, read once, slab by slab) are
+  grouped by **source block** — ``block`` consecutive new ids, fixed from id 0 whatever the ranks
+  or partitions — stable, so within a block each destination keeps its CSR edge order;
+* the source blocks are streamed in new-id order (layer 1: from the tiers — cache bins from
+  memory, SSD bins as coalesced large reads; later layers: the previous layer's file, sliced
+  sequentially); a block with no edge into the partition and no row of it is not read at all;
+* each block's messages (the layer's weight applied per source: transform, then aggregate) are
+  added into the partition's sums in edge order, and the rows of the partition in the block add
+  their own (root) term; when the last block is in, every destination of the partition is complete:
+  the layer's finish and activation are applied and its rows written to the layer's file in one
+  sequential write, which the next layer streams.
+
+Memory: the sums (one row of the layer's output width per destination), the bucketed edges
+(8 bytes each) and one block's buffers. When a rank's destinations do not fit ``memory``,
+they are cut into several partitions (:func:`partitions`), each streaming the sources once: the
+count is recorded in inference.json. The bytes do not depend on the partitions, the ranks or the
+budget: every destination's sum is added in the same order (source blocks ascending, then CSR
+order), messages come from the same fixed blocks. On a CUDA device ``index_add_`` adds in no
+fixed order (as the gather engine's scatter); on the CPU a compiled loop adds in edge order.
+
+A killed run resumes at its last finished partition (a partition is the engine's chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from moment.contracts.inference import InferenceError
+from trainer.models import Scatter
+
+SLAB_EDGES = 1 << 22  # in-edges bucketed at a time (bounds the sort's scratch memory)
+EDGE_BYTES = 8  # a bucketed edge: its source's row in its block and its destination's row, int32 each
+SCRATCH_PER_SLAB_EDGE = 30  # bytes per edge while a slab is bucketed (ids, keys, the sort order)
+
+Rows = Callable[[int, int], torch.Tensor]  # [s0, s1) -> the layer's input rows (float32, on the device)
+
+
+def row_bytes(width: int) -> int:
+    """Partial state of one destination: its sum (float32, the layer's output width) and its degree."""
+    return 4 * width + 4
+
+
+def fixed_bytes(block: int, in_width: int, width: int) -> int:
+    """Memory a pass needs whatever its partition's size: one source block's input and messages
+    (twice, for the copies on the way), and the scratch of bucketing one slab."""
+    return 2 * block * 4 * (in_width + 2 * width) + SCRATCH_PER_SLAB_EDGE * SLAB_EDGES
+
+
+def partitions(
+    indptr: np.ndarray, lo: int, hi: int, width: int, in_width: int, block: int, memory: int
+) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into the fewest consecutive destination ranges whose partial state and
+    bucketed edges fit ``memory`` with one pass's fixed buffers (a vertex whose edges alone do not
+    fit is a partition of its own); refuses a budget too small for even that."""
+    room = memory - fixed_bytes(block, in_width, width)
+    if room < row_bytes(width) + EDGE_BYTES * 64:
+        need = fixed_bytes(block, in_width, width) + row_bytes(width) + EDGE_BYTES * 64
+        raise InferenceError(
+            f"--memory {memory / 1e9:.3g} GB is too small for the broadcast engine: a pass needs "
+            f"{need / 1e9:.3g} GB (source blocks of {block} rows, {in_width} → {width} wide); "
+            f"give more, a smaller --batch-size, or --engine gather"
+        )
+    if hi <= lo:
+        return []
+    ptr = np.asarray(indptr[lo : hi + 1], dtype=np.int64)
+    cost = row_bytes(width) * np.arange(hi - lo + 1, dtype=np.int64) + EDGE_BYTES * (ptr - ptr[0])
+    out, i = [], 0
+    while i < hi - lo:
+        j = int(np.searchsorted(cost, cost[i] + room, side="right")) - 1
+        j = min(max(j, i + 1), hi - lo)
+        out.append((lo + i, lo + j))
+        i = j
+    return out
+
+
+class Buckets:
+    """The in-edges of destinations ``[a, b)`` grouped by source block: per slab of destinations,
+    the slab's edges stably sorted by block, with each block's offsets. Block ``k``'s edges are
+    the concatenation of its run in every slab (slabs ascend in destination order, so this is the
+    CSR's order restricted to the block, whatever the slab size)."""
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, a: int, b: int, block: int, num_nodes: int) -> None:
+        self.blocks = -(-num_nodes // block)
+        key_type = np.uint16 if self.blocks <= np.iinfo(np.uint16).max else np.int64  # uint16: a radix sort
+        self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
+        s = 0
+        while s < b - a:
+            t = int(np.searchsorted(ptr, ptr[s] + SLAB_EDGES, side="right")) - 1
+            t = min(max(t, s + 1), b - a)
+            src = np.asarray(indices[ptr[s] : ptr[t]]).astype(np.int64, copy=False)
+            if src.size:
+                dst = np.repeat(np.arange(s, t, dtype=np.int32), np.diff(ptr[s : t + 1]))
+                key = (src // block).astype(key_type)
+                order = np.argsort(key, kind="stable")
+                starts = np.searchsorted(key[order], np.arange(self.blocks + 1), side="left")
+                local = (src[order] - key[order].astype(np.int64) * block).astype(np.int32)
+                self.pieces.append((local, dst[order], starts))
+            s = t
+        counts = sum((p[2][1:] - p[2][:-1] for p in self.pieces), np.zeros(self.blocks, dtype=np.int64))
+        self.counts = counts
+
+    def of(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block ``k``'s edges: each source's row in the block and its destination's row in the partition."""
+        parts = [(p[0][p[2][k] : p[2][k + 1]], p[1][p[2][k] : p[2][k + 1]]) for p in self.pieces]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+@dataclass
+class Pass:
+    """What one partition's pass did (the bytes of input it asked for, its blocks read)."""
+
+    blocks_read: int = 0
+    input_bytes: int = 0
+
+
+def run_partition(
+    form: Scatter,
+    after: Callable[[torch.Tensor], torch.Tensor],
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    a: int,
+    b: int,
+    rows: Rows,
+    block: int,
+    num_nodes: int,
+    width: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, Pass]:
+    """The layer's output rows of destinations ``[a, b)`` (after ``after``, the activation), from
+    one stream of its input's source blocks."""
+    buckets = Buckets(indptr, indices, a, b, block, num_nodes)
+    deg = np.diff(np.asarray(indptr[a : b + 1], dtype=np.int64))
+    c = torch.from_numpy(np.maximum(deg, 1).astype(np.float32)).to(device).unsqueeze(1)
+    acc = torch.zeros((b - a, width), dtype=torch.float32, device=device)
+    add = _scatter_add(device)
+    done = Pass()
+    for k in range(buckets.blocks):
+        s0, s1 = k * block, min((k + 1) * block, num_nodes)
+        lo, hi = max(s0, a), min(s1, b)
+        if not buckets.counts[k] and lo >= hi:
+            continue  # nothing of this block reaches the partition: not read
+        x = rows(s0, s1)
+        done.blocks_read += 1
+        done.input_bytes += x.numel() * x.element_size()
+        if buckets.counts[k]:
+            src, dst = buckets.of(k)
+            add(acc, dst, src, form.message(x).contiguous())
+        if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
+            acc[lo - a : hi - a] += c[lo - a : hi - a] * form.root(x)[lo - s0 : hi - s0]
+    return after(form.finish(acc, c)), done
+
+
+def _scatter_add(device: torch.device) -> Callable[[torch.Tensor, np.ndarray, np.ndarray, torch.Tensor], None]:
+    """``acc[dst] += msg[src]`` over the edges: the compiled loop on the CPU (edge order, no
+    gathered copy), ``index_add_`` on another device (or where numba cannot compile)."""
+    kernel = _kernel() if device.type == "cpu" else None
+    if kernel is not None:
+
+        def add(acc: torch.Tensor, dst: np.ndarray, src: np.ndarray, msg: torch.Tensor) -> None:
+            kernel(acc.numpy(), np.ascontiguousarray(dst), np.ascontiguousarray(src), msg.numpy())
+
+        return add
+
+    def index_add(acc: torch.Tensor, dst: np.ndarray, src: np.ndarray, msg: torch.Tensor) -> None:
+        d = torch.from_numpy(dst.astype(np.int64)).to(acc.device)
+        s = torch.from_numpy(src.astype(np.int64)).to(acc.device)
+        acc.index_add_(0, d, msg.index_select(0, s))
+
+    return index_add
+
+
+_KERNEL: list[Any] = []
+
+
+def _kernel() -> Any:
+    if not _KERNEL:
+        try:
+            from trainer import scatter_kernel
+
+            _KERNEL.append(scatter_kernel.compiled())
+        except ImportError:  # no numba: index_add_
+            _KERNEL.append(None)
+    return _KERNEL[0]
