@@ -31,7 +31,9 @@ A killed run resumes at its last finished partition (a partition is the engine's
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,54 @@ EDGE_BYTES = 8  # a bucketed edge: its source's row in its block and its destina
 SCRATCH_PER_SLAB_EDGE = 30  # bytes per edge while a slab is bucketed (ids, keys, the sort order)
 
 Rows = Callable[[int, int], torch.Tensor]  # [s0, s1) -> the layer's input rows (float32, on the device)
+Write = Callable[[int, torch.Tensor], None]  # (first destination, its rows of the layer's output)
+WRITE_ROWS = 1 << 16  # output rows activated and written at a time (bounds the copies)
+
+
+def default_memory(held: int = 0) -> int:
+    """``--memory``'s default: three quarters of what this process may still use once it holds
+    ``held`` more bytes (the tiers' caches it loads); the rest stays for the page cache."""
+    return max(available_memory() - held, 0) * 3 // 4
+
+
+def available_memory() -> int:
+    """MemAvailable, bounded by this process's memory cgroup (v1 or v2): its limit less what it
+    uses, page cache excepted (the kernel reclaims that); 2 GB where /proc cannot be read."""
+    from placement.importers.csr import free_memory
+
+    free = free_memory()
+    group = cgroup_memory()
+    return min(free, group) if group is not None else free
+
+
+def cgroup_memory(proc: Path = Path("/proc/self/cgroup"), sys_fs: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup (v1 or v2) still allows: its limit less its usage, page
+    cache excepted; None where there is no limit (or nothing can be read)."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        v1 = "memory" in controllers.split(",")
+        if not v1 and controllers:
+            continue
+        root = (sys_fs / "memory" if v1 else sys_fs) / path.lstrip("/")
+        limit_file, usage_file, cache = (
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache")
+            if v1
+            else ("memory.max", "memory.current", "file")
+        )
+        try:
+            limit = (root / limit_file).read_text().strip()
+            if limit == "max" or int(limit) >= 1 << 60:
+                continue  # no limit at this level
+            stat = dict(ln.split()[:2] for ln in (root / "memory.stat").read_text().splitlines() if " " in ln)
+            used = int((root / usage_file).read_text()) - int(stat.get(cache, 0))
+            return max(int(limit) - used, 0)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def row_bytes(width: int) -> int:
@@ -53,9 +103,9 @@ def row_bytes(width: int) -> int:
 
 
 def fixed_bytes(block: int, in_width: int, width: int) -> int:
-    """Memory a pass needs whatever its partition's size: one source block's input and messages
-    (twice, for the copies on the way), and the scratch of bucketing one slab."""
-    return 2 * block * 4 * (in_width + 2 * width) + SCRATCH_PER_SLAB_EDGE * SLAB_EDGES
+    """Memory a pass needs whatever its partition's size: two source blocks' input and messages
+    (one computed, one read ahead), the scratch of bucketing one slab, the output slices written."""
+    return 2 * block * 4 * (in_width + 2 * width) + SCRATCH_PER_SLAB_EDGE * SLAB_EDGES + 2 * WRITE_ROWS * 4 * width
 
 
 def partitions(
@@ -140,29 +190,38 @@ def run_partition(
     num_nodes: int,
     width: int,
     device: torch.device,
-) -> tuple[torch.Tensor, Pass]:
-    """The layer's output rows of destinations ``[a, b)`` (after ``after``, the activation), from
-    one stream of its input's source blocks."""
+    write: Write,
+) -> Pass:
+    """The layer's output rows of destinations ``[a, b)``, from one stream of its input's source
+    blocks, handed to ``write`` in ascending slices after ``after`` (the activation)."""
     buckets = Buckets(indptr, indices, a, b, block, num_nodes)
     deg = np.diff(np.asarray(indptr[a : b + 1], dtype=np.int64))
     c = torch.from_numpy(np.maximum(deg, 1).astype(np.float32)).to(device).unsqueeze(1)
     acc = torch.zeros((b - a, width), dtype=torch.float32, device=device)
     add = _scatter_add(device)
     done = Pass()
-    for k in range(buckets.blocks):
-        s0, s1 = k * block, min((k + 1) * block, num_nodes)
-        lo, hi = max(s0, a), min(s1, b)
-        if not buckets.counts[k] and lo >= hi:
-            continue  # nothing of this block reaches the partition: not read
-        x = rows(s0, s1)
-        done.blocks_read += 1
-        done.input_bytes += x.numel() * x.element_size()
-        if buckets.counts[k]:
-            src, dst = buckets.of(k)
-            add(acc, dst, src, form.message(x).contiguous())
-        if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
-            acc[lo - a : hi - a] += c[lo - a : hi - a] * form.root(x)[lo - s0 : hi - s0]
-    return after(form.finish(acc, c)), done
+    spans = [(k * block, min((k + 1) * block, num_nodes)) for k in range(buckets.blocks)]
+    # a block with nothing reaching the partition (no edge, no row of it) is not read
+    todo = [k for k, (s0, s1) in enumerate(spans) if buckets.counts[k] or max(s0, a) < min(s1, b)]
+    with ThreadPoolExecutor(1, thread_name_prefix="broadcast-read") as pool:
+        ahead = pool.submit(rows, *spans[todo[0]]) if todo else None
+        for i, k in enumerate(todo):
+            x = ahead.result()  # type: ignore[union-attr]
+            if i + 1 < len(todo):  # the next block is read while this one is computed
+                ahead = pool.submit(rows, *spans[todo[i + 1]])
+            s0, s1 = spans[k]
+            lo, hi = max(s0, a), min(s1, b)
+            done.blocks_read += 1
+            done.input_bytes += x.numel() * x.element_size()
+            if buckets.counts[k]:
+                src, dst = buckets.of(k)
+                add(acc, dst, src, form.message(x).contiguous())
+            if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
+                acc[lo - a : hi - a] += c[lo - a : hi - a] * form.root(x)[lo - s0 : hi - s0]
+    h = form.finish(acc, c)
+    for i in range(0, b - a, WRITE_ROWS):
+        write(a + i, after(h[i : i + WRITE_ROWS]))
+    return done
 
 
 def _scatter_add(device: torch.device) -> Callable[[torch.Tensor, np.ndarray, np.ndarray, torch.Tensor], None]:

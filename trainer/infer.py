@@ -101,7 +101,7 @@ class InferOptions:
     batch_size: int = DEFAULT_BATCH
     device: str = "auto"  # one of DEVICES
     engine: str = "broadcast"  # one of ENGINES
-    memory: int | None = None  # bytes a broadcast pass may hold (None: half the available memory)
+    memory: int | None = None  # bytes a broadcast pass may hold (None: default_memory())
 
     def check(self) -> None:
         if self.nproc < 1:
@@ -404,8 +404,12 @@ class Rank:
     def run_layer_chunk(self, layer: int, a: int, b: int, out: np.memmap) -> None:
         form = self.form(layer)
         if form is not None:
+
+            def write(row: int, h: torch.Tensor) -> None:
+                out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
+
             with torch.inference_mode():
-                h, _ = broadcast.run_partition(
+                broadcast.run_partition(
                     form,
                     functools.partial(self.m.model.after, layer - 1),
                     self.indptr,
@@ -417,8 +421,8 @@ class Rank:
                     self.layout.num_nodes,
                     self.m.widths[layer - 1],
                     self.device,
+                    write,
                 )
-            out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
             return
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
         with torch.inference_mode():
@@ -561,7 +565,7 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
             stage.release()
             log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
             return Prepared(stage, loaded, layout, key, done=current)
-    memory = opts.memory or default_memory()
+    memory = opts.memory or default_memory(loaded.placed)
     if not stage.data.exists():
         check_free_space({out: layout.nbytes()}, InferenceError)
         stage.create()
@@ -572,11 +576,11 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
     return Prepared(stage, loaded, layout, key, memory=memory)
 
 
-def default_memory() -> int:
-    """A broadcast pass's default budget: half of the memory available now (as `dataset import`)."""
-    from placement.importers.csr import default_memory as half_available
-
-    return half_available()
+def default_memory(placed: Placed | None = None) -> int:
+    """A broadcast pass's default budget (:func:`trainer.broadcast.default_memory`), leaving room
+    for the cache bins layer 1 loads into memory."""
+    cached = sum(b.bytes for b in placed.bins if b.tier != "ssd") if placed is not None else 0
+    return broadcast.default_memory(cached)
 
 
 def _inputs(data: Path) -> dict[str, Any]:
@@ -767,7 +771,7 @@ def torchrun_command(
 ) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``;
     ``memory``: the budget ``prepare`` recorded (default: the options', else the default)."""
-    memory = memory or opts.memory or default_memory()
+    memory = memory or opts.memory or default_memory(open_placed(opts.data))
     return [
         python,
         "-m",
@@ -859,7 +863,7 @@ def rank_main(argv: list[str] | None = None) -> int:
             device,
             None,
             args.engine,
-            args.memory or default_memory(),
+            args.memory or default_memory(loaded.placed),
         )
         state = RankProgress.read(data, rank)
         bars = _rank0_bars() if rank == 0 else None

@@ -49,7 +49,7 @@ class Scatter:
 
     message: Callable[[torch.Tensor], torch.Tensor]  # source rows -> their messages (output width)
     root: Callable[[torch.Tensor], torch.Tensor]  # destination rows -> their own term (output width)
-    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (sums, c as a column) -> output
+    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (sums, c as a column) -> output; may reuse sums
 
 
 ScatterFactory = Callable[[nn.Module], "Scatter | None"]
@@ -91,8 +91,8 @@ def _sage_scatter(conv: nn.Module) -> Scatter | None:
         return lin_r(x) if lin_r is not None else x.new_zeros(x.shape[0], lin_l.weight.shape[0])
 
     def finish(sums: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        out = sums / c
-        return out + bias if bias is not None else out
+        sums.div_(c)  # in place: the sums of a partition are most of its memory
+        return sums.add_(bias) if bias is not None else sums
 
     return Scatter(message, root, finish)
 

@@ -63,8 +63,8 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--memory",
         help="memory a broadcast pass may hold, e.g. 4GB: the destinations' partial sums and edges; when they do not "
-        "fit, the destinations are cut into partitions, each streaming the input once (default: half the "
-        "available memory)",
+        "fit, the destinations are cut into partitions, each streaming the input once (default: three quarters of the "
+        "memory available, within its memory cgroup)",
     )
     p.set_defaults(func=cmd_infer)
 
