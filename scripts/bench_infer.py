@@ -226,7 +226,9 @@ def main() -> None:
     ap.add_argument("--cpu-cache", default="4%")
     ap.add_argument("--mem-limit", default="1.25G", help="memory cgroup limit per run; 0: none")
     ap.add_argument("--batch-size", type=int, default=2048, help="destination vertices per chunk")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run (1: on a shared machine, OpenMP threads spin)"
+    )
     ap.add_argument("--runs", default="broadcast,gather,mmap", help="which of broadcast, gather, mmap, in order")
     ap.add_argument("--memory", type=int, default=None, help="broadcast: --memory in bytes (default: its default)")
     ap.add_argument("--worker", choices=RUNS, help=argparse.SUPPRESS)

@@ -172,3 +172,23 @@ def test_the_default_budget_stays_within_the_memory_cgroup(tmp_path: Path, versi
         "9223372036854771712\n" if version == 1 else "max\n"
     )
     assert broadcast.cgroup_memory(proc, tmp_path / "sys") is None  # no limit
+
+
+def test_the_compiled_loops_equal_numpy_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 9, 700))])
+    indices = rng.integers(0, 1000, int(indptr[-1])).astype(np.int32)
+    msg = torch.from_numpy(rng.standard_normal((BLOCK, 5), dtype=np.float32))
+    compiled = broadcast.Buckets(indptr, indices, 50, 650, BLOCK, 1000)
+    acc = torch.zeros(600, 5)
+    broadcast._scatter_add(torch.device("cpu"))(acc, *reversed(compiled.of(1)), msg)
+    monkeypatch.setattr(broadcast, "_KERNELS", [None, None])  # numba missing: numpy's sort, index_add_
+    plain = broadcast.Buckets(indptr, indices, 50, 650, BLOCK, 1000)
+    assert all(np.array_equal(x, y) for p, q in zip(compiled.pieces, plain.pieces) for x, y in zip(p, q))
+    local, dst = plain.of(1)
+    ptr = indptr[50:651]  # block 1's in-edges of destinations 50..649, in CSR order
+    src, to = indices[ptr[0] : ptr[-1]], np.repeat(np.arange(600), np.diff(ptr))
+    assert np.array_equal(local, src[src // BLOCK == 1] - BLOCK) and np.array_equal(dst, to[src // BLOCK == 1])
+    want = torch.zeros(600, 5)
+    broadcast._scatter_add(torch.device("cpu"))(want, dst, local, msg)
+    torch.testing.assert_close(acc, want, rtol=1e-6, atol=1e-6)

@@ -143,21 +143,15 @@ class Buckets:
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, a: int, b: int, block: int, num_nodes: int) -> None:
         self.blocks = -(-num_nodes // block)
-        key_type = np.uint16 if self.blocks <= np.iinfo(np.uint16).max else np.int64  # uint16: a radix sort
         self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
         s = 0
         while s < b - a:
             t = int(np.searchsorted(ptr, ptr[s] + SLAB_EDGES, side="right")) - 1
             t = min(max(t, s + 1), b - a)
-            src = np.asarray(indices[ptr[s] : ptr[t]]).astype(np.int64, copy=False)
+            src = np.asarray(indices[ptr[s] : ptr[t]])
             if src.size:
-                dst = np.repeat(np.arange(s, t, dtype=np.int32), np.diff(ptr[s : t + 1]))
-                key = (src // block).astype(key_type)
-                order = np.argsort(key, kind="stable")
-                starts = np.searchsorted(key[order], np.arange(self.blocks + 1), side="left")
-                local = (src[order] - key[order].astype(np.int64) * block).astype(np.int32)
-                self.pieces.append((local, dst[order], starts))
+                self.pieces.append(_bucket(ptr[s : t + 1] - ptr[s], src, block, self.blocks, s))
             s = t
         counts = sum((p[2][1:] - p[2][:-1] for p in self.pieces), np.zeros(self.blocks, dtype=np.int64))
         self.counts = counts
@@ -168,6 +162,24 @@ class Buckets:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _bucket(
+    ptr: np.ndarray, src: np.ndarray, block: int, blocks: int, first: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slab's edges grouped by source block (stable): (row in block, destination, block starts)."""
+    local, dst = np.empty(src.size, dtype=np.int32), np.empty(src.size, dtype=np.int32)
+    starts = np.empty(blocks + 1, dtype=np.int64)
+    kernel = _kernels()[1]
+    if kernel is not None:
+        kernel(ptr, src, block, blocks, first, local, dst, starts)
+        return local, dst, starts
+    key = src // block
+    order = np.argsort(key, kind="stable")
+    starts[:] = np.searchsorted(key[order], np.arange(blocks + 1), side="left")
+    local[:] = src[order] - key[order] * block
+    dst[:] = np.repeat(np.arange(first, first + ptr.size - 1, dtype=np.int32), np.diff(ptr))[order]
+    return local, dst, starts
 
 
 @dataclass
@@ -227,7 +239,7 @@ def run_partition(
 def _scatter_add(device: torch.device) -> Callable[[torch.Tensor, np.ndarray, np.ndarray, torch.Tensor], None]:
     """``acc[dst] += msg[src]`` over the edges: the compiled loop on the CPU (edge order, no
     gathered copy), ``index_add_`` on another device (or where numba cannot compile)."""
-    kernel = _kernel() if device.type == "cpu" else None
+    kernel = _kernels()[0] if device.type == "cpu" else None
     if kernel is not None:
 
         def add(acc: torch.Tensor, dst: np.ndarray, src: np.ndarray, msg: torch.Tensor) -> None:
@@ -243,15 +255,16 @@ def _scatter_add(device: torch.device) -> Callable[[torch.Tensor, np.ndarray, np
     return index_add
 
 
-_KERNEL: list[Any] = []
+_KERNELS: list[Any] = []
 
 
-def _kernel() -> Any:
-    if not _KERNEL:
+def _kernels() -> tuple[Any, Any]:
+    """The compiled scatter-add and bucketing (None each where numba is missing or cannot build it)."""
+    if not _KERNELS:
         try:
             from trainer import scatter_kernel
 
-            _KERNEL.append(scatter_kernel.compiled())
-        except ImportError:  # no numba: index_add_
-            _KERNEL.append(None)
-    return _KERNEL[0]
+            _KERNELS.extend([scatter_kernel.compiled(), scatter_kernel.bucket_compiled()])
+        except ImportError:  # no numba: index_add_ and numpy's sort
+            _KERNELS.extend([None, None])
+    return _KERNELS[0], _KERNELS[1]
