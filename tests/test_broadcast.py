@@ -92,7 +92,7 @@ def test_a_killed_broadcast_resumes_to_the_same_bytes(data: dict[str, Path], tmp
         InferOptions(data["placed"], data["sage"], out, layers="all", batch_size=BLOCK, device="cpu", memory=10**9),
         log=logged.append,
     )
-    assert any("resuming" in line for line in logged), logged
+    assert any("resuming" in line for line in logged) and any("keeping the interrupted" in x for x in logged), logged
     a, b = _arrays(tmp_path / "straight"), _arrays(out)
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert InferenceManifest.read(out / "inference.json").memory == memory
@@ -192,3 +192,15 @@ def test_the_compiled_loops_equal_numpy_and_torch(monkeypatch: pytest.MonkeyPatc
     want = torch.zeros(600, 5)
     broadcast._scatter_add(torch.device("cpu"))(want, dst, local, msg)
     torch.testing.assert_close(acc, want, rtol=1e-6, atol=1e-6)
+
+
+def test_without_numba_the_torch_path_gives_the_same_layers(
+    data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path a CUDA device takes (``index_add_``, numpy's sort), run on the CPU."""
+    run(data, tmp_path / "compiled")
+    monkeypatch.setattr(broadcast, "_KERNELS", [None, None])
+    run(data, tmp_path / "torch", nproc=2, memory=small_memory())
+    a, b = _arrays(tmp_path / "compiled"), _arrays(tmp_path / "torch")
+    for k in ("embeddings", "logits"):
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)

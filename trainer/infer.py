@@ -572,7 +572,10 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         layout.create(stage.data)
         atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key, "memory": memory}) + "\n")
     else:  # the partitions (the chunks progress counts) were cut by the first run's budget
-        memory = int(_inputs(stage.data).get("memory") or memory)
+        first = int(_inputs(stage.data).get("memory") or memory)
+        if opts.memory and opts.memory != first:
+            log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
+        memory = first
     return Prepared(stage, loaded, layout, key, memory=memory)
 
 
@@ -661,7 +664,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
             accuracy[split] = float((np.asarray(logits[ids]).argmax(axis=1) == np.asarray(labels[ids])).mean())
     throughput = []
     engines = layer_engines(loaded, opts.engine)
-    for s, name in enumerate(stages(layout.depth)):
+    for i, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
@@ -672,7 +675,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                 vertices=vertices,
                 seconds=seconds,
                 vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
-                **(_engine_entry(p, opts, s, engines[s]) if s < layout.depth else {}),
+                **(_engine_entry(p, opts, i, engines[i]) if i < layout.depth else {}),
             )
         )
     del logits
