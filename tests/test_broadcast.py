@@ -204,3 +204,12 @@ def test_without_numba_the_torch_path_gives_the_same_layers(
     a, b = _arrays(tmp_path / "compiled"), _arrays(tmp_path / "torch")
     for k in ("embeddings", "logits"):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_partition_shows_progress_as_its_stream_advances(data: dict[str, Path], tmp_path: Path) -> None:
+    seen: dict[str, list[int]] = {}
+    opts = InferOptions(data["placed"], data["sage"], tmp_path / "o", batch_size=BLOCK, device="cpu")
+    m = infer(opts, progress=lambda stage, done, total: seen.setdefault(stage, []).append(done))
+    steps = seen["infer: layer 1"]
+    assert m.throughput[0].partitions == 1 and len(steps) > 4  # one partition, many steps (2000 / 256 blocks)
+    assert steps == sorted(steps) and steps[-1] == 2000

@@ -203,9 +203,11 @@ def run_partition(
     width: int,
     device: torch.device,
     write: Write,
+    update: Callable[[int], None] | None = None,
 ) -> Pass:
     """The layer's output rows of destinations ``[a, b)``, from one stream of its input's source
-    blocks, handed to ``write`` in ascending slices after ``after`` (the activation)."""
+    blocks, handed to ``write`` in ascending slices after ``after`` (the activation). ``update``:
+    told the partition's vertices in steps as the stream advances (``b - a`` in all)."""
     buckets = Buckets(indptr, indices, a, b, block, num_nodes)
     deg = np.diff(np.asarray(indptr[a : b + 1], dtype=np.int64))
     c = torch.from_numpy(np.maximum(deg, 1).astype(np.float32)).to(device).unsqueeze(1)
@@ -230,6 +232,10 @@ def run_partition(
                 add(acc, dst, src, form.message(x).contiguous())
             if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
                 acc[lo - a : hi - a] += c[lo - a : hi - a] * form.root(x)[lo - s0 : hi - s0]
+            if update is not None:  # the stream's share of the partition's vertices
+                step = (b - a) * (i + 1) // len(todo) - (b - a) * i // len(todo)
+                if step:
+                    update(step)
     h = form.finish(acc, c)
     for i in range(0, b - a, WRITE_ROWS):
         write(a + i, after(h[i : i + WRITE_ROWS]))

@@ -401,7 +401,11 @@ class Rank:
             x = torch.from_numpy(np.asarray(prev[src]))
         return x.to(self.device, torch.float32)
 
-    def run_layer_chunk(self, layer: int, a: int, b: int, out: np.memmap) -> None:
+    def run_layer_chunk(
+        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
+    ) -> int:
+        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
+        reported to ``update`` (a broadcast partition reports as its stream advances)."""
         form = self.form(layer)
         if form is not None:
 
@@ -422,12 +426,14 @@ class Rank:
                     self.m.widths[layer - 1],
                     self.device,
                     write,
+                    update,
                 )
-            return
+            return b - a if update else 0
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
         with torch.inference_mode():
             h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
         out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
+        return 0
 
     def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
         new = np.asarray(self.old_to_new[a:b])
@@ -462,9 +468,9 @@ class Rank:
             }
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
-            start = time.perf_counter()
+            start, shown = time.perf_counter(), 0
             if out is not None:
-                self.run_layer_chunk(stage + 1, a, b, out)
+                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
                 out.flush()
             else:
                 self.run_export_chunk(a, b, arrays, works)
@@ -478,7 +484,7 @@ class Rank:
             progress.chunks = c + 1
             progress.write(self.data, self.rank)
             if update:
-                update(b - a)
+                update(b - a - shown)
         progress.stage, progress.chunks = stage + 1, 0
         progress.write(self.data, self.rank)
 
