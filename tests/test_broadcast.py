@@ -40,9 +40,10 @@ def data(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 BLOCK = 256  # --batch-size: the broadcast engine's source block
 
 
-def small_memory() -> int:
-    """A budget that cuts each rank's destinations of layer 1 into several partitions."""
-    return max(broadcast.fixed_bytes(BLOCK, 24, 16), broadcast.fixed_bytes(BLOCK, 16, 5)) + 20_000
+def small_memory(ranks: int = 1) -> int:
+    """A budget that cuts each rank's destinations of layer 1 into several partitions (each of
+    ``ranks`` ranks gets its share)."""
+    return ranks * (max(broadcast.fixed_bytes(BLOCK, 24, 16), broadcast.fixed_bytes(BLOCK, 16, 5)) + 20_000)
 
 
 def run(data: dict[str, Path], out: Path, **kw: object) -> InferenceManifest:
@@ -52,13 +53,13 @@ def run(data: dict[str, Path], out: Path, **kw: object) -> InferenceManifest:
 
 def test_broadcast_agrees_with_gather_and_records_its_partitions(data: dict[str, Path], tmp_path: Path) -> None:
     g = run(data, tmp_path / "gather", engine="gather")
-    b = run(data, tmp_path / "broadcast", nproc=2, memory=small_memory())
+    b = run(data, tmp_path / "broadcast", nproc=2, memory=small_memory(2))
     want, got = _arrays(tmp_path / "gather"), _arrays(tmp_path / "broadcast")
     np.testing.assert_allclose(got["embeddings"], want["embeddings"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-5)
     assert got["embeddings"].tobytes() != want["embeddings"].tobytes()  # really another engine's sums
     assert [t.engine for t in g.throughput[:2]] == ["gather", "gather"] and g.throughput[0].note is None
-    assert b.engine == "broadcast" and b.memory == small_memory()
+    assert b.engine == "broadcast" and b.memory == small_memory(2)
     assert [t.engine for t in b.throughput[:2]] == ["broadcast", "broadcast"]
     assert b.throughput[0].partitions > 2 and b.throughput[1].partitions >= 2  # layer 1: the budget cut them
     assert b.accuracy == pytest.approx(g.accuracy, abs=1 / 200)
@@ -70,7 +71,7 @@ def test_same_bytes_whatever_ranks_budget_and_slabs(
     one = run(data, tmp_path / "one")  # one rank, half the free memory: one partition per layer
     assert [t.partitions for t in one.throughput[:2]] == [1, 1]
     monkeypatch.setattr(broadcast, "SLAB_EDGES", 500)  # edges bucketed in many slabs
-    three = run(data, tmp_path / "three", nproc=3, memory=small_memory())
+    three = run(data, tmp_path / "three", nproc=3, memory=small_memory(3))
     assert three.throughput[0].partitions > 3
     a, b = _arrays(tmp_path / "one"), _arrays(tmp_path / "three")
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
@@ -200,7 +201,7 @@ def test_without_numba_the_torch_path_gives_the_same_layers(
     """The path a CUDA device takes (``index_add_``, numpy's sort), run on the CPU."""
     run(data, tmp_path / "compiled")
     monkeypatch.setattr(broadcast, "_KERNELS", [None, None])
-    run(data, tmp_path / "torch", nproc=2, memory=small_memory())
+    run(data, tmp_path / "torch", nproc=2, memory=small_memory(2))
     a, b = _arrays(tmp_path / "compiled"), _arrays(tmp_path / "torch")
     for k in ("embeddings", "logits"):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)

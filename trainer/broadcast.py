@@ -18,9 +18,10 @@ For a layer with a scatter form (:class:`trainer.models.Scatter`: SAGE mean), de
   sequential write, which the next layer streams.
 
 Memory: the sums (one row of the layer's output width per destination), the bucketed edges
-(8 bytes each) and one block's buffers. When a rank's destinations do not fit ``memory``,
-they are cut into several partitions (:func:`partitions`), each streaming the sources once: the
-count is recorded in inference.json. The bytes do not depend on the partitions, the ranks or the
+(8 bytes each) and two blocks' buffers (one read ahead). When a rank's destinations do not fit
+its share of ``--memory``, they are cut into several partitions (:func:`partitions`), each
+streaming the sources once: the count is recorded in inference.json. Every rank streams every
+source block its destinations need: with ``N`` ranks the input is read about ``N`` times. The bytes do not depend on the partitions, the ranks or the
 budget: every destination's sum is added in the same order (source blocks ascending, then CSR
 order), messages come from the same fixed blocks. On a CUDA device ``index_add_`` adds in no
 fixed order (as the gather engine's scatter); on the CPU a compiled loop adds in edge order.
@@ -118,7 +119,7 @@ def partitions(
     if room < row_bytes(width) + EDGE_BYTES * 64:
         need = fixed_bytes(block, in_width, width) + row_bytes(width) + EDGE_BYTES * 64
         raise InferenceError(
-            f"--memory {memory / 1e9:.3g} GB is too small for the broadcast engine: a pass needs "
+            f"--memory: {memory / 1e9:.3g} GB a rank is too small for the broadcast engine: a pass needs "
             f"{need / 1e9:.3g} GB (source blocks of {block} rows, {in_width} → {width} wide); "
             f"give more, a smaller --batch-size, or --engine gather"
         )

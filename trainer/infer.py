@@ -183,6 +183,11 @@ def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
     return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
 
 
+def rank_budget(memory: int, world: int) -> int:
+    """A rank's share of ``--memory`` (ranks of one node run side by side)."""
+    return memory // world
+
+
 def layer_engines(loaded: Loaded, engine: str) -> list[str]:
     """The engine that runs each layer."""
     return ["broadcast" if layer_form(loaded, engine, k) else "gather" for k in range(1, len(loaded.widths) + 1)]
@@ -376,7 +381,8 @@ class Rank:
         lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
         if stage < self.layout.depth and self.form(stage + 1) is not None:
             width, in_width = self.m.widths[stage], self._in_width(stage + 1)
-            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, self.memory)
+            budget = rank_budget(self.memory, self.world)
+            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, budget)
         return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
 
     def _in_width(self, layer: int) -> int:
@@ -724,18 +730,10 @@ def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> d
     world, layer = opts.nproc, stage + 1
     in_width = p.loaded.placed.feature_dim if layer == 1 else p.loaded.widths[layer - 2]
     indptr = p.loaded.placed.array("indptr")
+    width, budget = p.loaded.widths[stage], rank_budget(p.memory, world)
+    ranges = [rank_range(p.layout.num_nodes, r, world) for r in range(world)]
     count = sum(
-        len(
-            broadcast.partitions(
-                indptr,
-                *rank_range(p.layout.num_nodes, r, world),
-                p.loaded.widths[stage],
-                in_width,
-                opts.batch_size,
-                p.memory,
-            )
-        )
-        for r in range(world)
+        len(broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)) for lo, hi in ranges
     )
     return {"engine": engine, "partitions": count}
 

@@ -62,7 +62,8 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
     registry_choices(engine, "trainer.infer", "ENGINES")
     p.add_argument(
         "--memory",
-        help="memory a broadcast pass may hold, e.g. 4GB: the destinations' partial sums and edges; when they do not "
+        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums and "
+        "edges; when they do not "
         "fit, the destinations are cut into partitions, each streaming the input once (default: three quarters of the "
         "memory available, within its memory cgroup)",
     )
