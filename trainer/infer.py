@@ -759,7 +759,7 @@ def infer(
     try:
         if opts.nproc > 1 and launch is not None:
             (p.stage.data / WORK / RANKS_MARKER).touch()
-            code = launch(torchrun_command(opts, p.stage.data, p.memory))
+            code = launch(torchrun_command(opts, p.stage.data))
             if code != 0:
                 raise InferenceError(
                     f"inference ranks failed with exit code {code}; run the same command again "
@@ -773,12 +773,9 @@ def infer(
         raise
 
 
-def torchrun_command(
-    opts: InferOptions, data: Path, memory: int | None = None, python: str = sys.executable
-) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``;
-    ``memory``: the budget ``prepare`` recorded (default: the options', else the default)."""
-    memory = memory or opts.memory or default_memory(open_placed(opts.data))
+def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``
+    (the ranks read the broadcast budget ``prepare`` recorded in the work directory)."""
     return [
         python,
         "-m",
@@ -804,8 +801,6 @@ def torchrun_command(
         opts.device,
         "--engine",
         opts.engine,
-        "--memory",
-        str(memory),
         *(["--plan", str(opts.plan)] if opts.plan is not None else []),
     ]
 
@@ -848,7 +843,6 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     ap.add_argument("--device", choices=DEVICES, default="auto")
     ap.add_argument("--engine", choices=ENGINES, default="broadcast")
-    ap.add_argument("--memory", type=int, default=None, help="bytes of a broadcast pass (moment infer records it)")
     args = ap.parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
@@ -870,7 +864,7 @@ def rank_main(argv: list[str] | None = None) -> int:
             device,
             None,
             args.engine,
-            args.memory or default_memory(loaded.placed),
+            int(_inputs(data).get("memory") or default_memory(loaded.placed)),
         )
         state = RankProgress.read(data, rank)
         bars = _rank0_bars() if rank == 0 else None
