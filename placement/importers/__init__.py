@@ -49,7 +49,8 @@ IMPORTERS: dict[str, Importer] = {
         ),
         Importer(
             "ogb",
-            "OGB binary raw layout (ogbn-papers100M's papers100M-bin): --root R [--split NAME]",
+            "OGB raw files: the binary layout (ogbn-papers100M's data.npz) or the CSV one (ogbn-arxiv, "
+            "ogbn-products: edge.csv.gz, node-feat.csv.gz ...): --root R [--split NAME]",
             ("root", "split"),
             ("root",),
             "ogb",
