@@ -37,6 +37,7 @@ deterministic: CUDA's scatter sums add in no fixed order, so there the last bits
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
