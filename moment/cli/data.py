@@ -44,7 +44,7 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
 
     i = dsub.add_parser(
         "import",
-        help="import a dataset from disk: plain .npy arrays, IGB, or OGB (papers100M) files",
+        help="import a dataset from disk: plain .npy arrays, IGB, or OGB (binary or CSV) files",
         description="Read the files users have on disk and write a moment dataset; the CSR is built out of core "
         "within --memory. Formats: " + "; ".join(f"{k}: {v.help}" for k, v in IMPORTERS.items()) + ".",
         epilog="IGB splits (IGB ships none), over the L labelled vertices, from one torch.randperm(L) seeded with "
@@ -78,6 +78,12 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--test", help="npy: test vertex ids .npy")
     convert = i.add_argument("--feature-dtype", help="convert the features (default: keep)")
     registry_choices(convert, "moment.contracts.dataset", "FEATURE_DTYPES")
+    i.add_argument(
+        "--copy-features",
+        action="store_true",
+        help="copy the features into the dataset (default: a C-order float32/float16 .npy or IGB raw file is "
+        "read in place, its identity recorded and checked on every open)",
+    )
     i.add_argument("--undirected", action="store_true", help="add the reverse of every edge (duplicates kept)")
     i.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
     i.add_argument("--memory", help="RAM budget of the CSR build, e.g. 4GB (default: half the available memory)")
@@ -278,5 +284,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     out.print(
         f"[green]ok[/]: {result['files']} files match their checksums, {result['rows']:,} rows, "
         f"{result['sampled']:,} sampled features equal the source"
+        + (" (--sample 0: the source not read)" if not result["sampled"] else "")
     )
     return 0

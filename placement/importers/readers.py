@@ -14,6 +14,7 @@ import gzip
 import itertools
 import math
 import os
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from placement.dataset import read_npy_header
 
 SKIP = 1 << 24  # bytes inflated and dropped at once when a compressed member is read from an offset
 CSV_LINES = 1 << 15  # lines of a CSV parsed at once
+TAIL = 1 << 16  # a member read up to this close to its end is read to the end (its CRC checked)
 
 
 class _Sized:
@@ -78,12 +80,18 @@ class ArrayFile(_Sized):
                 yield fh
             return
         with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
-            while skip > 0:
-                got = len(fh.read(min(SKIP, skip)))
-                if not got:
-                    raise DatasetError(f"{self.label}: truncated member (ends before item {start})")
-                skip -= got
-            yield fh
+            try:
+                while skip > 0:
+                    got = len(fh.read(min(SKIP, skip)))
+                    if not got:
+                        raise DatasetError(f"{self.label}: truncated member (ends before item {start})")
+                    skip -= got
+                yield fh
+                if zf.getinfo(self.member).file_size - fh.tell() <= TAIL:
+                    while fh.read(SKIP):  # to the member's end, where zipfile checks its CRC-32
+                        pass
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise DatasetError(f"{self.label}: damaged ({exc}): download it again") from None
 
     def read(self, fh: BinaryIO, count: int) -> np.ndarray:
         """The next ``count`` items of a stream, in native byte order."""
@@ -223,6 +231,7 @@ class CsvArray(_Sized):
     path: Path
     shape: tuple[int, ...]
     dtype: np.dtype
+    counted_in: Path | None = None  # the OGB count file its number of lines comes from
     fortran: bool = False
     member: None = None
     raw: bool = False
@@ -230,6 +239,9 @@ class CsvArray(_Sized):
     @property
     def label(self) -> str:
         return str(self.path)
+
+    def _counted(self) -> str:
+        return f" ({self.counted_in} says {self.shape[0]:,})" if self.counted_in else ""
 
     def describe(self) -> str:
         return f"{self.label}: gzip CSV, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}"
@@ -242,7 +254,15 @@ class CsvArray(_Sized):
         except FileNotFoundError:
             raise DatasetError(f"{self.path}: missing") from None
         with fh:
-            yield _Lines(_guarded(fh, self.path))
+            lines = _Lines(_guarded(fh, self.path))
+            yield lines
+            if lines.done == self.shape[0]:  # read whole: the rest must be blank, and gzip checks its CRC at the end
+                extra = sum(1 for line in lines.lines if line.strip())
+                if extra:
+                    raise DatasetError(
+                        f"{self.path}: {extra:,} more line(s) than the {self.shape[0]:,} expected{self._counted()}: "
+                        "the count file and the data disagree"
+                    )
 
     def read(self, fh: _Lines, count: int) -> np.ndarray:
         """The next ``count`` values (count / row width lines), parsed."""
@@ -258,7 +278,7 @@ class CsvArray(_Sized):
                 i, why = _bad_line(lines, width, self.dtype)
                 raise DatasetError(
                     f"{self.path}: line {fh.done + i + 1}: {why} (expected {width} value(s) a line, "
-                    f"{self.shape[0]:,} lines)"
+                    f"{self.shape[0]:,} lines{self._counted()})"
                 )
             part = part.reshape(-1)
             out[at : at + part.size] = part
@@ -283,7 +303,7 @@ def _guarded(lines: Iterator[str], path: Path) -> Iterator[str]:
     try:
         yield from lines
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: not a readable gzip text file ({exc})") from None
+        raise DatasetError(f"{path}: damaged or not a gzip text file ({exc}): download it again") from None
 
 
 class _Lines:
@@ -296,7 +316,8 @@ class _Lines:
 def gzip_ints(path: Path, missing: str, expected: str) -> np.ndarray:
     """The integers of a small .csv.gz (a count file, a split's ids), or one line naming the file."""
     try:
-        with gzip.open(path, "rt") as fh:
+        with gzip.open(path, "rt") as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": an empty list is fine here
             return np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing{missing}") from None
