@@ -124,8 +124,12 @@ def child(argv: list[str]) -> None:
 
 
 def measure(argv: list[str], env: dict[str, str]) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env, check=False
+    proc = subprocess.run(  # COLUMNS: rich does not wrap the phase line
+        [sys.executable, __file__, "--child", *argv],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "10000"},
+        check=False,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     phases = {}

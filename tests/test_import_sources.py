@@ -15,7 +15,7 @@ import pytest
 
 from moment.cli import main
 from placement.dataset import DatasetError, check_dataset, open_dataset
-from placement.importers import run
+from placement.importers import publish, run
 from placement.importers.arrays import import_arrays
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
@@ -223,3 +223,21 @@ def test_an_unlabelled_igb_split_vertex_names_the_label_file(tmp_path: Path) -> 
         DatasetError, match=r"split: vertex 5 is unlabelled \(.*node_label_19\.npy gives it no class\).*--labelled"
     ):
         run("igb", tmp_path / "ds", {"root": str(tmp_path / "igb"), "size": "tiny"}, **QUIET)
+
+
+def test_dry_run_says_what_it_reads_writes_and_how_long_and_refuses_without_space(
+    tmp_path: Path, monkeypatch, capfd
+) -> None:
+    _igb(tmp_path / "igb", raw=False)
+    args = ["dataset", "import", "--format", "igb", "--root", str(tmp_path / "igb"), "--size", "tiny"]
+    monkeypatch.setattr(publish, "read_rate", lambda path: 100e6)  # the fixture is too small to time a read
+    assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 0
+    printed = " ".join(capfd.readouterr().out.split())
+    assert "features: read in place from" in printed and "reads: edges 2× (0.00 GB)" in printed
+    assert "features once (0.00 GB: checked); writes 0.00 GB" in printed
+    assert f"time: about 0 s (0.0 h): the edges and labels at {publish.COPY_RATIO}× the speed of a copy" in printed
+    assert "dry run: nothing written" in printed and not list(tmp_path.glob("ds*"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
+    assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert f"{tmp_path / 'ds'}: needs" in err and "GB short" in err and not list(tmp_path.glob("ds*"))

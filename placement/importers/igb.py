@@ -106,6 +106,7 @@ def find(
         labels=labs,
         edges=edges,
         splits=lambda: conventions.draw(split, count, seed),
+        prepare=conventions.prepare,
         split=split,
         given_splits=[],
         files={

@@ -11,6 +11,8 @@ labels as int64 (-1: unlabelled), the splits, and the manifest last.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,11 +35,12 @@ from placement.dataset import (
     staging,
     write_import_manifest,
 )
-from placement.importers import csr
+from placement.importers import csr, kernels
 from placement.importers.readers import ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
+COPY_RATIO = 0.5  # import speed of the edges and labels / a copy's, at least (scripts/bench_import.py)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Found:
     seed: int
     labelled: int | None = None  # only rows 0..labelled-1 are labelled; the rest is padding (-1)
     classes: int | None = None  # the declared number of classes; None: the largest label + 1
+    prepare: Callable[[], None] | None = None  # slow set-up of ``splits`` (an import), run in a thread meanwhile
     notes: list[str] = field(default_factory=list)  # schema lines for the dry run
     warnings: list[str] = field(default_factory=list)
 
@@ -110,6 +114,25 @@ def write_dataset(
         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
         + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)"
     )
+    graph_in = found.edges.arr.nbytes + found.labels.nbytes
+    passes = 2 + (1 if undirected and windows == 1 else 0)
+    feature_bytes = found.features.nbytes
+    scratch = disk["csr"] - csr.disk_need(n, most, False)
+    log(
+        f"reads: edges {passes}× ({passes * found.edges.arr.nbytes / 1e9:.2f} GB), labels once "
+        f"({found.labels.nbytes / 1e9:.2f} GB), features once ({feature_bytes / 1e9:.2f} GB: "
+        f"{'checked' if refer else 'copied'}){f', scratch {scratch / 1e9:.2f} GB' if scratch else ''}; "
+        f"writes {sum(disk.values()) / 1e9:.2f} GB"
+    )
+    rate = read_rate(found.edges.arr.path)
+    if rate:
+        # a copy reads and writes every byte: at best the read rate / 2 on one disk
+        seconds = graph_in / (COPY_RATIO * rate / 2) + (feature_bytes / rate if refer else 2 * feature_bytes / rate)
+        log(
+            f"time: about {seconds:,.0f} s ({seconds / 3600:.1f} h): the edges and labels at {COPY_RATIO}× the "
+            f"speed of a copy of them (measured: scripts/bench_import.py), the features at "
+            f"{'read' if refer else 'copy'} speed; {found.edges.arr.path} reads at {rate / 1e6:,.0f} MB/s now"
+        )
     log(
         f"features: read in place from {found.features.path} (not copied; --copy-features copies them)"
         if refer
@@ -117,11 +140,13 @@ def write_dataset(
     )
     for warning in found.warnings:
         log(f"warning: {warning}")
+    check_free_space(out, sum(disk.values()))  # the dry run too: it says whether the import can run
     if dry_run:
         log("dry run: nothing written")
         return None
-    check_free_space(out, sum(disk.values()))
     clock = _Phases()
+    if found.prepare is not None:  # e.g. torch's import (seconds), while the CSR build waits on the disk
+        threading.Thread(target=found.prepare, name="import-prepare", daemon=True).start()
     with staging(out) as tmp:
         num_edges = csr.build(
             tmp,
@@ -217,6 +242,25 @@ def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
         )
 
 
+def read_rate(path: Path, probe: int = 64 << 20) -> float | None:
+    """Bytes per second a cold sequential read of ``path`` gets now: ``probe`` bytes from its middle,
+    their cached pages dropped first (``posix_fadvise``); None where that cannot be measured."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = max(0, size // 2 - probe // 2) & ~4095
+            length = min(probe, size - start)
+            if length < 1 << 20:
+                return None
+            os.posix_fadvise(fh.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+            t0 = time.perf_counter()
+            got = len(os.pread(fh.fileno(), length, start))
+            took = time.perf_counter() - t0
+    except (OSError, AttributeError):
+        return None
+    return got / took if took > 0 else None
+
+
 def in_place(f: ArrayFile, dtype: np.dtype, copy_features: bool) -> bool:
     """Whether the features can be read where they are: a file of their own (not an archive member or
     a CSV), C order, already the dataset's dtype in this machine's byte order."""
@@ -240,11 +284,12 @@ def _write_features(target: Path | None, f: ArrayFile, dtype: np.dtype, progress
             np.lib.format.write_array_header_2_0(
                 fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n, dim)}
             )
-        for a, block in rows(f, count):
+        for a, block in csr.prefetched(rows(f, count), kernels.threads() > 1):  # the next block read meanwhile
             with np.errstate(over="ignore"):
                 part = block.astype(dtype, copy=False)
-            if not np.isfinite(part).all():
-                row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
+            bad = kernels.first_nonfinite_row(part)
+            if bad >= 0:
+                row, col = bad, int(np.flatnonzero(~np.isfinite(part[bad]))[0])
                 if np.isfinite(block[row, col]):
                     raise DatasetError(
                         f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}), "

@@ -178,7 +178,7 @@ def npz_member(path: str | Path, key: str, what: str, required: bool = True) -> 
 
 class EdgeArray:
     """An edge list as E×2 (pairs, IGB) or 2×E (a row of sources, a row of destinations, OGB), read
-    in chunks as int64 (src, dst) with every id checked against N."""
+    in chunks as (src, dst) int32 or int64 arrays; the CSR build checks every id against N."""
 
     def __init__(self, arr: ArrayFile, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
         if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
@@ -195,15 +195,17 @@ class EdgeArray:
         if self.interleaved:
             with self.arr.stream() as fh:
                 for a in range(0, e, chunk):
-                    pairs = self.arr.read(fh, 2 * min(chunk, e - a)).reshape(-1, 2).astype(np.int64)
-                    yield self._checked(pairs[:, 0], pairs[:, 1], a)
+                    pairs = _ids(self.arr.read(fh, 2 * min(chunk, e - a))).reshape(-1, 2)
+                    yield pairs[:, 0], pairs[:, 1]
             return
         with self.arr.stream() as fs, self.arr.stream(e) as fd:
             for a in range(0, e, chunk):
                 m = min(chunk, e - a)
-                yield self._checked(self.arr.read(fs, m).astype(np.int64), self.arr.read(fd, m).astype(np.int64), a)
+                yield _ids(self.arr.read(fs, m)), _ids(self.arr.read(fd, m))
 
-    def _checked(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+    def check(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every id of the chunk starting at edge ``at`` in [0, N), or one line naming the first
+        that is not (the CSR build checks ids as it counts, and calls this for the message)."""
         for ids in (src, dst):
             if ids.size and (ids.min() < 0 or ids.max() >= self.n):
                 i = int(np.argmax((ids < 0) | (ids >= self.n)))
@@ -212,6 +214,11 @@ class EdgeArray:
                     f"{int(ids[i])}, not a vertex id (N = {self.n:,} from the features)"
                 )
         return src, dst
+
+
+def _ids(a: np.ndarray) -> np.ndarray:
+    """Vertex ids as read (int32 or int64: no copy), other integer types widened to int64."""
+    return a if a.dtype in (np.dtype(np.int32), np.dtype(np.int64)) else a.astype(np.int64)
 
 
 def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
