@@ -432,8 +432,10 @@ def staging(out: Path, replace: bool = False) -> Iterator[Path]:
     try:
         yield stage.data
         faults.point("dataset:written")
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(stage.data, ignore_errors=True)
         stage.release()
+        if isinstance(exc, OSError) and exc.filename is None and exc.strerror:  # a write's ENOSPC names no file
+            raise DatasetError(f"{out}: {exc.strerror} while writing the dataset (nothing kept)") from None
         raise
     stage.publish("dataset")

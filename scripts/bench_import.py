@@ -13,6 +13,7 @@ and peak total RSS (VmHWM), bytes read and written from ``/proc/self/io``. Ratio
 Run:
     python scripts/bench_import.py [--dir /tmp] [--nodes 3000000] [--edges 45000000] [--dim 128]
                                    [--memory 1GB] [--threads 1,2] [--undirected] [--copy-features]
+                                   [--compare /path/to/an/older/checkout]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -112,9 +114,11 @@ def child(argv: list[str]) -> None:
     stop.set()
     after = _io()
     peak[0] = max(peak[0], _status("RssAnon"))
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     report = {
         "rc": rc,
         "wall": wall,
+        "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
         "anon": peak[0],
         "hwm": _status("VmHWM"),
         "read": after["read_bytes"] - before["read_bytes"],
@@ -161,6 +165,12 @@ def main() -> None:
     ap.add_argument("--undirected", action="store_true")
     ap.add_argument("--copy-features", action="store_true", help="pass --copy-features (the old behaviour)")
     ap.add_argument("--drop-caches", action="store_true", help="drop the whole page cache (root) before each run")
+    ap.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="also run the import of another checkout of moment (e.g. the main branch before a change) in the "
+        "same run, with PYTHONPATH=CHECKOUT: the before/after on the same machine, minutes apart",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-import-", dir=args.dir))
     try:
@@ -204,12 +214,20 @@ def main() -> None:
             f"{cpg['wall']:.2f} s, {graph / cpg['wall'] / 1e6:.0f} MB/s"
         )
         print(
-            "threads | import s | vs cp (all inputs) | graph steps vs cp of their bytes | peak anon | peak RSS | read | written"
+            "code | threads | import s | CPU s | vs cp (all inputs) | graph steps vs cp of their bytes | peak anon | "
+            "peak RSS | read | written"
         )
-        for threads in (int(t) for t in args.threads.split(",")):
+        runs = [("this", int(t)) for t in args.threads.split(",")]
+        if args.compare:
+            runs.insert(0, (args.compare, 1))
+        for code, threads in runs:
             drop_cache(inputs, args.drop_caches)
             env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-            r = measure([*cmd, "--out", str(work / "ds")], env)
+            argv = [*cmd, "--out", str(work / "ds")]
+            if code != "this":
+                env["PYTHONPATH"] = code
+                argv = [a for a in argv if a != "--copy-features"]  # the old code always copied
+            r = measure(argv, env)
             out_files = [p for p in (work / "ds").iterdir() if p.is_file()]
             written = sum(p.stat().st_size for p in out_files)
             shutil.rmtree(work / "ds")
@@ -217,11 +235,11 @@ def main() -> None:
             phases = ", ".join(f"{k} {v:.2f} s" for k, v in r["phases"].items())
             ratio = f"{cpg['wall'] / steps:.2f}× ({steps:.2f} s)" if steps else "n/a (no phase line)"
             print(
-                f"{threads} | {r['wall']:.2f} | {cp['wall'] / r['wall']:.2f}× | "
+                f"{code} | {threads} | {r['wall']:.2f} | {r['cpu']:.2f} | {cp['wall'] / r['wall']:.2f}× | "
                 f"{ratio} | {r['anon'] / 2**20:.0f} MiB | {r['hwm'] / 2**20:.0f} MiB | "
                 f"{_gb(r['read'])} | {_gb(r['written'])} (dataset {_gb(written)})"
             )
-            print(f"    phases: {phases}")
+            print(f"    phases: {phases or 'not printed'}; load average {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -148,7 +148,7 @@ def worker_pyg(args: argparse.Namespace) -> dict:
     n = ds.num_nodes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a read-only memmap: PyG only reads it
-        x = torch.from_numpy(np.load(ds.path("features"), mmap_mode="r"))
+        x = torch.from_numpy(ds.features())  # the dataset's file, or the import's source read in place
     indptr = torch.from_numpy(np.asarray(ds.indptr()))
     indices = torch.from_numpy(np.asarray(ds.indices()).astype(np.int64))
     adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(n, n), is_sorted=True, trust_data=True)

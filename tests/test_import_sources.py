@@ -241,3 +241,31 @@ def test_dry_run_says_what_it_reads_writes_and_how_long_and_refuses_without_spac
     assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 1
     err = " ".join(capfd.readouterr().err.split())
     assert f"{tmp_path / 'ds'}: needs" in err and "GB short" in err and not list(tmp_path.glob("ds*"))
+
+
+def test_a_full_disk_is_one_line_naming_the_output_and_nothing_is_kept(tmp_path: Path, monkeypatch, capfd) -> None:
+    import errno
+
+    _igb(tmp_path / "igb", raw=False)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(publish, "_write_labels", full)
+    out = tmp_path / "ds"
+    args = [
+        "dataset",
+        "import",
+        "--format",
+        "igb",
+        "--root",
+        str(tmp_path / "igb"),
+        "--size",
+        "tiny",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 1
+    err = " ".join(capfd.readouterr().err.split())
+    assert f"moment dataset import: error: {out}: No space left on device while writing the dataset" in err
+    assert not list(tmp_path.glob("ds*"))

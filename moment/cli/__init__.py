@@ -54,10 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    verb = " ".join(v for v in (args.verb, getattr(args, "dataset_verb", None)) if v)  # "dataset import"
     try:
         return func(args)
     except MomentError as exc:
-        print_error(f"moment {args.verb}", escape(str(exc)))
+        print_error(f"moment {verb}", escape(str(exc)))
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -66,5 +67,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
         where = f"{exc.filename}: " if exc.filename else ""
-        print_error(f"moment {args.verb}", escape(where + str(exc.strerror or exc)))
+        print_error(f"moment {verb}", escape(where + str(exc.strerror or exc)))
         return 1
