@@ -269,3 +269,15 @@ def test_a_full_disk_is_one_line_naming_the_output_and_nothing_is_kept(tmp_path:
     err = " ".join(capfd.readouterr().err.split())
     assert f"moment dataset import: error: {out}: No space left on device while writing the dataset" in err
     assert not list(tmp_path.glob("ds*"))
+
+
+def test_a_blank_line_is_named_by_its_number(tmp_path: Path, recwarn) -> None:
+    raw = _ogb_csv(tmp_path / "o")
+    with gzip.open(raw / "node-label.csv.gz", "rt") as fh:
+        lines = fh.readlines()
+    lines[-1] = "\n"  # line 2000 of 2000
+    with gzip.open(raw / "node-label.csv.gz", "wt") as fh:
+        fh.write("".join(lines))
+    with pytest.raises(DatasetError, match=r"node-label\.csv\.gz: line 2000: an empty line"):
+        run("ogb", tmp_path / "ds", {"root": str(tmp_path / "o")}, **QUIET)
+    assert not [w for w in recwarn if "loadtxt" in str(w.message)]

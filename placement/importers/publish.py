@@ -197,18 +197,20 @@ def write_dataset(
 
 
 class _Phases:
-    """Seconds per import step, for the last line (``import phases: csr 1.20 s, ...``)."""
+    """Seconds per import step and the CPU seconds of all threads in it, for the last line
+    (``import phases: csr 1.20 s (CPU 1.90 s), ...``: CPU above wall time is the threads at work,
+    far below it is waiting on the disk or on a busy machine)."""
 
     def __init__(self) -> None:
-        self.last, self.took = time.perf_counter(), {}
+        self.last, self.cpu, self.took = time.perf_counter(), time.process_time(), {}
 
     def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.took[name] = now - self.last
-        self.last = now
+        now, cpu = time.perf_counter(), time.process_time()
+        self.took[name] = (now - self.last, cpu - self.cpu)
+        self.last, self.cpu = now, cpu
 
     def line(self) -> str:
-        return "import phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.took.items())
+        return "import phases: " + ", ".join(f"{k} {w:.2f} s (CPU {c:.2f} s)" for k, (w, c) in self.took.items())
 
 
 def check_feature_layout(f: ArrayFile) -> None:

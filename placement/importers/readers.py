@@ -278,7 +278,9 @@ class CsvArray(_Sized):
         for at in range(0, count, CSV_LINES * width):  # a few MB of Python strings at a time
             lines = list(itertools.islice(fh.lines, min(CSV_LINES, (count - at) // width)))
             try:
-                part = np.loadtxt(lines, dtype=self.dtype, delimiter=",", ndmin=2) if lines else out[:0]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # "input contained no data": named below
+                    part = np.loadtxt(lines, dtype=self.dtype, delimiter=",", ndmin=2) if lines else out[:0]
             except ValueError:
                 part = None
             if part is None or part.size != min(CSV_LINES * width, count - at) or part.shape[-1] != width:
@@ -296,6 +298,8 @@ class CsvArray(_Sized):
 def _bad_line(lines: list[str], width: int, dtype: np.dtype) -> tuple[int, str]:
     """The first line of a batch that does not parse as ``width`` values (or the end of the file)."""
     for i, line in enumerate(lines):
+        if not line.strip():
+            return i, "an empty line"
         try:
             values = np.loadtxt([line], dtype=dtype, delimiter=",", ndmin=2)
         except ValueError as exc:
