@@ -225,11 +225,16 @@ def test_an_unlabelled_igb_split_vertex_names_the_label_file(tmp_path: Path) -> 
         run("igb", tmp_path / "ds", {"root": str(tmp_path / "igb"), "size": "tiny"}, **QUIET)
 
 
+def _cli(tmp_path: Path) -> list[str]:
+    """``moment dataset import`` of the IGB fixture under ``tmp_path`` (without --out)."""
+    return ["dataset", "import", "--format", "igb", "--root", str(tmp_path / "igb"), "--size", "tiny"]
+
+
 def test_dry_run_says_what_it_reads_writes_and_how_long_and_refuses_without_space(
     tmp_path: Path, monkeypatch, capfd
 ) -> None:
     _igb(tmp_path / "igb", raw=False)
-    args = ["dataset", "import", "--format", "igb", "--root", str(tmp_path / "igb"), "--size", "tiny"]
+    args = _cli(tmp_path)
     monkeypatch.setattr(publish, "read_rate", lambda path: 100e6)  # the fixture is too small to time a read
     assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 0
     printed = " ".join(capfd.readouterr().out.split())
@@ -253,18 +258,7 @@ def test_a_full_disk_is_one_line_naming_the_output_and_nothing_is_kept(tmp_path:
 
     monkeypatch.setattr(publish, "_write_labels", full)
     out = tmp_path / "ds"
-    args = [
-        "dataset",
-        "import",
-        "--format",
-        "igb",
-        "--root",
-        str(tmp_path / "igb"),
-        "--size",
-        "tiny",
-        "--out",
-        str(out),
-    ]
+    args = [*_cli(tmp_path), "--out", str(out)]
     assert main(args) == 1
     err = " ".join(capfd.readouterr().err.split())
     assert f"moment dataset import: error: {out}: No space left on device while writing the dataset" in err
