@@ -7,7 +7,10 @@ batch, and the cache sizes it is about to fill. :func:`measured_workload` puts t
 planner's :class:`Workload` (caches in its own terms, so that ``gpu_cache_rows()`` and
 ``cpu_cache_rows()`` give back exactly the rows placed), and :func:`predict` re-solves the
 proportional model for the plan's layout on the plan's profile: those bin shares are DDAK's
-targets, and the tier shares what the achieved ones are compared with. ``workload.yaml`` holds
+targets, and the tier shares what the achieved ones are compared with. The shares are of
+feature rows; ``ssd_amplification`` is apart: the bytes the SSDs move per feature byte read from
+them (whole pages, :mod:`moment.ssd_reads`), which the trainer's page count (metrics.json
+``ssd_read_amplification``) is compared with. ``workload.yaml`` holds
 that workload, so ``moment score --profile P --layout plan.json --workload OUT/workload.yaml``
 reproduces the prediction.
 """
@@ -109,6 +112,7 @@ def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
         iteration_s=scored.prop.iteration_s,
         tier_shares=TierShares(**scored.net.shares),
         bin_shares=shares,
+        ssd_amplification=workload.ssd_amplification(),
         workload=_brief(workload),
     )
 
@@ -123,6 +127,7 @@ def plan_prediction(plan: PlanDoc) -> Prediction:
         iteration_s=plan.predicted.predicted_iteration_s,
         tier_shares=plan.tier_shares,
         bin_shares={t.bin: t.share for t in plan.bin_targets},
+        ssd_amplification=plan.workload.ssd_amplification(),
         workload=_brief(plan.workload),
     )
 

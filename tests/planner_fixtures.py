@@ -5,12 +5,13 @@ from __future__ import annotations
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
 
-# Every byte from the SSDs, 1 GB per GPU per iteration: predictions are easy to do by hand.
+# Every byte from the SSDs, 1 GB per GPU per iteration: predictions are easy to do by hand. Rows
+# of one 4 KiB page, so the SSDs move exactly the feature bytes (moment/planner/ssd_reads.py).
 SSD_ONLY = Workload(
     nodes=1_000_000,
-    feature_dim=1000,
+    feature_dim=1024,
     feature_dtype="float32",
-    unique_per_batch=250_000,
+    unique_per_batch=1e9 / 4096,
     gpu_cache_gb=0.0,
     cpu_cache_fraction=0.0,
 )

@@ -76,12 +76,16 @@ def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["measurements"]
-    read = next(r for r in rows if r["what"].startswith("random read"))
+    pages = next(r for r in rows if r["what"].startswith("random 4,096 B reads"))
+    large = next(r for r in rows if r["what"].startswith("random 1,048,576 B reads"))
+    assert (pages["gives"], large["gives"]) == ("iops", "read_gbps")
+    assert pages["gbps"] == pytest.approx(pages["iops"] * 4096 / 1e9)
     m = load_profile(out)
     nvme3 = next(d for d in m.devices() if d.id == "nvme3")
-    assert nvme3.read_gbps == pytest.approx(read["gbps"], rel=1e-3)
+    assert nvme3.read_gbps == pytest.approx(large["gbps"], rel=1e-3)  # the GB/s of large reads
+    assert nvme3.iops == round(pages["iops"])  # the rate of page reads
     nvme0 = next(d for d in m.devices() if d.id == "nvme0")
-    assert nvme0.read_gbps == 5.15  # untouched
+    assert (nvme0.read_gbps, nvme0.iops) == (6.44, 1_258_291)  # untouched
     dram = next(r for r in rows if r["what"] == "DRAM copy")
     assert m.sockets[0].dram_gbps == pytest.approx(dram["gbps"], rel=1e-3)
 
@@ -106,7 +110,8 @@ def test_bench_writes_measured_figures(data_file: Path, tmp_path: Path) -> None:
             ],
             "gpu0 is not an NVMe SSD",
         ),
-        (["bench", "--read-size", "1000"], "multiple of 512"),
+        (["bench", "--read-size", "1000"], "--read-size must be a multiple of 512"),
+        (["bench", "--large-read", "100"], "--large-read must be a multiple of 512"),
     ],
 )
 def test_bench_errors(args: list[str], needle: str, data_file: Path, tmp_path: Path) -> None:
@@ -132,3 +137,19 @@ def test_cuda_devices_match_profile_gpus_by_bus_id() -> None:
     machine = load_profile(Path(__file__).parent.parent / "topology_profiles" / "switchtec-8x3090.yaml")
     bus = ["0000:10:00.0", "0000:99:00.0", "0000:0f:00.0"]  # CUDA order; 99: a GPU the profile lacks
     assert measure.profile_gpus(machine, bus) == {0: "gpu1", 2: "gpu0"}
+
+
+def test_iops_is_written_only_when_measured_in_pages() -> None:
+    """The planner counts IOPS in 4 KiB pages: a rate of 8 KiB reads would overstate what the
+    drive serves of pages, so it is reported but not written; read_gbps is the large reads'."""
+    machine = load_profile(Path(__file__).parent.parent / "topology_profiles" / "moment-machine-b.yaml")
+
+    def res(size: int, iops: float) -> measure.ReadResult:
+        return measure.ReadResult("f", iops * size / 1e9, iops, size, 32, True)
+
+    large = res(1 << 20, 3000.0)
+    m = measure.apply_measurements(machine, {"nvme3": (res(4096, 500_000.0), large)}, None, {}, {})
+    nvme3 = next(d for d in m.devices() if d.id == "nvme3")
+    assert (nvme3.iops, nvme3.read_gbps) == (500_000, float(f"{large.gbps:.4g}"))
+    m = measure.apply_measurements(machine, {"nvme3": (res(8192, 400_000.0), large)}, None, {}, {})
+    assert next(d for d in m.devices() if d.id == "nvme3").iops == 1_258_291  # the profile's, kept

@@ -70,3 +70,14 @@ def test_measured_read_shares_match_the_prediction(run: dict) -> None:
     for e in run["epochs"]:
         assert sum(e["read_share_per_tier"].values()) == pytest.approx(1.0)
         assert sum(e["read_share_per_bin"].values()) == pytest.approx(1.0)
+
+
+def test_measured_read_amplification_matches_the_prediction(run: dict) -> None:
+    """The shares above are of feature rows; what the SSDs move for them is compared apart: the
+    pages read per feature byte (64 B rows, 64 to a page, a batch reading ~14 % of the SSD rows
+    so that many share a page) against the prediction's, which takes each row as read
+    independently with the batch's density (moment/ssd_reads.py)."""
+    predicted = run["prediction"]["ssd_amplification"]
+    assert 1 < predicted < 64
+    for e in run["epochs"]:
+        assert e["ssd_read_amplification"] == pytest.approx(predicted, rel=0.05)

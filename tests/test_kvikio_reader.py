@@ -76,6 +76,7 @@ def test_routes_count_the_reads_gds_would_take(tmp_path: Path) -> None:
         reader.read(path, rows, out)
         assert reader.modes == {str(path): "kvikio-gds"}
         assert reader.routes == {"posix": 3, "gds": 1}
+        assert reader.read_bytes == {str(path): 11 * 4096}  # 11 rows of one page each, as FileReader counts
     kvikio.shutdown()
     assert np.array_equal(out.numpy(), data[rows])
 

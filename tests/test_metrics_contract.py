@@ -27,7 +27,8 @@ STATS = {
         "cpu": {"rows": 100, "bytes": 12_800, "seconds": 0.02},
         "ssd": {"rows": 700, "bytes": 89_600, "seconds": 0.2},
     },
-    "ssd_bins": {"nvme0": {"rows": 700, "bytes": 89_600, "seconds": 0.2}},
+    # 700 rows of 128 B, each alone in its 4 KiB page: 32× the feature bytes read from the SSD
+    "ssd_bins": {"nvme0": {"rows": 700, "bytes": 89_600, "read_bytes": 700 * 4096, "seconds": 0.2}},
     "bin_rows": {"gpu-cache": 200, "cpu-cache": 100, "nvme0": 700},
 }
 KEYS = [
@@ -92,6 +93,8 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
         "rows_per_tier",
         "bytes_per_tier",
         "bytes_per_ssd",
+        "read_bytes_per_ssd",
+        "ssd_read_amplification",
         "gbps_per_tier",
         "gbps_per_ssd",
         "hit_rate",
@@ -102,6 +105,7 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
     assert doc.model_dump(mode="json") == raw and doc.to_json() == path.read_text()
     assert doc.complete and doc.test_acc == 0.75 and doc.epochs[1].val_acc == 0.5 and doc.sampling.where == "cpu"
     assert doc.prediction.ssd_route is not None and doc.prediction.ssd_route.run == "host"
+    assert doc.epochs[0].read_bytes_per_ssd == {"nvme0": 2_867_200} and doc.epochs[0].ssd_read_amplification == 32.0
 
 
 def test_an_accuracy_of_nan_is_written_and_read_back(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_cache_hits_never_cross_a_link() -> None:
     own socket's copy of the CPU cache. With every feature in the GPU cache nothing moves (T = 0,
     NVLink or not); with every feature in the CPU cache each GPU reads 1 GB over its own 24 GB/s
     link and nothing crosses the 1 GB/s socket link."""
-    in_gpu = SSD_ONLY.model_copy(update={"gpu_cache_gb": 4.0})  # 4 GB of features in each GPU
+    in_gpu = SSD_ONLY.model_copy(update={"gpu_cache_gb": 4.096})  # all 4.096 GB of features in each GPU
     assert in_gpu.tier_shares()["gpu"] == pytest.approx(1.0)
     m = two_sockets(upi=1.0)
     m.nvlinks = [NvLink(between=("gpu0", "gpu1"), links=12, arch="ampere")]

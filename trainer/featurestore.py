@@ -331,17 +331,26 @@ class TieredFeatureStore:
         self._seconds = 0.0
         self._assemble_seconds = 0.0
         self._preads0 = self.reader.preads
+        self._read_bytes0 = dict(self.reader.read_bytes)
 
     def stats(self) -> dict[str, Any]:
         """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
-        bytes are distinct rows read. Hit rates are rows served by a tier / rows asked."""
+        bytes are distinct rows read, a bin's ``read_bytes`` the pages the reader's reads of it
+        touched (what the SSD moved). Hit rates are rows served by a tier / rows asked."""
         tiers = {
             name: {"rows": int(r), "bytes": int(b), "seconds": float(s)}
             for name, (r, b, s) in zip(TIERS, self._tier_stats)
         }
         tiers["ssd"]["unique_rows"] = self._ssd_unique
+        moved, before = self.reader.read_bytes, self._read_bytes0
         bins = {
-            b.name: {"rows": int(r), "unique_rows": int(u), "bytes": int(n), "seconds": float(s)}
+            b.name: {
+                "rows": int(r),
+                "unique_rows": int(u),
+                "bytes": int(n),
+                "read_bytes": moved.get(str(b.path), 0) - before.get(str(b.path), 0),
+                "seconds": float(s),
+            }
             for b, (r, u, n, s) in zip(self._ssd, self._bin_stats)
         }
         asked = max(self._asked, 1)

@@ -14,7 +14,10 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   ``feature_read_s`` (time in the feature store per rank, mean) and
   ``feature_read_s_per_iteration``, ``rows_per_tier`` and
   ``bytes_per_tier`` (summed over ranks; SSD bytes count distinct rows read per batch),
-  ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs),
+  ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs: the useful
+  feature bytes), ``read_bytes_per_ssd`` (the bytes of the pages the reader's reads of each SSD
+  bin touched: what the SSD moved, 4 KiB pages, each once per batch) and
+  ``ssd_read_amplification`` (their sum over the useful bytes' sum; None without SSD reads),
   ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
   run drew from each tier and SSD bin), ``hit_rate`` (share of requested rows served by each
   memory tier: ``gpu``, ``cpu``);
@@ -28,7 +31,9 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   for this dataset and its caches on the plan's machine and layout): ``iteration_s`` (time of
   one iteration's feature reads), ``tier_shares`` and ``bin_shares`` (share of feature reads
   each tier and bin should serve: compare with the epochs' ``read_share_per_tier`` and
-  ``read_share_per_bin``), the workload it is for, and ``note`` where this run differs;
+  ``read_share_per_bin``), ``ssd_amplification`` (the pages the SSDs should move per feature
+  byte: compare with the epochs' ``ssd_read_amplification``), the workload it is for, and
+  ``note`` where this run differs;
   ``comparable`` is false when it is the plan's prediction for other data (the profile was not
   found when placing); ``predicted_iteration_s`` repeats its ``iteration_s``;
 * ``test_acc`` (None until the end); ``rank_param_digests``: a SHA-256 of each rank's parameters
@@ -38,7 +43,7 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,7 +76,7 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         for name, rows in s.get("bin_rows", {}).items():
             bin_rows[name] = bin_rows.get(name, 0) + rows
         for name, v in s["ssd_bins"].items():
-            b = bins.setdefault(name, {"rows": 0, "bytes": 0, "seconds": 0.0})
+            b = bins.setdefault(name, {"rows": 0, "bytes": 0, "read_bytes": 0, "seconds": 0.0})
             for k in b:
                 b[k] += v[k]
     return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins, "bin_rows": bin_rows}
@@ -113,12 +118,22 @@ def epoch_record(
         "rows_per_tier": {t: int(v["rows"]) for t, v in merged["tiers"].items()},
         "bytes_per_tier": {t: int(v["bytes"]) for t, v in merged["tiers"].items()},
         "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},
+        "read_bytes_per_ssd": {name: int(v["read_bytes"]) for name, v in merged["ssd_bins"].items()},
+        "ssd_read_amplification": read_amplification(merged["ssd_bins"].values()),
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
         "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},
         "read_share_per_tier": {t: merged["tiers"][t]["rows"] / asked for t in TIERS},
         "read_share_per_bin": {name: rows / asked for name, rows in merged["bin_rows"].items()},
     }
+
+
+def read_amplification(bins: Iterable[dict[str, Any]]) -> float | None:
+    """Bytes read from the SSDs (the pages the reads touched) per feature byte read from them;
+    None when nothing was read."""
+    bins = list(bins)
+    useful = sum(b["bytes"] for b in bins)
+    return sum(b["read_bytes"] for b in bins) / useful if useful else None
 
 
 def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
@@ -133,6 +148,7 @@ def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
         "layout": placed.layout,
         "tier_shares": placed.tier_shares.model_dump(),
         "bin_shares": dict(placed.bin_shares),
+        "ssd_amplification": placed.ssd_amplification,
         "workload": wl.model_dump(),
         "comparable": placed.source == "dataset",  # re-solved for this data (else the plan's, for other data)
     }
@@ -180,6 +196,24 @@ def param_digest(module: nn.Module) -> str:
     for p in module.parameters():
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def _amplification_line(doc: MetricsDoc) -> str:
+    """Pages read from the SSDs per feature byte over the run, beside the prediction's."""
+    measured = read_amplification(
+        {"bytes": sum(e.bytes_per_ssd.get(b, 0) for e in doc.epochs), "read_bytes": n}
+        for b, n in _summed(e.read_bytes_per_ssd for e in doc.epochs).items()
+    )
+    predicted = doc.prediction.ssd_amplification
+    return f"{_fmt(measured, '.2f')}× the feature bytes measured (whole pages), {_fmt(predicted, '.2f')}× predicted"
+
+
+def _summed(maps: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -363,6 +397,7 @@ class Metrics:
         else:
             why = "ranks are not on the plan's GPUs" if not doc.on_plan_gpus else "the prediction is for other data"
             summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")
+        summary.add_row("SSD bytes read", _amplification_line(doc))
         summary.add_row("note", pred.note)
         summary.add_row("test accuracy", _fmt(doc.test_acc, ".4f"))
         self.console.print(summary)

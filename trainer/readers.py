@@ -55,6 +55,7 @@ import torch
 
 from moment.errors import MomentError
 from moment.preads import native_preads
+from moment.ssd_reads import pages_read
 from moment.uring import Ring, uring_reads
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
@@ -94,6 +95,7 @@ class Reader(Protocol):
     on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
     preads: int  # read calls issued so far
     modes: dict[str, str]  # file → how it is read ("direct", "buffered"; kvikio: see kvikio_mode)
+    read_bytes: dict[str, int]  # file → bytes of the pages its reads touched so far (moment.ssd_reads.pages_read)
     route: str  # how SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)
     probe: dict[str, float]  # seconds per reader of the probe io=auto chose it by (empty otherwise)
 
@@ -218,7 +220,21 @@ def _pread_full(fd: int, view: memoryview, offset: int, name: str) -> None:
 
 
 class _Reader:
-    """What both readers share: closing, also as a context manager."""
+    """What both readers share: planning a batch's reads (and counting the pages they touch, in
+    ``read_bytes``: what the SSD moves, whole pages, however few bytes of them a row needs),
+    closing, also as a context manager."""
+
+    threads: int
+    read_bytes: dict[str, int]
+
+    def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
+        raise NotImplementedError
+
+    def _plan(self, requests: Sequence[ReadRequest]) -> list[ReadTask]:
+        planned = [self.plan_task(i, req) for i, req in enumerate(requests)]
+        for task in planned:  # one task per request yet: its runs sorted, each page counted once
+            self.read_bytes[task.name] = self.read_bytes.get(task.name, 0) + pages_read(task.offsets, task.sizes)
+        return _tasks(planned, self.threads)
 
     def close(self) -> None:
         raise NotImplementedError
@@ -261,6 +277,7 @@ class FileReader(_Reader):
         self.preads = 0
         self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
+        self.read_bytes: dict[str, int] = {}
         self._files: dict[FileRef, _File] = {}
 
     def read(self, file: FileRef, rows: np.ndarray, out: np.ndarray) -> float:
@@ -271,7 +288,7 @@ class FileReader(_Reader):
         """Serve all requests with their reads in flight together; returns, per request, the
         seconds from the start of the batch until its last row was in."""
         start = time.perf_counter()
-        tasks = _tasks([self.plan_task(i, req) for i, req in enumerate(requests)], self.threads)
+        tasks = self._plan(requests)
         results = self._pool.run(self.issue, tasks)
         modes: dict[str, str] = {}
         for task, (_, _, _, mode) in zip(tasks, results):
@@ -514,6 +531,7 @@ class KvikioReader(_Reader):
         self.preads = 0
         self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
         self.modes: dict[str, str] = {}
+        self.read_bytes: dict[str, int] = {}
         self.routes = {"posix": 0, "gds": 0}
         self._files: dict[str, Any] = {}
 
@@ -531,7 +549,7 @@ class KvikioReader(_Reader):
     def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
         """Serve all requests with their reads in flight together; seconds per request as FileReader."""
         start = time.perf_counter()
-        tasks = _tasks([self.plan_task(i, req) for i, req in enumerate(requests)], self.threads)
+        tasks = self._plan(requests)
         results = self._pool.run(self.issue, tasks)
         seconds, preads = _finish_times(start, len(requests), results)
         self.preads += preads

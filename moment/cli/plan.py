@@ -218,6 +218,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     print_layout(out, scored)
     print_prediction(out, scored, workload)
     out.print(busiest_links_table(scored))
+    for note in scored.net.notes:  # what the figures rest on (pages moved, IOPS-bound SSDs), as plan says
+        out.print(f"[yellow]note:[/] {note}")
     return 0
 
 

@@ -49,9 +49,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="measure SSD, DRAM and GPU-copy bandwidths; write them into a profile",
         description=(
-            "Measure what the planner would otherwise take from tables: random-read GB/s of files on "
-            "each SSD at the feature read size, DRAM copy GB/s, host→GPU and GPU↔GPU copy GB/s when CUDA "
-            "is present. Read-only: files and devices are opened O_RDONLY, never written."
+            "Measure what the planner would otherwise take from tables: random reads of files on each "
+            "SSD, of 4 KiB pages (its IOPS) and of 1 MiB (its read GB/s), DRAM copy GB/s, host→GPU and "
+            "GPU↔GPU copy GB/s when CUDA is present. Read-only: files and devices are opened O_RDONLY, "
+            "never written."
         ),
     )
     p.add_argument("--profile", help="profile to put the figures into (bundled name or file)")
@@ -63,7 +64,16 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         metavar="PATH[:DEVICE]",
         help="a file (or block device) on an SSD to read; :nvme3 names the profile's SSD it sits on",
     )
-    p.add_argument("--read-size", type=int, default=4096, help="bytes per read (the feature row size; default 4096)")
+    p.add_argument(
+        "--read-size",
+        type=int,
+        default=4096,
+        help="bytes per small random read (default 4096: the page the planner counts IOPS in; "
+        "another size is reported, not written as iops)",
+    )
+    p.add_argument(
+        "--large-read", type=int, default=1 << 20, help="bytes per large random read, for read_gbps (default 1 MiB)"
+    )
     p.add_argument("--queue-depth", type=int, default=32, help="reads in flight (default 32)")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default 2)")
     p.add_argument("--no-dram", action="store_true", help="skip the DRAM copy")
@@ -159,12 +169,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.out and not args.profile:
         raise UsageError("--out needs --profile (the profile to put the figures into)")
-    if args.read_size < 512 or args.read_size % 512:
-        raise UsageError("--read-size must be a multiple of 512 bytes")
+    for flag, size in (("--read-size", args.read_size), ("--large-read", args.large_read)):
+        if size < 512 or size % 512:
+            raise UsageError(f"{flag} must be a multiple of 512 bytes")
     if args.queue_depth < 1 or args.seconds <= 0:
         raise UsageError("--queue-depth and --seconds must be positive")
     machine = resolve_profile(args.profile) if args.profile else None
-    got = measure.measure(args.file, machine, args.read_size, args.queue_depth, args.seconds, dram=not args.no_dram)
+    got = measure.measure(
+        args.file,
+        machine,
+        args.read_size,
+        args.queue_depth,
+        args.seconds,
+        dram=not args.no_dram,
+        large_read=args.large_read,
+    )
     if machine is not None and args.out:
         save_profile(measure.apply_measurements(machine, got.ssd, got.dram, got.h2d, got.peer), args.out)
     if args.json:

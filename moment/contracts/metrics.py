@@ -45,7 +45,11 @@ class EpochRecord(_Part):
     feature_read_s_per_iteration: float = Field(ge=0)
     rows_per_tier: dict[str, int]
     bytes_per_tier: dict[str, int]
-    bytes_per_ssd: dict[str, int]
+    bytes_per_ssd: dict[str, int]  # feature bytes read from each SSD bin (distinct rows)
+    # Bytes of the pages those reads touched (what the SSD moved), and Σ of them / Σ bytes_per_ssd;
+    # absent from the records of runs before they were counted.
+    read_bytes_per_ssd: dict[str, int] = {}
+    ssd_read_amplification: float | None = Field(default=None, ge=0)
     gbps_per_tier: dict[str, float]
     gbps_per_ssd: dict[str, float]
     hit_rate: dict[str, float]
@@ -71,6 +75,7 @@ class RunPrediction(_Part):
     layout: str
     tier_shares: TierShares
     bin_shares: dict[str, Share]
+    ssd_amplification: float | None = Field(default=None, ge=1)  # pages moved per feature byte read from SSDs
     workload: PredictedWorkload
     comparable: bool  # re-solved for this dataset (else the plan's, for other data)
     note: str

@@ -122,6 +122,9 @@ class Prediction(Strict):
     iteration_s: float = Field(ge=0)
     tier_shares: TierShares
     bin_shares: dict[str, Share]
+    # Bytes the SSDs move per feature byte read from them (whole pages: moment/ssd_reads.py);
+    # None in placements made before it was predicted.
+    ssd_amplification: float | None = Field(default=None, ge=1)
     workload: PredictedWorkload
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moment.planner.network import Skeleton, device_link_gbps, is_socket, socket_node, switch_node
+from moment.planner.network import Skeleton, device_link_gbps, is_socket, socket_node, ssd_read_gbps, switch_node
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine
 
@@ -70,8 +70,9 @@ class LayoutBound:
         self.gpu_link = [
             device_link_gbps(skeleton.positions[ports[0]].link, gpu) or float("inf") for ports in class_ports
         ]
-        self.ssd_rate = [
-            min(ssd.read_gbps or 3.0, device_link_gbps(skeleton.positions[ports[0]].link, ssd) or float("inf"))
+        self.ssd_rate = [  # feature bytes per second: an SSD and its link carry whole pages
+            min(ssd_read_gbps(ssd, workload), device_link_gbps(skeleton.positions[ports[0]].link, ssd) or float("inf"))
+            / workload.ssd_amplification()
             if ssd is not None
             else 0.0
             for ports in class_ports

@@ -5,7 +5,10 @@ end (where its data leaves), ``G:<gpu>`` a GPU as consumer, ``B:<bin>`` storage 
 cache (a copy in every GPU: edges ``local:<gpu>``), the CPU cache (a copy in every socket's
 memory: edges ``dram:<socket>``; each GPU reads its own socket's copy), each SSD. Every PCIe link is two directed edges (``up:``/``down:``
 + port id), PCIe being full duplex; ``upi:a>b`` likewise. Splitting a GPU into ``D:`` and ``G:``
-keeps data from relaying through a GPU. Capacities are GB/s. These names are spelled and parsed
+keeps data from relaying through a GPU. Capacities are GB/s; loads are the bytes that move: an
+SSD bin's feature bytes × its ``amplification`` (whole pages, :mod:`moment.ssd_reads`),
+and an SSD's ``read:`` edge is what it serves of them (``min(read_gbps, iops × page)`` for rows
+read at random). These names are spelled and parsed
 only by the helpers below (``socket_node``, ``up_edge``, ``edge_kind`` ...).
 
 The machine's fixed part (sockets, switches, their links, fixed devices) is walked once into a
@@ -22,6 +25,7 @@ from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 from moment.planner.layout import DEFAULT_SSD, slot_space
 from moment.planner.workload import Workload
+from moment.ssd_reads import PAGE_BYTES, random_read_gbps
 from moment.topology import bandwidth
 from moment.topology.model import Device, Link, Machine
 
@@ -96,9 +100,18 @@ class Network:
     demand_gb: float  # per GPU per iteration
     shares: dict[str, float]  # tier -> share of accesses
     notes: list[str] = field(default_factory=list)
+    amplification: dict[str, float] = field(default_factory=dict)  # bin -> bytes moved per feature byte (absent: 1)
 
     def tier_bins(self, tier: str) -> list[Bin]:
         return [b for b in self.bins if b.tier == tier]
+
+    def moved(self, bin_id: str) -> float:
+        """Bytes a bin moves per feature byte it serves (an SSD's whole pages; 1 for the caches)."""
+        return self.amplification.get(bin_id, 1.0)
+
+    def tier_moved(self, tier: str) -> float:
+        """The same for a tier (its bins move alike: the workload's row size and read pattern)."""
+        return max((self.moved(b.id) for b in self.tier_bins(tier)), default=1.0)
 
 
 def device_link_gbps(link: Link, dev: Device) -> float | None:
@@ -224,8 +237,10 @@ class Skeleton:
             bins.append(Bin(d.id, "ssd", bin_node(d.id)))
             if d.read_gbps is None:
                 notes.append(f"{d.id} read bandwidth unknown: {DEFAULT_SSD_GBPS:g} GB/s assumed")
-            edges[read_edge(d.id)] = (bin_node(d.id), device_node(d.id), d.read_gbps or DEFAULT_SSD_GBPS)
+            edges[read_edge(d.id)] = (bin_node(d.id), device_node(d.id), ssd_read_gbps(d, workload))
             labels[read_edge(d.id)] = f"{d.id} reads"
+        amp = workload.ssd_amplification() if ssds else 1.0
+        notes.extend(_ssd_notes(ssds, workload, amp))
         ancestry = {n: _ancestry(n, parent) for n in [device_node(d.id) for d in gpus + ssds]}
         direct = {g.id: workload.ssd_reads == "direct" and can_p2p(g) for g in gpus}
         if ssds and workload.ssd_reads == "direct" and not all(direct.values()):
@@ -256,6 +271,7 @@ class Skeleton:
             demand_gb=workload.demand_gb(),
             shares=workload.tier_shares(),
             notes=notes,
+            amplification={b.id: amp for b in bins if b.tier == "ssd"},
         )
 
     @staticmethod
@@ -315,6 +331,42 @@ GEFORCE_IDS = {
     "2803",
     "2805",
 }
+
+
+def ssd_read_gbps(ssd: Device, workload: Workload) -> float:
+    """Page-rounded GB/s an SSD serves this workload: ``read_gbps`` for packed reads, and no more
+    than its IOPS × the page for rows read at random (:mod:`moment.ssd_reads`)."""
+    gbps = ssd.read_gbps or DEFAULT_SSD_GBPS
+    return gbps if workload.ssd_pack_bytes is not None else random_read_gbps(gbps, ssd.iops)
+
+
+def _ssd_notes(ssds: list[Device], workload: Workload, amp: float) -> list[str]:
+    """What the SSD figures rest on: the bytes moved per feature byte, and which SSDs their IOPS
+    bound (or could, were it known)."""
+    if not ssds:
+        return []
+    if workload.ssd_pack_bytes is not None:
+        return [f"packed SSD reads of {workload.ssd_pack_bytes:,} B: each SSD at its read GB/s, {amp:.2f}× bytes moved"]
+    notes = []
+    if amp > 1.0005:
+        notes.append(
+            f"SSD rows of {workload.row_bytes:,} B are read in {PAGE_BYTES} B pages: {amp:.2f}× the feature bytes "
+            f"move from the SSDs and over their links"
+        )
+    bound = [d for d in ssds if d.iops and ssd_read_gbps(d, workload) < (d.read_gbps or DEFAULT_SSD_GBPS)]
+    if bound:
+        d = bound[0]
+        notes.append(
+            f"{len(bound)} SSD(s) bound by random-read IOPS: {d.id} {d.iops:,.0f} IOPS × {PAGE_BYTES} B = "
+            f"{ssd_read_gbps(d, workload):.2f} GB/s (< its {d.read_gbps or DEFAULT_SSD_GBPS:g} GB/s read)"
+        )
+    unknown = [d.id for d in ssds if not d.iops]
+    if unknown:
+        notes.append(
+            f"random-read IOPS unknown for {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}: only their "
+            f"GB/s bounds them (moment bench measures IOPS)"
+        )
+    return notes
 
 
 def can_p2p(gpu: Device) -> bool:

@@ -18,7 +18,7 @@ from moment.errors import UsageError
 from moment.planner import flow
 from moment.planner.bounds import LayoutBound
 from moment.planner.layout import SlotSpace, pick_devices, slot_space
-from moment.planner.network import Skeleton, device_link_gbps, skeleton_for, up_edge
+from moment.planner.network import Skeleton, device_link_gbps, skeleton_for, ssd_read_gbps, up_edge
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine, Port
 
@@ -228,7 +228,7 @@ def search_milp(
                 port_id = c.ports[gi]
                 placed[port_id] = rep
                 link = skeleton.positions[port_id].link
-                rate = min(rep.read_gbps or 3.0, device_link_gbps(link, rep) or math.inf)
+                rate = min(ssd_read_gbps(rep, workload), device_link_gbps(link, rep) or math.inf)
                 reps[rep.id] = flow.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=up_edge(port_id))
         if n_ssds and not reps:
             continue

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from moment.contracts import first_error
 from moment.errors import MomentError
+from moment.ssd_reads import PAGE_BYTES, amplification, pack_amplification
 from moment.yamlio import load_yaml, yaml_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -116,6 +117,12 @@ class Workload(BaseModel):
         "shared switch, for GPUs that can; host: through a buffer in host memory (posix reads, kvikio's "
         "compat mode)",
     )
+    ssd_pack_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="bytes of one packed SSD read (a packed placement: the rows a batch needs back to back); "
+        "None: each row is read where it lies, at random, whole pages at least (moment/planner/ssd_reads.py)",
+    )
     hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
     hidden: int = 256
@@ -160,6 +167,19 @@ class Workload(BaseModel):
         h_cpu = self.hotness.share(f_gpu + f_cpu) - h_gpu
         return {"gpu": h_gpu, "cpu": h_cpu, "ssd": max(0.0, 1.0 - h_gpu - h_cpu)}
 
+    def ssd_density(self) -> float:
+        """Share of the SSD-resident rows one GPU's batch reads: its SSD rows over the rows the
+        SSDs hold (what makes a small graph's batch read neighbouring rows of one page)."""
+        stored = self.nodes - self.gpu_cache_rows() - self.cpu_cache_rows()
+        return min(self.vertices_per_batch() * self.tier_shares()["ssd"] / stored, 1.0) if stored > 0 else 0.0
+
+    def ssd_amplification(self) -> float:
+        """SSD bytes moved per feature byte read from the SSDs: whole pages for rows read at
+        random, the page-rounded pack for packed reads (:mod:`moment.ssd_reads`)."""
+        if self.ssd_pack_bytes is not None:
+            return pack_amplification(self.ssd_pack_bytes)
+        return amplification(self.row_bytes, self.ssd_density())
+
     def describe(self) -> str:
         rows = (
             "measured unique rows"
@@ -170,9 +190,16 @@ class Workload(BaseModel):
             f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
             f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration ({rows}); "
             f"caches: {self.gpu_cache_gb:g} GB per GPU (replicated), {self.cpu_cache_fraction:.2%} of vertices per socket; "
-            f"SSD reads {'direct to the GPU where it can' if self.ssd_reads == 'direct' else 'through host memory'}; "
+            f"SSD reads {'direct to the GPU where it can' if self.ssd_reads == 'direct' else 'through host memory'}, "
+            f"{self._ssd_moves()}; "
             f"hotness: {self.hotness.source}"
         )
+
+    def _ssd_moves(self) -> str:
+        amp = self.ssd_amplification()
+        if self.ssd_pack_bytes is not None:
+            return f"packed, {self.ssd_pack_bytes:,} B per read ({amp:.2f}× the feature bytes moved)"
+        return f"{self.row_bytes:,} B rows at random in {PAGE_BYTES} B pages ({amp:.2f}× the feature bytes moved)"
 
 
 def load_workload(base: dict | None, path: str | None = None, **overrides: object) -> Workload:

@@ -1,9 +1,11 @@
 """``moment bench``: measure the bandwidths the planner would otherwise take from spec tables.
 
-Read-only and safe: SSDs are measured by random reads of a file (or, with ``--device``, of a
-block device opened read-only) at the feature read size; DRAM by a memory copy; with CUDA,
-host→GPU copies per GPU and GPU→GPU peer copies. Measured figures go into a copy of the profile
-(``gbps`` on links, ``read_gbps``/``iops`` on SSDs, ``dram_gbps`` on sockets), where they
+Read-only and safe: SSDs are measured by random reads of a file (or of a block device opened
+read-only), twice: of one page (4 KiB, :data:`~moment.ssd_reads.PAGE_BYTES`), whose rate
+is the drive's ``iops``, and of large blocks (1 MiB), whose GB/s is its ``read_gbps`` — the two
+figures the planner charges an SSD with (:mod:`moment.ssd_reads`). DRAM by a memory copy;
+with CUDA, host→GPU copies per GPU and GPU→GPU peer copies. Measured figures go into a copy of the
+profile (``gbps`` on links, ``read_gbps``/``iops`` on SSDs, ``dram_gbps`` on sockets), where they
 override the bandwidth table. (``scripts/bench_*`` are something else: benchmarks of moment itself.)
 """
 
@@ -29,6 +31,8 @@ from moment.preads import native_preads
 
 # Random reads per call of the compiled read loop in random_read (a few ms of reads at most).
 READ_CHUNK = 64
+PAGE_READ = 4096  # the page reads an SSD's iops is measured in (moment.ssd_reads.PAGE_BYTES)
+LARGE_READ = 1 << 20  # reads large enough for an SSD's GB/s, not its IOPS, to bound them
 
 
 @dataclass
@@ -248,17 +252,19 @@ def apply_measurements(
 ):
     """A copy of the profile with measured figures in place of table values.
 
-    ``ssd``: device id → result; ``h2d``: GPU device id → host→GPU GB/s (set on the GPU's port
+    ``ssd``: device id → (page reads, large reads): ``iops`` from the first (when they were of
+    :data:`PAGE_READ` bytes), ``read_gbps`` from the second; ``h2d``: GPU device id → host→GPU GB/s (set on the GPU's port
     link); ``peer``: (gpu, gpu) → GB/s (set on their NVLink, if they have one)."""
     m = machine.model_copy(deep=True)
     devices = {}
     for port, _ in m.iter_ports():
         if port.device is not None:
             devices[port.device.id] = port
-    for dev_id, res in ssd.items():
+    for dev_id, (pages, large) in ssd.items():
         check_ssd(machine, dev_id)
-        devices[dev_id].device.read_gbps = _figure(res.gbps)
-        devices[dev_id].device.iops = round(res.iops)
+        devices[dev_id].device.read_gbps = _figure(large.gbps)
+        if pages.read_size == PAGE_READ:  # the planner counts IOPS in pages of this size
+            devices[dev_id].device.iops = round(pages.iops)
     for gpu, gbps in h2d.items():
         if gpu in devices:
             devices[gpu].link.gbps = _figure(gbps)
@@ -284,7 +290,7 @@ class Measured:
     keyed by the profile's device ids for :func:`apply_measurements` (empty without a profile)."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
-    ssd: dict[str, ReadResult] = field(default_factory=dict)
+    ssd: dict[str, tuple[ReadResult, ReadResult]] = field(default_factory=dict)  # (page reads, large reads)
     dram: float | None = None
     h2d: dict[str, float] = field(default_factory=dict)
     peer: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -301,28 +307,36 @@ def profile_gpus(machine: Any, bus_ids: Sequence[str]) -> dict[int, str]:
 def measure(
     files: Sequence[str],
     machine: Any | None,
-    read_size: int = 4096,
+    read_size: int = PAGE_READ,
     queue_depth: int = 32,
     seconds: float = 2.0,
     dram: bool = True,
+    large_read: int = LARGE_READ,
 ) -> Measured:
-    """Random reads of each ``PATH[:DEVICE]`` in ``files`` (all checked before any is read), the
-    DRAM copy (``dram``), and with CUDA the host→GPU and peer copies, matched to ``machine``'s
-    devices where one is given."""
+    """Random reads of each ``PATH[:DEVICE]`` in ``files`` (all checked before any is read) of
+    ``read_size`` bytes (the IOPS) and of ``large_read`` bytes (the GB/s), the DRAM copy
+    (``dram``), and with CUDA the host→GPU and peer copies, matched to ``machine``'s devices
+    where one is given."""
     got = Measured()
     for path, dev in [file_spec(spec, machine) for spec in files]:
-        res = random_read(path, read_size, queue_depth, seconds)
-        got.rows.append(
-            {
-                "what": f"random read {path}",
-                "gbps": res.gbps,
-                "iops": res.iops,
-                "direct": res.direct,
-                "device": dev or None,
-            }
-        )
+        pair = []
+        for size, gives in ((read_size, "iops"), (large_read, "read_gbps")):
+            res = random_read(path, size, queue_depth, seconds)
+            pair.append(res)
+            note = None if gives != "iops" or size == PAGE_READ else f"not written: iops counts {PAGE_READ} B reads"
+            got.rows.append(
+                {
+                    "what": f"random {size:,} B reads {path}",
+                    "gbps": res.gbps,
+                    "iops": res.iops,
+                    "direct": res.direct,
+                    "device": dev or None,
+                    "gives": gives,
+                    **({"note": note} if note else {}),
+                }
+            )
         if dev:
-            got.ssd[dev] = res
+            got.ssd[dev] = (pair[0], pair[1])
     got.dram = dram_copy_gbps() if dram else None
     if got.dram:
         got.rows.append({"what": "DRAM copy", "gbps": got.dram})

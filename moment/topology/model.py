@@ -90,8 +90,10 @@ class Device(_Strict):
     max_width: int | None = None
     memory_gb: DeviceGB = None
     capacity_gb: DeviceGB = None
-    read_gbps: LinkGBps = Field(default=None, description="read GB/s at the feature read size")
-    iops: float | None = Field(default=None, gt=0)
+    read_gbps: LinkGBps = Field(default=None, description="read GB/s of large reads (1 MiB; moment bench)")
+    iops: float | None = Field(
+        default=None, gt=0, description="random 4 KiB reads per second: bounds small random reads (moment/ssd_reads.py)"
+    )
     double_width: bool | None = None
 
 

@@ -16,12 +16,18 @@ from moment.planner.flow.prediction import FlowModel, Prediction, check_tiers, f
 from moment.planner.network import INF, LINK_EDGES, Network, edge_kind, gpu_node
 
 
+def moved_demand_gb(net: Network) -> float:
+    """Bytes moved to each GPU per iteration: its feature bytes, each tier's share times the
+    bytes that tier moves per feature byte (whole pages from the SSDs)."""
+    return net.demand_gb * sum(share * net.tier_moved(tier) for tier, share in net.shares.items())
+
+
 def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], list[str | None]]:
     G, D = len(net.gpus), net.demand_gb
     arcs: list[tuple[str, str, float]] = []
     keys: list[str | None] = []
-    for tier, share in net.shares.items():
-        arcs.append(("src", f"T:{tier}", share * D * G))
+    for tier, share in net.shares.items():  # the flow is in bytes moved
+        arcs.append(("src", f"T:{tier}", share * D * G * net.tier_moved(tier)))
         keys.append(None)
         for b in net.tier_bins(tier):
             arcs.append((f"T:{tier}", b.node, INF))
@@ -30,16 +36,22 @@ def _paper_arcs(net: Network, t: float) -> tuple[list[tuple[str, str, float]], l
         arcs.append((u, v, INF if cap >= INF or (t >= INF and cap > 0) else cap * t))
         keys.append(key)
     for g in net.gpus:
-        arcs.append((gpu_node(g), "sink", D))
+        arcs.append((gpu_node(g), "sink", moved_demand_gb(net)))
         keys.append(None)
     return arcs, keys
 
 
 def paper(net: Network, engine: str = "ortools", upper_s: float | None = None, rel_tol: float = 1e-6) -> Prediction:
-    """Smallest T at which the max flow delivers every GPU's demand (bisection on T)."""
+    """Smallest T at which the max flow delivers every GPU's demand (bisection on T).
+
+    The flow is in bytes moved: each tier supplies its share × the bytes it moves per feature
+    byte (``net.tier_moved``), each GPU takes the moved bytes of its share of every tier. A GPU's
+    moved bytes then hold its feature bytes exactly where it gets the tier mix (as the
+    proportional model has it); where the flow gives one GPU more SSD bytes than another, their
+    feature bytes differ by the pages' overhead, the price of keeping this a plain max flow."""
     check_tiers(net)
     flow_func = ENGINES[engine]
-    need = net.demand_gb * len(net.gpus)
+    need = moved_demand_gb(net) * len(net.gpus)
 
     def feasible(t: float) -> tuple[bool, list[float]]:
         arcs, _ = _paper_arcs(net, t)
@@ -70,7 +82,8 @@ def paper(net: Network, engine: str = "ortools", upper_s: float | None = None, r
     out_of: dict[str, float] = defaultdict(float)
     for (u, _, _), fl in zip(arcs, flows):
         out_of[u] += fl
-    share = {b.id: out_of[b.node] / need for b in net.bins}
+    useful = net.demand_gb * len(net.gpus)
+    share = {b.id: out_of[b.node] / net.moved(b.id) / useful if useful else 0.0 for b in net.bins}
     pred = finish(net, f"paper[{engine}]", hi, share, load, {g: set() for g in net.gpus})
     # A single-commodity flow does not say which bytes reach which GPU; each GPU's demand is
     # delivered exactly at T, so every GPU is credited with T.

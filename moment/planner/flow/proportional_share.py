@@ -42,7 +42,7 @@ class SsdClass:
     """SSDs a layout may put in one slot class, stood for by one representative bin."""
 
     max_count: int
-    rate_gbps: float  # one SSD's deliverable rate: min(read rate, its link)
+    rate_gbps: float  # one SSD's deliverable rate of bytes moved: min(its read rate, IOPS bound, its link)
     uplink: str  # the representative's own link edge (per SSD, so it scales with the count)
 
 
@@ -54,6 +54,8 @@ def proportional(
     milp_solver: str = "ortools",
 ) -> Prediction:
     """Min T such that every GPU reads share x_b of its bytes from bin b (same x for all GPUs).
+
+    Bin b's share moves x_b × its ``net.moved(b)`` (whole SSD pages) over every edge of its path.
 
     Solved as "max θ = 1/T" with u_b = x_b·θ, which keeps every constraint linear even when the
     number of SSDs per slot class is a variable too (``ssd_classes``: a MILP choosing how many
@@ -89,27 +91,28 @@ def proportional(
         for bin_id, cls in ssd_classes.items():
             count[bin_id] = solver.IntVar(0, cls.max_count, f"n[{bin_id}]")
             total.SetCoefficient(count[bin_id], 1.0)
-            row = solver.Constraint(-inf, 0.0)  # G·D·u ≤ n·rate
-            row.SetCoefficient(u[bin_id], G * D)
+            row = solver.Constraint(-inf, 0.0)  # G·D·u·moved ≤ n·rate
+            row.SetCoefficient(u[bin_id], G * D * net.moved(bin_id))
             row.SetCoefficient(count[bin_id], -cls.rate_gbps)
             skip |= {read_edge(bin_id), cls.uplink}
-    # (gpu, path, variable) for every route; a variable per path only where there is a choice.
-    routes: list[tuple[str, list[str], object]] = []
+    # (gpu, path, variable, bytes moved per feature byte) for every route; a variable per path
+    # only where there is a choice.
+    routes: list[tuple[str, list[str], object, float]] = []
     for (b, g), alts in net.paths.items():
         if len(alts) == 1:
-            routes.append((g, alts[0], u[b]))
+            routes.append((g, alts[0], u[b], net.moved(b)))
             continue
         split = solver.Constraint(0.0, 0.0)
         split.SetCoefficient(u[b], -1.0)
         for i, path in enumerate(alts):
             v = solver.NumVar(0.0, inf, f"f[{b},{g},{i}]")
             split.SetCoefficient(v, 1.0)
-            routes.append((g, path, v))
+            routes.append((g, path, v, net.moved(b)))
     coef: dict[str, dict[object, float]] = defaultdict(lambda: defaultdict(float))
-    for _, path, var in routes:
+    for _, path, var, moved in routes:
         for e in path:
             if net.edges[e][2] < INF and e not in skip:
-                coef[e][var] += D
+                coef[e][var] += D * moved
     spread: dict[object, float] = defaultdict(float)
     for e, terms in coef.items():
         cap = net.edges[e][2]
@@ -137,12 +140,12 @@ def proportional(
         _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
     t = 0.0 if th >= THETA_MAX * (1 - 1e-6) else 1.0 / th  # (the second pass may give up 1e-7..1e-4 of θ)
-    value = {var: var.solution_value() / th for _, _, var in routes}  # type: ignore[attr-defined]
+    value = {var: var.solution_value() / th for _, _, var, _ in routes}  # type: ignore[attr-defined]
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
     for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it
-        load[read_edge(bin_id)] = load[cls.uplink] = G * D * u[bin_id].solution_value() / th
+        load[read_edge(bin_id)] = load[cls.uplink] = G * D * net.moved(bin_id) * u[bin_id].solution_value() / th
     gpu_edges: dict[str, set[str]] = defaultdict(set)
-    for g, path, var in routes:
+    for g, path, var, _ in routes:
         if value[var] > 1e-12:
             gpu_edges[g].update(path)
     share = {b.id: u[b.id].solution_value() / th for b in net.bins}
