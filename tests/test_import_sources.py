@@ -238,7 +238,7 @@ def test_dry_run_says_what_it_reads_writes_and_how_long_and_refuses_without_spac
     monkeypatch.setattr(publish, "read_rate", lambda path: 100e6)  # the fixture is too small to time a read
     assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 0
     printed = " ".join(capfd.readouterr().out.split())
-    assert "features: read in place from" in printed and "reads: edges 2× (0.00 GB)" in printed
+    assert "features: read in place from" in printed and "reads: edges 1× (0.00 GB)" in printed
     assert "features once (0.00 GB: checked); writes 0.00 GB" in printed
     assert f"time: about 0 s (0.0 h): the edges and labels at {publish.COPY_RATIO}× the speed of a copy" in printed
     assert "dry run: nothing written" in printed and not list(tmp_path.glob("ds*"))
@@ -275,3 +275,28 @@ def test_a_blank_line_is_named_by_its_number(tmp_path: Path, recwarn) -> None:
     with pytest.raises(DatasetError, match=r"node-label\.csv\.gz: line 2000: an empty line"):
         run("ogb", tmp_path / "ds", {"root": str(tmp_path / "o")}, **QUIET)
     assert not [w for w in recwarn if "loadtxt" in str(w.message)]
+
+
+def test_npy_dry_run_says_what_it_reads_and_refuses_without_space(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "f.npy", rng.standard_normal((N, D)).astype(np.float32))
+    np.save(tmp_path / "l.npy", rng.integers(0, 3, N))
+    np.save(tmp_path / "e.npy", rng.integers(0, N, (E, 2)))
+    files = {"features": tmp_path / "f.npy", "labels": tmp_path / "l.npy", "edges": tmp_path / "e.npy"}
+    lines: list[str] = []
+    assert import_arrays(tmp_path / "ds", **files, dry_run=True, log=lines.append) is None
+    assert any(line.startswith("reads: edges 1× (0.00 GB)") and "features once" in line for line in lines)
+    assert lines[-1] == "dry run: nothing written" and not list(tmp_path.glob("ds*"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
+    with pytest.raises(DatasetError, match=r"ds: needs .* GB short"):
+        import_arrays(tmp_path / "ds", **files, dry_run=True, log=lines.append)
+
+
+def test_replacing_an_imported_dataset_never_deletes_its_source(tmp_path: Path) -> None:
+    from placement.synth import synthesize
+
+    src = _igb(tmp_path / "igb", raw=True)
+    run("igb", tmp_path / "ds", {"root": str(tmp_path / "igb"), "size": "tiny"}, **QUIET)
+    size = src.stat().st_size
+    synthesize(tmp_path / "ds", nodes=50, avg_degree=3, dim=4, replace=True)  # moment deletes what it wrote
+    assert src.stat().st_size == size and open_dataset(tmp_path / "ds").num_nodes == 50

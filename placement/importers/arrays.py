@@ -33,7 +33,7 @@ from placement.dataset import (
     staging,
     write_import_manifest,
 )
-from placement.importers import csr, readers
+from placement.importers import csr, publish, readers
 
 
 def import_arrays(
@@ -101,9 +101,22 @@ def import_arrays(
             f"{' (read in place, not copied)' if refer else ''}; {labels}: {classes} classes; "
             f"{source.size:,} edges in, up to {most:,} out"
         )
-        log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB. dry run: nothing written")
+        log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB")
+        edge_files = [Path(p) for p in (edges, indptr, indices) if p is not None]
+        publish.log_costs(
+            log,
+            edge_files[-1],
+            sum(p.stat().st_size for p in edge_files),
+            Path(labels).stat().st_size,
+            feats.nbytes,
+            refer,
+            csr.keeps(source.size, most, layout),
+            need,
+        )
+    check_free_space(out, need)  # the dry run too: it says whether the import can run
+    if dry_run:
+        log("dry run: nothing written")
         return None
-    check_free_space(out, need)
     with staging(out) as tmp:
         num_edges = csr.build(
             tmp,

@@ -114,25 +114,16 @@ def write_dataset(
         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
         + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)"
     )
-    graph_in = found.edges.arr.nbytes + found.labels.nbytes
-    passes = 2 + (1 if undirected and windows == 1 else 0)
-    feature_bytes = found.features.nbytes
-    scratch = disk["csr"] - csr.disk_need(n, most, False)
-    log(
-        f"reads: edges {passes}× ({passes * found.edges.arr.nbytes / 1e9:.2f} GB), labels once "
-        f"({found.labels.nbytes / 1e9:.2f} GB), features once ({feature_bytes / 1e9:.2f} GB: "
-        f"{'checked' if refer else 'copied'}){f', scratch {scratch / 1e9:.2f} GB' if scratch else ''}; "
-        f"writes {sum(disk.values()) / 1e9:.2f} GB"
+    log_costs(
+        log,
+        found.edges.arr.path,
+        found.edges.arr.nbytes,
+        found.labels.nbytes,
+        found.features.nbytes,
+        refer,
+        csr.keeps(found.edges.size, most, layout),
+        sum(disk.values()),
     )
-    rate = read_rate(found.edges.arr.path)
-    if rate:
-        # a copy reads and writes every byte: at best the read rate / 2 on one disk
-        seconds = graph_in / (COPY_RATIO * rate / 2) + (feature_bytes / rate if refer else 2 * feature_bytes / rate)
-        log(
-            f"time: about {seconds:,.0f} s ({seconds / 3600:.1f} h): the edges and labels at {COPY_RATIO}× the "
-            f"speed of a copy of them (measured: scripts/bench_import.py), the features at "
-            f"{'read' if refer else 'copy'} speed; {found.edges.arr.path} reads at {rate / 1e6:,.0f} MB/s now"
-        )
     log(
         f"features: read in place from {found.features.path} (not copied; --copy-features copies them)"
         if refer
@@ -241,6 +232,28 @@ def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
         raise DatasetError(
             f"{labels.label}: labels must be N or N×1 numbers with N = {n:,} (the rows of "
             f"{features.label}), got {labels.dtype.name} of shape {labels.shape}"
+        )
+
+
+def log_costs(
+    log: Log, edges: Path, edge_bytes: int, other_bytes: int, feature_bytes: int, refer: bool, once: bool, writes: int
+) -> None:
+    """What an import reads and writes, and about how long that takes: the edges and labels at
+    ``COPY_RATIO`` of a copy's speed, the features at read (``refer``) or copy speed, the copy's speed
+    taken as half a cold read of ``edges`` measured now (a copy reads and writes each byte)."""
+    passes = 1 if once else 2
+    log(
+        f"reads: edges {passes}× ({passes * edge_bytes / 1e9:.2f} GB{'' if once else ', then the scratch files'}), "
+        f"labels and splits ({other_bytes / 1e9:.2f} GB), features once ({feature_bytes / 1e9:.2f} GB: "
+        f"{'checked' if refer else 'copied'}); writes {writes / 1e9:.2f} GB"
+    )
+    rate = read_rate(edges)
+    if rate:
+        seconds = (edge_bytes + other_bytes) / (COPY_RATIO * rate / 2) + feature_bytes / (rate if refer else rate / 2)
+        log(
+            f"time: about {seconds:,.0f} s ({seconds / 3600:.1f} h): the edges and labels at {COPY_RATIO}× the "
+            f"speed of a copy of them (measured: scripts/bench_import.py), the features at "
+            f"{'read' if refer else 'copy'} speed; {edges} reads at {rate / 1e6:,.0f} MB/s now"
         )
 
 
