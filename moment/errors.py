@@ -35,3 +35,16 @@ class SourceError(MomentError):
         self.line = line
         where = f"{source}:{line}" if line is not None else source
         super().__init__(f"{where}: {message}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops a command (SIGINT, SIGTERM, SIGHUP): the CLI prints one line and exits
+    128 + the signal's number (130 for Ctrl-C, 143 for ``kill``), as a shell reports it."""
+
+    def __init__(self, signum: int, note: str = "") -> None:
+        import signal
+
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        self.name = signal.Signals(self.signum).name
+        super().__init__(f"interrupted ({self.name}){': ' + note if note else ''}")

@@ -28,7 +28,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ from moment.errors import MomentError
 from moment.fileio import fsync_dir, fsync_tree
 
 MARKER = ".moment-staging.json"
+LOCK = ".moment-lock"  # DirLock's file: flock'ed by the job's launcher, naming it
+MEMBERS = ".moment-ranks"  # the processes of a job working in a locked directory (join)
 
 
 @dataclass(frozen=True)
@@ -153,23 +155,21 @@ class Staging:
                 raise
             try:
                 other = json.loads((where / MARKER).read_text())
-                who = f" (pid {other.get('pid')} on {other.get('host')}, since {other.get('since')})"
             except (OSError, ValueError):
-                who = ""
+                other = {}
             raise self.kind.error(
-                f"{self.out}: another {self.kind.command} is writing it{who}; wait for it to finish"
+                f"{self.out}: another {self.kind.command} is writing it{holder(other)}; wait for it to finish"
             ) from None
+        if live := live_members(where):  # ranks of a run whose launcher is gone (see join)
+            os.close(fd)
+            raise self.kind.error(
+                f"{self.out}: {len(live)} process(es) of an earlier {self.kind.command} still write it"
+                f"{holder(live[0])}; wait for them to stop"
+            )
         self._fd = fd
 
     def _write_marker(self, where: Path, run_id: str) -> None:
-        body = {
-            "kind": self.kind.name,
-            "command": self.kind.command,
-            "run_id": run_id,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
+        body = {"kind": self.kind.name, "run_id": run_id, **_me(self.kind.command)}
         tmp = where / f".{MARKER}.tmp"
         tmp.write_text(json.dumps(body) + "\n")
         os.replace(tmp, where / MARKER)
@@ -210,6 +210,8 @@ class Staging:
         """Remove the (empty) staging directory and drop the lock."""
         where = where or self.dir
         (where / MARKER).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the ranks' registrations, all gone (live_members)
+            (where / MEMBERS).rmdir()
         with contextlib.suppress(OSError):  # not empty: someone else's files stay
             where.rmdir()
         if self._fd is not None:
@@ -299,3 +301,126 @@ def _prune_empty_dirs(root: Path) -> None:
     for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
         with contextlib.suppress(OSError):  # not empty
             os.rmdir(dirpath)
+
+
+# --- jobs of several processes ----------------------------------------------------------------
+#
+# A launcher (moment train, moment infer --nproc N) holds its directory's lock; the ranks it
+# starts write there too. Each rank registers itself (join): a file in DIR/.moment-ranks that it
+# holds an flock on until it exits, so the kernel, not a PID that may be reused, says whether it
+# still runs. A new run takes the directory only when its lock is free *and* no registered
+# process is alive: ranks whose launcher was killed keep the directory theirs until they stop
+# (moment.procs.guard stops them within seconds).
+
+
+def _me(command: str) -> dict:
+    return {
+        "command": command,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def holder(doc: dict) -> str:
+    """`` (pid P on HOST, since T)`` from a lock's or registration's record ('' if unknown)."""
+    if not isinstance(doc, dict) or "pid" not in doc:
+        return ""
+    return f" (pid {doc.get('pid')} on {doc.get('host')}, since {doc.get('since')})"
+
+
+def live_members(directory: Path) -> list[dict]:
+    """The records of the processes registered in ``directory`` (:func:`joined`) that still run;
+    registrations of processes that have exited are removed."""
+    where = Path(directory) / MEMBERS
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return []
+    live = []
+    for name in names:
+        try:
+            fd = os.open(where / name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: that process still runs
+            try:
+                live.append(json.loads(os.pread(fd, 4096, 0)))
+            except ValueError:
+                live.append({})
+        else:
+            (where / name).unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return live
+
+
+@contextlib.contextmanager
+def joined(directory: Path, command: str) -> Iterator[None]:
+    """Register this process as working in ``directory`` while the block runs (and, if it is
+    killed, until the kernel drops its flock): see :func:`live_members`."""
+    where = Path(directory) / MEMBERS
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"{socket.gethostname()}-{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(_me(command)).encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):  # others still registered
+            where.rmdir()
+
+
+class DirLock:
+    """One job at a time in ``directory`` (a checkpoint directory): an flock on ``DIR/.moment-lock``
+    whose file names the holder; refused, in one line naming it, while another job holds it or
+    while processes registered by an earlier job still run (``members``: a rank taking the lock
+    for its own job skips that check, its peers being registered already)."""
+
+    def __init__(self, directory: Path, command: str, error: type[MomentError] = MomentError) -> None:
+        self.dir, self.command, self.error = Path(directory), command, error
+        self._fd: int | None = None
+
+    def acquire(self, members: bool = True) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                other = json.loads(os.pread(fd, 4096, 0))
+            except (OSError, ValueError):
+                other = {}
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise self.error(
+                f"{self.dir}: another {other.get('command', self.command)} is using it{holder(other)}; "
+                "wait for it to finish or choose another directory"
+            ) from None
+        if members and (live := live_members(self.dir)):
+            os.close(fd)
+            raise self.error(
+                f"{self.dir}: {len(live)} process(es) of an earlier {self.command} still write it{holder(live[0])}; "
+                "wait for them to stop"
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(_me(self.command)) + "\n").encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

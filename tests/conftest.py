@@ -84,13 +84,15 @@ def _device_named(run: Callable[..., Any], at: int) -> Callable[..., Any]:
 
 class _RunPopen(subprocess.Popen):
     """``subprocess.Popen`` refusing a command that starts training or inference ranks without
-    ``--device`` or with ``--device auto``: torchrun (``-m torch.distributed.run``) or ``-m moment
+    ``--device`` or with ``--device auto``: torchrun (``-m torch.distributed.run`` or ``-m trainer.torchrun``) or ``-m moment
     train|infer`` (``--help`` aside)."""
 
     def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
         argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
         verb = next((argv[i + 2] for i in range(len(argv) - 2) if argv[i : i + 2] == ["-m", "moment"]), None)
-        if ("torch.distributed.run" in argv or verb in ("train", "infer")) and "--help" not in argv:
+        if (
+            ("torch.distributed.run" in argv or "trainer.torchrun" in argv) or verb in ("train", "infer")
+        ) and "--help" not in argv:
             device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
             assert device != "auto", (
                 f"a test started {' '.join(argv[:6])} ... with device 'auto': pass --device (cpu, or cuda in a "

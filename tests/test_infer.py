@@ -217,7 +217,7 @@ def test_two_torchrun_ranks_write_what_one_process_writes(
         *CPU,
     ]
     assert main([*args, "--out", str(tmp_path / "ranks"), "--nproc", "2"]) == 0
-    assert "torch.distributed.run" in capsys.readouterr().err
+    assert "trainer.torchrun" in capsys.readouterr().err
     loop_out = tmp_path / "loop"
     infer(
         InferOptions(data=data["placed"], checkpoint=data["sage"], out=loop_out, nproc=2, batch_size=300, device="cpu")

@@ -93,7 +93,7 @@ def test_dry_run_json_prints_the_memory_budget(
 ) -> None:
     assert main(["train", "--plan", str(plan_file), "--data", str(placed), "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["command"][:3][1:] == ["-m", "torch.distributed.run"]
+    assert doc["command"][:3][1:] == ["-m", "trainer.torchrun"]
     mem = doc["memory"]
     assert mem["host_bytes_per_node"] == sum(mem["host"].values()) > 0
     assert mem["gpu_bytes_per_rank"] == sum(mem["gpu"].values())

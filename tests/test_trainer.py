@@ -482,7 +482,7 @@ def test_prefetcher_raises_worker_errors_and_stops_early() -> None:
 def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
     cmd = launch.build_torchrun_command(plan_file, tmp_path, epochs=2, metrics_json="m.json", extra=["--seed", "3"])
     n = str(launch.default_nproc(plan_file))
-    assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", n, "--standalone"]
+    assert cmd[:6] == [sys.executable, "-m", "trainer.torchrun", "--nproc-per-node", n, "--standalone"]
     assert cmd[6:] == [
         "-m",
         "trainer",

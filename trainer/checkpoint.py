@@ -11,12 +11,20 @@ whole run.
 
 Only tensors and primitive containers are stored, so loading uses
 ``torch.load(weights_only=True)`` and a checkpoint can never run code.
+
+Nothing damaged is used silently: ``torch.load`` checks no CRC, so :func:`load` (``--resume``,
+a restarted worker group, ``moment infer``) first checks the zip's CRC-32 of every record
+(:func:`check_zip`, also what ``moment train --resume`` checks before it launches), then the
+sha256 over the tensors that :func:`save` recorded in the metadata (:func:`tensors_digest`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +36,22 @@ from moment.contracts.checkpoint import FORMAT, SHAPING, CheckpointError, Checkp
 from moment.fileio import atomic_file
 from trainer.config import TrainConfig
 
-__all__ = ["FILENAME", "FORMAT", "SHAPING", "CheckpointError", "DataIdentity", "load", "read_meta", "restore", "save"]
+__all__ = [
+    "FILENAME",
+    "FORMAT",
+    "SHAPING",
+    "CheckpointError",
+    "DataIdentity",
+    "check_zip",
+    "load",
+    "read_meta",
+    "restore",
+    "save",
+    "tensors_digest",
+]
 
 FILENAME = "checkpoint.pt"
-META_KEYS = ("format", "epoch", "config", "data", "history")  # the CheckpointMeta part of the file
+META_KEYS = ("format", "epoch", "config", "data", "history", "tensors_sha256")  # the CheckpointMeta part of the file
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,16 +102,60 @@ def save(
     """Write the state after ``epoch`` epochs atomically; returns the checkpoint path. ``rng``:
     every rank's :func:`rng_state`, in rank order (default: this process's alone)."""
     target = path_in(directory)
-    meta = CheckpointMeta(epoch=int(epoch), config=cfg.to_dict(), data=data, history=history)
-    body = {
-        **meta.model_dump(mode="json"),
+    tensors = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "rng": rng if rng is not None else [rng_state()],
     }
+    meta = CheckpointMeta(
+        epoch=int(epoch), config=cfg.to_dict(), data=data, history=history, tensors_sha256=tensors_digest(tensors)
+    )
+    buf = io.BytesIO()  # serialised first: a full disk is then an OSError naming the file, not torch's
+    torch.save({**meta.model_dump(mode="json"), **tensors}, buf)  # writer's "unexpected pos" error
     with atomic_file(target, binary=True) as fh:
-        torch.save(body, fh)
+        fh.write(buf.getbuffer())
     return target
+
+
+def tensors_digest(body: dict[str, Any]) -> str:
+    """sha256 over the model, optimizer and RNG states: every tensor's name, dtype, shape and bytes,
+    every other value's repr, in the order the file stores them."""
+    h = hashlib.sha256()
+
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{key}:{flat.dtype}:{tuple(value.shape)}\n".encode())
+            h.update(memoryview(flat.view(torch.uint8).numpy()))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{key}/{k}", v)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(f"{key}/{i}", v)
+        else:
+            h.update(f"{key}={value!r}\n".encode())
+
+    for key in ("model", "optimizer", "rng"):
+        walk(key, body[key])
+    return h.hexdigest()
+
+
+def check_zip(path: Path) -> None:
+    """Every record of the checkpoint's zip matches its CRC-32 (a flipped byte anywhere: the
+    pickle, a weight, an optimizer state); else one CheckpointError line naming the record."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({str(exc).splitlines()[0] or type(exc).__name__})"
+        ) from None
+    if bad is not None:
+        raise CheckpointError(
+            f"{path}: damaged: record {bad} fails its CRC-32 check (changed after it was written): "
+            "use another checkpoint or train again"
+        )
 
 
 def _read(path: Path, mmap: bool) -> tuple[dict[str, Any], CheckpointMeta]:
@@ -124,7 +188,13 @@ def load(directory: str | Path, cfg: TrainConfig, data: DataIdentity) -> dict[st
     path = path_in(directory)
     if not path.exists():
         return None
+    check_zip(path)
     body, meta = _read(path, mmap=False)
+    if meta.tensors_sha256 is not None and tensors_digest(body) != meta.tensors_sha256:
+        raise CheckpointError(
+            f"{path}: damaged: its tensors do not match the sha256 recorded when it was saved: "
+            "use another checkpoint or train again"
+        )
     why = meta.refusal(cfg.to_dict(), data)
     if why is not None:
         raise CheckpointError(f"{path}: {why}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -143,3 +143,35 @@ def all_gather(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+class PeerFailedError(MomentError):
+    """Another rank failed a step all ranks take together and reported it; this one stops quietly."""
+
+
+def together(step: Callable[[], object], lost: str = "") -> None:
+    """Run ``step`` on every rank (rank 0 writing a checkpoint or the metrics file, say) and stop
+    every rank if it failed on one: a full disk or a read-only target (OSError) is one MomentError
+    line on the rank that hit it, naming the file and ``lost`` (what was not written, what was
+    kept), and :class:`PeerFailedError` on the others — instead of a traceback and ranks left waiting
+    at the next collective for one that is gone."""
+    failure = None
+    try:
+        step()
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        failure = f"{where}{exc.strerror or exc}" + (f" ({lost})" if lost else "")
+    except MomentError as exc:
+        failure = str(exc)
+    failures = all_gather(failure)
+    if failure is not None:
+        raise MomentError(failure)
+    if any(f is not None for f in failures):
+        raise PeerFailedError(next(f for f in failures if f is not None))
+
+
+def lost_peer(exc: Exception) -> str:
+    """One line for a collective that failed because another rank is gone (it reported its own
+    error, or was killed): what this rank says instead of a traceback."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"another rank stopped first ({first[:160]})"

@@ -125,6 +125,8 @@ class TieredFeatureStore:
         row = 0
         for i, b in zip(which, bins):
             self._offset[i] = row
+            if b.count == 0:  # an empty bin (no GPU cache, the default): nothing to read
+                continue
             dst = out[row : row + b.count]
             if device.type == "cpu":
                 _read_whole(b.path, dst)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moment import faults
+from moment import faults, procs
 from moment.contracts.checkpoint import CheckpointError, DataIdentity
 from moment.contracts.inference import (
     MANIFEST,
@@ -57,14 +57,14 @@ from moment.contracts.inference import (
 )
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
-from moment.fileio import atomic_write_text
-from moment.outputs import Kind, Staging, check_free_space, check_out
+from moment.fileio import atomic_write_text, reserve
+from moment.outputs import Kind, Staging, check_free_space, check_out, joined
 from moment.progress import Progress
 from placement.placed import Placed, open_placed
 from placement.writer import file_digest
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.dist import DistEnv, select_device
+from trainer.dist import DistEnv, lost_peer, select_device
 from trainer.featurestore import TieredFeatureStore
 from trainer.models import BlockGNN, build_model
 
@@ -221,6 +221,7 @@ class Layout:
         (data / WORK).mkdir(parents=True, exist_ok=True)
         for path, shape, dt in [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values()):
             np.lib.format.open_memmap(data / path, mode="w+", dtype=dt, shape=shape).flush()
+            reserve(data / path)  # written through memory maps: a full disk now, not SIGBUS later
 
     def open(self, data: Path, path: str) -> np.memmap:
         return np.load(data / path, mmap_mode="r+")
@@ -650,11 +651,13 @@ def infer(
 
 
 def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.infer ...``."""
+    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...``."""
+    from trainer.launch import TORCHRUN
+
     return [
         python,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN,
         "--standalone",
         "--nproc-per-node",
         str(opts.nproc),
@@ -698,9 +701,9 @@ def training_accuracy(history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def rank_main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between."""
-    import torch.distributed as dist
-
+    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between;
+    exit status 0, 1 (one line), or 128 + the signal that stopped it (quietly: the launcher
+    reports it)."""
     ap = argparse.ArgumentParser(prog="python -m trainer.infer")
     ap.add_argument("--data", required=True)
     ap.add_argument("--checkpoint", required=True)
@@ -711,42 +714,62 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     ap.add_argument("--device", choices=DEVICES, default="auto")
     args = ap.parse_args(argv)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     try:
-        device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
-        loaded = load(Path(args.data), Path(args.checkpoint), device)
-        data = Path(args.work)
-        if not (data / WORK / INPUTS).is_file():
-            raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
-        layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
-        if world > 1:
-            dist.init_process_group("gloo")
-        worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
-        state = RankProgress.read(data, rank)
-        bars = _rank0_bars() if rank == 0 else None
-        try:
-            for s, name in enumerate(stages(layout.depth)):
-                update = None
-                if bars is not None:
-                    task = bars.add_task(
-                        f"infer: {name} (rank 0)",
-                        total=sum(b - a for a, b in worker.chunks_of(s)),
-                        completed=_done(worker, state, s),
-                    )
-                    update = functools.partial(_advance, bars, task)
-                worker.run_stage(s, state, update)
-                if world > 1:
-                    dist.barrier()
-        finally:
-            worker.close()
-            if bars is not None:
-                bars.stop()
-        if world > 1:
-            dist.destroy_process_group()
+        with procs.interruptible():
+            procs.guard()  # stops by itself when its launcher is gone
+            with joined(Path(args.work).parent, "moment infer"):  # OUT.partial is this job's while it runs
+                _rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
         return 0
-    except MomentError as exc:
+    except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
+        return procs.stopped(getattr(exc, "exit_code", 130), True)
+    except torch.distributed.DistError as exc:  # a peer is gone
+        if (signum := procs.stopping()) is not None:
+            return procs.stopped(128 + signum, True)
+        print(f"trainer.infer rank {rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
+    except (MomentError, OSError) as exc:
+        if (signum := procs.stopping()) is not None:
+            return procs.stopped(128 + signum, True)
+        if isinstance(exc, OSError):  # a full disk, a read-only target: the file and the reason
+            exc = MomentError(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
         print(f"trainer.infer rank {rank}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
+    loaded = load(Path(args.data), Path(args.checkpoint), device)
+    data = Path(args.work)
+    if not (data / WORK / INPUTS).is_file():
+        raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
+    if world > 1:
+        dist.init_process_group("gloo")
+    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
+    state = RankProgress.read(data, rank)
+    bars = _rank0_bars() if rank == 0 else None
+    try:
+        for s, name in enumerate(stages(layout.depth)):
+            update = None
+            if bars is not None:
+                task = bars.add_task(
+                    f"infer: {name} (rank 0)",
+                    total=sum(b - a for a, b in worker.chunks_of(s)),
+                    completed=_done(worker, state, s),
+                )
+                update = functools.partial(_advance, bars, task)
+            worker.run_stage(s, state, update)
+            if world > 1:
+                dist.barrier()
+    finally:
+        worker.close()
+        if bars is not None:
+            bars.stop()
+    if world > 1:
+        dist.destroy_process_group()
 
 
 def _rank0_bars():

@@ -8,8 +8,8 @@ torchrun's own report.
 
 from __future__ import annotations
 
+import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +18,7 @@ import torch
 
 from moment.contracts.plan import read_plan
 from moment.errors import UsageError
+from moment.procs import supervise
 from placement.placed import open_placed
 from trainer.config import TrainConfig, from_args
 from trainer.models import LAYERS
@@ -43,6 +44,8 @@ def check_inputs(plan_path: str | Path | None, placed_dir: str | Path) -> None:
 
 
 SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+CHECKPOINT_LOCKED = "MOMENT_CHECKPOINT_LOCKED"  # the launcher holds the checkpoint directory's lock
+TORCHRUN = "trainer.torchrun"  # torchrun whose stop and failures are one line each (trainer/torchrun.py)
 
 
 def trainer_argv(
@@ -97,7 +100,7 @@ def build_torchrun_command(
     overwrite: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
-    """``python -m torch.distributed.run ... -m trainer ...`` as an argument list (no shell).
+    """``python -m trainer.torchrun ... -m trainer ...`` as an argument list (no shell).
 
     Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. Several
     nodes with ``max_restarts``: run under ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. With
@@ -111,7 +114,7 @@ def build_torchrun_command(
     n = default_nproc(plan_path) if nproc is None else int(nproc)
     if n <= 0:
         raise UsageError(f"--nproc {nproc}: expected a positive number of processes")
-    cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+    cmd = [python, "-m", TORCHRUN, "--nproc-per-node", str(n)]
     if nnodes is None and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
@@ -148,9 +151,9 @@ def format_command(cmd: Sequence[str]) -> str:
     return shlex.join(cmd)
 
 
-def run(cmd: Sequence[str]) -> int:
-    """Run the command (no shell) with this terminal; its exit status (130 on Ctrl-C)."""
-    try:
-        return subprocess.run(list(cmd), check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+def run(cmd: Sequence[str], checkpoint_locked: bool = False) -> int:
+    """Run the command (no shell) with this terminal as a supervised job (:func:`moment.procs.supervise`:
+    signals forwarded, no process of it outliving this one); its exit status, or
+    :class:`moment.errors.Interrupted` after SIGINT / SIGTERM / SIGHUP. ``checkpoint_locked``: this
+    process holds the checkpoint directory's lock for the job (else rank 0 takes it)."""
+    return supervise(cmd, env={CHECKPOINT_LOCKED: str(os.getpid())} if checkpoint_locked else None)

@@ -20,6 +20,8 @@ run does (bit for bit on CPU).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import os
 import sys
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,15 +39,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from moment import hw
+from moment import hw, procs
 from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
+from moment.outputs import DirLock, joined
 from placement.placed import Placed, open_placed
 from placement.sampler import NeighborSampler, derive_seed, num_batches
-from trainer import checkpoint, memory, sampling
+from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
-from trainer.dist import DistEnv, all_gather, all_reduce_sum, setup
+from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
@@ -377,25 +381,34 @@ class Run:
                 data_wait_s=wait / self.world,
                 stats=stats,
             )
-            self.metrics.add_epoch(record)
+            together(functools.partial(self.metrics.add_epoch, record), f"epoch {epoch + 1}'s metrics not written")
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())
-                if self.rank == 0:
-                    checkpoint.save(
-                        cfg.checkpoint_dir,
-                        epoch=epoch + 1,
-                        model=self.module,
-                        optimizer=self.optimizer,
-                        cfg=cfg,
-                        data=self.data.identity,
-                        history=self.metrics.history,
-                        rng=rng,
-                    )
+                kept = f"epoch {epoch}'s kept" if epoch > 0 else "none kept"
+                together(
+                    functools.partial(self._save, epoch + 1, rng), f"epoch {epoch + 1}'s checkpoint not written; {kept}"
+                )
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
         digests = all_gather(param_digest(self.module))
-        return self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)
+        done: list[dict[str, Any]] = []
+        together(lambda: done.append(self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)))
+        return done[0]
+
+    def _save(self, epochs: int, rng: list[dict[str, Any]]) -> None:
+        """The checkpoint after ``epochs`` epochs (rank 0 writes it)."""
+        if self.rank == 0:
+            checkpoint.save(
+                self.cfg.checkpoint_dir or "",
+                epoch=epochs,
+                model=self.module,
+                optimizer=self.optimizer,
+                cfg=self.cfg,
+                data=self.data.identity,
+                history=self.metrics.history,
+                rng=rng,
+            )
 
 
 def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> dict[str, Any]:
@@ -431,7 +444,9 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``python -m trainer`` / torchrun entry point; exit status 0, 1 (MomentError) or 2 (usage).
+    """The ``python -m trainer`` / torchrun entry point; exit status 0, 1 (MomentError), 2 (usage)
+    or 128 + a signal (stopped by SIGINT / SIGTERM / SIGHUP, or by its launcher's death: quietly,
+    the launcher reports it).
 
     A MomentError is one line on stderr, no traceback. Errors in the inputs (plan, placed
     dataset) are the same on every rank, so only rank 0 reports them; an error while training
@@ -439,6 +454,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # before anything initialises CUDA
     env = DistEnv.from_environ()
     cfg = from_args(argv)
+    try:
+        with procs.interruptible():
+            procs.guard()
+            return _main(cfg, env)
+    except KeyboardInterrupt as exc:
+        return procs.stopped(getattr(exc, "exit_code", 130), env.launched)
+    except Exception:
+        if (signum := procs.stopping()) is not None:  # a peer stopped first: its failure is not news
+            return procs.stopped(128 + signum, env.launched)
+        raise
+
+
+def _main(cfg: TrainConfig, env: DistEnv) -> int:
     try:
         plan = read_plan(cfg.plan) if cfg.plan else None
         data = load_data(cfg)
@@ -450,9 +478,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     try:
-        train(cfg, env, plan, data)
+        with checkpoint_lock(cfg, env):
+            train(cfg, env, plan, data)
+    except PeerFailedError as exc:  # rank 0 reported it
+        return exc.exit_code
+    except dist.DistError as exc:  # a peer is gone (it failed and said why, or was killed)
+        print(f"error: rank {env.rank}: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
     except MomentError as exc:
         prefix = f"rank {env.rank}: " if env.world_size > 1 else ""
         print(f"error: {prefix}{exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+@contextlib.contextmanager
+def checkpoint_lock(cfg: TrainConfig, env: DistEnv) -> Iterator[None]:
+    """One training per checkpoint directory: ``moment train`` holds its lock for the whole job
+    (:class:`moment.outputs.DirLock`); otherwise (``torchrun -m trainer``, several nodes, the
+    demo) rank 0 takes it. Every rank registers there while it runs, so a new run waits for
+    ranks that outlive their launcher."""
+    if not cfg.checkpoint_dir:
+        yield
+        return
+    directory = Path(cfg.checkpoint_dir)
+    lock = DirLock(directory, "moment train", checkpoint.CheckpointError)
+    if launch.CHECKPOINT_LOCKED not in os.environ and env.rank == 0:
+        lock.acquire(members=False)
+    try:
+        with joined(directory, "moment train"):
+            yield
+    finally:
+        lock.release()

@@ -84,6 +84,7 @@ def _checkpoint(cfg: TrainConfig, placed: Placed, resume: bool, overwrite: bool)
         raise MomentError(
             f"{path}: holds a checkpoint of an earlier run: pass --resume to continue it or --overwrite to start over"
         )
+    checkpoint.check_zip(path)  # a damaged checkpoint is refused here, once, not by every rank
     meta = checkpoint.read_meta(cfg.checkpoint_dir or "")
     why = meta.refusal(cfg.to_dict(), DataIdentity.of(placed.root, placed.manifest)) if meta else None
     if why is not None:
@@ -123,6 +124,8 @@ def preflight(
     cfg = check_command(argv)
     plan = read_plan(cfg.plan) if cfg.plan else None
     placed = open_placed(cfg.data)
+    hot = placed.manifest.hotness  # unset fan-outs and batch size: the placement's, as the ranks resolve them
+    cfg = cfg.with_sampling(hot.fanouts, hot.batch_size)
     if (why := train_split_problem(placed, world_size)) is not None:
         raise MomentError(why)
     if cfg.metrics_json:

@@ -19,7 +19,8 @@ from moment import __version__
 from moment.cli import data, demo, infer, plan, profile, train
 from moment.cli.args import Parser
 from moment.cli.output import err, print_error
-from moment.errors import MomentError
+from moment.errors import Interrupted, MomentError
+from moment.procs import interruptible
 
 __all__ = ["build_parser", "main"]
 
@@ -56,13 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     verb = " ".join(v for v in (args.verb, getattr(args, "dataset_verb", None)) if v)  # "dataset import"
     try:
-        return func(args)
+        with interruptible():
+            return func(args)
     except MomentError as exc:
         print_error(f"moment {verb}", escape(str(exc)))
         return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (moment.procs): 128 + the signal
+        err.print(f"moment {args.verb}: {escape(str(exc)) if isinstance(exc, Interrupted) else 'interrupted'}")
+        return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
     except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from rich.markup import escape
 
 from moment.cli.args import non_negative, positive, registry_choices
 from moment.cli.output import err
 from moment.errors import UsageError
+from moment.outputs import DirLock
 from trainer.defaults import EPOCHS
 
 
@@ -109,7 +111,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(launch.format_command(cmd))
         return 0
-    if args.overwrite or "--overwrite" in extra:
-        preflight.start_over(checked.cfg.checkpoint_dir)
-    err.print(f"running: {launch.format_command(cmd)}")
-    return launch.run(cmd)
+    # One training per checkpoint directory, for the whole job: its ranks register there too, so
+    # ranks that outlive a killed launcher keep it theirs until they stop (moment.outputs.DirLock).
+    # On several nodes (one launcher each, the directory perhaps shared) rank 0 takes it instead.
+    single_node = args.nnodes is None and args.rdzv_endpoint is None
+    lock = (
+        DirLock(Path(checked.cfg.checkpoint_dir), "moment train")
+        if checked.cfg.checkpoint_dir and single_node
+        else None
+    )
+    if lock is not None:
+        lock.acquire()
+    try:
+        if args.overwrite or "--overwrite" in extra:
+            preflight.start_over(checked.cfg.checkpoint_dir)
+        err.print(f"running: {launch.format_command(cmd)}")
+        return launch.run(cmd, checkpoint_locked=lock is not None)
+    finally:
+        if lock is not None:
+            lock.release()

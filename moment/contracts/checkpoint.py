@@ -77,6 +77,10 @@ class CheckpointMeta(Contract):
     config: dict[str, Any]  # the TrainConfig, as primitives
     data: DataIdentity
     history: list[dict[str, Any]]  # the metrics records of the epochs done (EpochRecord each)
+    # sha256 over the tensors (model, optimizer, RNG states) as saved: torch.load checks no CRC,
+    # so a damaged weight would load silently (trainer.checkpoint.tensors_digest). None: saved
+    # by a moment before the digest (its zip CRCs are still checked).
+    tensors_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("history")
     @classmethod
