@@ -62,15 +62,22 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def check_file_target(path: str | Path) -> Path:
+    """``path`` as a file to write, refused if a directory stands there: checked by commands
+    before their work as well as when they write (a long search is not wasted on it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise MomentError(f"{path}: a directory, expected a file name")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, binary: bool = False, replace: bool = True) -> Iterator[IO[Any]]:
     """Write ``path`` through a temporary file that replaces it only once complete.
 
     ``replace=False``: an existing ``path`` is kept (another process published it first: the
     temporary file is linked into place, which fails rather than replaces)."""
-    path = Path(path)
-    if path.is_dir():
-        raise MomentError(f"{path}: a directory, expected a file name")
+    path = check_file_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

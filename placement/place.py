@@ -71,6 +71,8 @@ def parse_rows(text: str, what: str, num_nodes: int, row_bytes: int) -> int:
         raise UsageError(f"{what} {text!r}: expected a size like 2GB, 512MiB, 1% or 10000rows")
     value, unit = float(m.group(1)), (m.group(2) or "").lower()
     if unit == "%":
+        if value > 100:
+            raise UsageError(f"{what} {text!r}: a share of the vertices is at most 100%")
         return int(num_nodes * value / 100)
     if unit == "rows":
         return int(value)

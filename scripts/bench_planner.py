@@ -58,10 +58,7 @@ def main() -> None:
         machine = resolve_profile(name)
         workload = load_workload(machine.workload)
         for method in ("enumerate", "milp"):
-            if (
-                method == "enumerate"
-                and search._space_size(machine, g, s, search.ENUMERATION_LIMIT) > search.ENUMERATION_LIMIT
-            ):
+            if method == "enumerate" and search._space_size(machine, g, s) > search.ENUMERATION_LIMIT:
                 continue
             t0 = time.perf_counter()
             result = search.plan_search(machine, workload, g, s, keep=10, method=method)

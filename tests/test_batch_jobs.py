@@ -6,6 +6,7 @@ full disks are one line naming the file."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -337,6 +338,34 @@ def test_resume_of_a_run_whose_fanouts_came_from_the_placement(data: dict[str, P
 
 
 # -- M4, M5: full disks -------------------------------------------------------------------------
+
+
+def test_a_read_only_checkpoint_target_mid_run_is_one_line_and_the_rerun_resumes(
+    data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """M4 (read-only): the file system of the checkpoint turns read-only after epoch 1 (injected:
+    the second save fails with EROFS): one line naming the file and what was kept, exit 1; the
+    rerun with --resume continues from epoch 1 and finishes."""
+    ck = tmp_path / "ck"
+    real_save = checkpoint.save
+
+    def save(directory: str | Path, **kw: object) -> Path:
+        if kw["epoch"] == 2:
+            raise OSError(errno.EROFS, "Read-only file system", str(checkpoint.path_in(directory)))
+        return real_save(directory, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    argv = ["--data", str(data["placed"]), *TINY, "--epochs", "3", "--checkpoint-dir", str(ck)]
+    assert loop.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"error: {ck / checkpoint.FILENAME}: Read-only file system (epoch 2's checkpoint not written; epoch 1's kept)"
+    )
+    assert torch.load(checkpoint.path_in(ck), weights_only=True)["epoch"] == 1
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    assert loop.main([*argv, "--resume"]) == 0
+    assert torch.load(checkpoint.path_in(ck), weights_only=True)["epoch"] == 3
 
 
 @contextlib.contextmanager

@@ -133,3 +133,25 @@ def test_truncated_nvidia_smi_and_dmidecode_captures_warn_naming_them(tmp_path: 
             (cut / name).write_bytes(data[: len(data) * k // 10])
             _, warnings = _profile(cut)
             assert any(w.startswith(name + ":") and "truncated" in w for w in warnings), (name, k, warnings)
+
+
+def test_a_capture_name_on_something_not_a_file_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> None:
+    """A directory, a FIFO or a link to a device where a capture should be: skipped, said, not read
+    (reading /dev/zero would never end)."""
+    import os
+    import shutil
+
+    src = FIXTURES / "supermicro-sys-4029gp-trt"
+    for odd in ("dir", "fifo", "zero"):
+        d = tmp_path / odd
+        shutil.copytree(src, d)
+        (d / "dmidecode.txt").unlink()
+        if odd == "dir":
+            (d / "dmidecode.txt").mkdir()
+        elif odd == "fifo":
+            os.mkfifo(d / "dmidecode.txt")
+        else:
+            (d / "dmidecode.txt").symlink_to("/dev/zero")
+        _, warnings = _profile(d)
+        said = [w for w in warnings if w.startswith("skipped dmidecode.txt: ")]
+        assert len(said) == 1 and "not a regular file" in said[0], warnings

@@ -104,7 +104,7 @@ def test_sweep_gpus() -> None:
     assert [r["gpus"] for r in rows] == [1, 2, 3]
     # More GPUs read more bytes per iteration in total: the iteration never gets shorter.
     times = [r["predicted_iteration_s"] for r in rows]
-    assert times == sorted(times)
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(times, times[1:])), times  # up to the LP's tolerance
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_layout_naming_a_missing_slot(tmp_path: Path) -> None:
     layout = tmp_path / "bad.json"
     layout.write_text(json.dumps({"sw9-gpu0": "gpu0"}))
     done = run("score", "--profile", "moment-machine-a", "--layout", str(layout))
-    assert done.returncode == 2
+    assert done.returncode == 1  # the file's content is wrong: bad input
     assert "sw9-gpu0" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -135,7 +135,7 @@ def test_gpu_in_an_ssd_bay_is_refused(tmp_path: Path) -> None:
     layout = tmp_path / "bad.json"
     layout.write_text(json.dumps({"cpu0-bay0": "gpu0"}))
     done = run("score", "--profile", "moment-machine-a", "--layout", str(layout))
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert "does not fit" in done.stderr
 
 

@@ -138,3 +138,49 @@ def _slots(layout: dict[str, str]) -> tuple[set[str], set[str]]:
     """The slots holding GPUs and those holding SSDs (devices of a kind are alike here)."""
     gpus = {port for port, dev in layout.items() if dev.startswith("gpu")}
     return gpus, set(layout) - gpus
+
+
+@pytest.mark.parametrize("name", ["moment-machine-b", "example-8gpu-16ssd", "asus-esc8000a-e12"])
+def test_layouts_are_counted_as_enumerated(name: str) -> None:
+    machine = resolve_profile(name)
+    space = search.Space.of(machine)
+    caps = [len(c.ports) if c.gpu_ok else 0 for c in space.classes]
+    for gpus, ssds in [(1, 1), (2, 3), (3, 2), (4, 4)]:
+        listed = [
+            (g, s)
+            for g in search._distribute(gpus, caps)
+            for s in search._distribute(ssds, [len(c.ports) - n if c.ssd_ok else 0 for c, n in zip(space.classes, g)])
+        ]
+        assert space.size(gpus, ssds) == len(listed)
+
+
+@pytest.mark.parametrize(("name", "gpus", "ssds"), [("moment-machine-b", 2, 5), ("moment-machine-a", 3, 6)])
+def test_the_gpu_placement_bound_is_below_every_layout_of_it(name: str, gpus: int, ssds: int) -> None:
+    """The MILP search prunes GPU placements with ``for_gpus``: it must not exceed the time of any
+    layout that adds the SSDs to that placement."""
+    machine = resolve_profile(name)
+    workload = load_workload(machine.workload)
+    space = search.Space.of(machine)
+    g_dev, s_dev = space.devices(gpus, ssds)
+    bound = LayoutBound(machine, space.skeleton, [c.ports for c in space.classes], workload, g_dev[0], s_dev[0], gpus)
+    result = search.search(machine, workload, gpus, ssds, keep=0)
+    assert result.ranked
+    for cand in result.ranked:
+        g, _ = cand.counts
+        room = [len(c.ports) - n if c.ssd_ok else 0 for c, n in zip(space.classes, g)]
+        assert bound.for_gpus(g, room, ssds) <= cand.prediction.iteration_s * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(("gpus", "ssds"), [(2, 6), (8, 16), (5, 9)])
+def test_pruned_milp_and_untied_search_find_the_best_time(gpus: int, ssds: int) -> None:
+    """What a sweep runs (bound-pruned, ties not broken) finds the time of the full search."""
+    machine = resolve_profile("example-8gpu-16ssd")
+    workload = load_workload(machine.workload)
+    space = search.Space.of(machine)
+    full = search.search_milp(machine, workload, gpus, ssds, keep=0, space=space)
+    quick = search.search_milp(machine, workload, gpus, ssds, keep=1, space=space, ties=0)
+    assert quick.evaluated <= full.evaluated
+    assert quick.ranked[0].prediction.iteration_s == pytest.approx(full.ranked[0].prediction.iteration_s, rel=1e-6)
+    if space.size(gpus, ssds) <= search.ENUMERATION_LIMIT:
+        enum = search.search(machine, workload, gpus, ssds, keep=1, space=space, ties=0)
+        assert enum.ranked[0].prediction.iteration_s == pytest.approx(full.ranked[0].prediction.iteration_s, rel=1e-6)

@@ -31,7 +31,6 @@ deterministic: CUDA's scatter sums add in no fixed order, so there the last bits
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -59,7 +58,7 @@ from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text, reserve
 from moment.outputs import Kind, Staging, check_free_space, check_out, joined
-from moment.progress import Progress
+from moment.progress import Progress, Reporter
 from placement.placed import Placed, open_placed
 from placement.writer import file_digest
 from trainer import checkpoint
@@ -532,10 +531,6 @@ def run_in_process(
             rank.close()
 
 
-def _advance(bars: Any, task: Any, k: int) -> None:
-    bars.advance(task, k)
-
-
 def _done(rank: Rank, state: RankProgress, stage: int) -> int:
     """Vertices of ``stage`` this rank already did (for the progress bar of a resumed run)."""
     if state.stage > stage:
@@ -750,41 +745,20 @@ def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
         dist.init_process_group("gloo")
     worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
     state = RankProgress.read(data, rank)
-    bars = _rank0_bars() if rank == 0 else None
+    report = Reporter().__enter__() if rank == 0 else None
     try:
         for s, name in enumerate(stages(layout.depth)):
-            update = None
-            if bars is not None:
-                task = bars.add_task(
-                    f"infer: {name} (rank 0)",
-                    total=sum(b - a for a, b in worker.chunks_of(s)),
-                    completed=_done(worker, state, s),
-                )
-                update = functools.partial(_advance, bars, task)
+            total = sum(b - a for a, b in worker.chunks_of(s))
+            update = _bar(report, f"{name} (rank 0)", total, _done(worker, state, s))
             worker.run_stage(s, state, update)
             if world > 1:
                 dist.barrier()
     finally:
         worker.close()
-        if bars is not None:
-            bars.stop()
+        if report is not None:
+            report.__exit__()
     if world > 1:
         dist.destroy_process_group()
-
-
-def _rank0_bars():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bars = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    )
-    bars.start()
-    return bars
 
 
 if __name__ == "__main__":

@@ -49,13 +49,13 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from torch import nn
 
 from moment.contracts.metrics import FORMAT, MetricsDoc
 from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
+from moment.progress import Reporter
 from trainer.config import TrainConfig
 
 MEMORY_TIERS = TIERS[:-1]
@@ -281,21 +281,20 @@ class Metrics:
 
     @contextmanager
     def progress(self, epoch: int, steps: int) -> Iterator[Callable[[], None]]:
-        """A progress bar for one epoch's steps (rank 0); yields the per-step callback."""
+        """One epoch's steps on rank 0's console (a live bar, or lines in a log); yields the
+        per-step callback."""
         if not self.enabled:
             yield lambda: None
             return
-        bar = Progress(
-            TextColumn(f"epoch {epoch + 1}/{self.cfg.epochs}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-        )
-        task = bar.add_task("train", total=steps)
-        with bar:
-            yield lambda: bar.advance(task)
+        stage, done = f"epoch {epoch + 1}/{self.cfg.epochs}", [0]
+        with Reporter(self.console) as report:
+            report(stage, 0, steps)
+
+            def step() -> None:
+                done[0] += 1
+                report(stage, done[0], steps)
+
+            yield step
 
     def add_epoch(self, record: dict[str, Any]) -> None:
         self.history.append(record)

@@ -1,7 +1,8 @@
 """The ``moment`` command: one entry point, one verb per pipeline stage.
 
 Tables and trees for people (rich), ``--json`` for scripts. A user mistake prints one line on
-stderr and exits 1 (bad input) or 2 (bad usage); tracebacks are for bugs only.
+stderr naming the verb and exits 1 (bad input or state) or 2 (bad usage); a signal exits 128 +
+its number (130 Ctrl-C, 143 SIGTERM) with one line; tracebacks are for bugs only.
 
 The verbs live one module per stage (``profile``, ``plan``, ``data``, ``train``, ``demo``), each
 with its parser builders (``add_*``) and its ``cmd_*`` functions; they import the stage they
@@ -55,19 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    verb = " ".join(v for v in (args.verb, getattr(args, "dataset_verb", None)) if v)  # "dataset import"
+    who = " ".join(["moment", args.verb, *(v for k, v in sorted(vars(args).items()) if k.endswith("_verb") and v)])
     try:
         with interruptible():
             return func(args)
     except MomentError as exc:
-        print_error(f"moment {verb}", escape(str(exc)))
+        print_error(who, escape(str(exc)))
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (moment.procs): 128 + the signal
-        err.print(f"moment {args.verb}: {escape(str(exc)) if isinstance(exc, Interrupted) else 'interrupted'}")
+        err.print(f"{who}: {escape(str(exc)) if isinstance(exc, Interrupted) else 'interrupted'}")
         return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
     except OSError as exc:  # read-only file system, disk full, a directory where a file should be ...
         where = f"{exc.filename}: " if exc.filename else ""
-        print_error(f"moment {verb}", escape(where + str(exc.strerror or exc)))
+        print_error(who, escape(where + str(exc.strerror or exc)))
         return 1

@@ -11,10 +11,10 @@ from moment.cli.output import print_error
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors in one line and exits 2."""
+    """argparse that reports usage errors in one line, naming the verb (its ``prog``), and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print_error("moment", f"{message} (see `{self.prog} --help`)")
+        print_error(self.prog, f"{message} (see `{self.prog} --help`)")
         raise SystemExit(2)
 
 

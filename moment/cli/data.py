@@ -10,8 +10,9 @@ from pathlib import Path
 from rich.markup import escape
 
 from moment.cli.args import Parser, non_negative, positive, registry_choices
-from moment.cli.output import RichProgress, err, out
+from moment.cli.output import err, out
 from moment.errors import UsageError
+from moment.progress import Reporter
 
 
 def add_dataset(sub: argparse._SubParsersAction) -> None:
@@ -171,7 +172,7 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
         f"{args.dim}-dim {args.dtype} features: ~{total / 1e9:.2f} GB on disk"
     )
     synth.check_free_space(Path(args.out), total)
-    with RichProgress(err) as progress:
+    with Reporter(err) as progress:
         ds = synth.synthesize(
             args.out,
             nodes=args.nodes,
@@ -227,7 +228,7 @@ def cmd_dataset_import(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         (err if line.startswith("warning:") else out).print(escape(line))
 
-    with RichProgress(err) as progress:
+    with Reporter(err) as progress:
         ds = run(imp.name, args.out, given, progress=None if args.dry_run else progress, log=log)
     if ds is not None:
         out.print(
@@ -246,6 +247,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         name, sep, d = spec.partition("=")
         if not sep or not name or not d:
             raise UsageError(f"--ssd-dir {spec!r}: expected BIN=DIR, e.g. nvme0=/mnt/nvme0")
+        if name in dirs:
+            raise UsageError(f"--ssd-dir {spec!r}: {name} is given a directory twice")
         dirs[name] = Path(d)
     profile = None
     if args.profile:
@@ -264,7 +267,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         seed=args.seed,
         profile=profile,
     )
-    with RichProgress(err) as bars:
+    with Reporter(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)
     if args.json:
         print(json.dumps(manifest, indent=2))

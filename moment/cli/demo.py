@@ -9,11 +9,12 @@ from pathlib import Path
 
 from moment.cli.args import positive
 from moment.cli.infer import print_inference
-from moment.cli.output import RichProgress, err, out
+from moment.cli.output import err, out
 from moment.cli.plan import plan_picture
 from moment.cli.profile import write_picture
 from moment.contracts.metrics import MetricsDoc
 from moment.errors import MomentError
+from moment.progress import Reporter
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:
@@ -68,11 +69,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     out.rule("[bold]3. place: a generated power-law graph into the planned GPU caches, CPU caches and SSD bins")
     data = work / "dataset"
-    synthesize(
-        data, nodes=args.nodes, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.05, replace=True
-    )
     placed_dir = work / "placed"
-    with RichProgress(err) as bars:
+    with Reporter(err) as bars:
+        synthesize(
+            data,
+            nodes=args.nodes,
+            avg_degree=10,
+            dim=64,
+            dtype="float16",
+            seed=0,
+            train_fraction=0.05,
+            replace=True,
+            progress=bars,
+        )
         manifest = place(
             work / "plan.json",
             data,
@@ -124,7 +133,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from trainer import infer
 
     opts = infer.InferOptions(data=placed_dir, checkpoint=checkpoints, out=work / "inference", plan=work / "plan.json")
-    with RichProgress(err) as bars:
+    with Reporter(err) as bars:
         inferred = infer.infer(opts, progress=bars, log=out.print)
     print_inference(work / "inference", inferred)
     out.print(

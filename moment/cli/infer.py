@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from moment.cli.args import positive, registry_choices
-from moment.cli.output import RichProgress, err, out
+from moment.cli.output import err, out
+from moment.progress import Reporter
 
 
 def add_infer(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +75,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         err.print(f"running: {launch.format_command(cmd)}")
         return launch.run(cmd)
 
-    with RichProgress(err) as bars:
+    with Reporter(err) as bars:
         manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
     print_inference(args.out, manifest)
     return 0

@@ -10,6 +10,8 @@ from pathlib import Path
 from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
+from moment.fileio import check_file_target
+from moment.progress import Reporter, stage_update
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -85,19 +87,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ssds = parse_range(args.ssds, "ssds") if args.ssds else [have_ssds]
     if args.top < 1:
         raise UsageError("--top must be at least 1")
-    check_ssd_tier(machine, workload, args.profile, max(gpus), min(ssds))
     if len(gpus) > 1 or len(ssds) > 1:
         return _sweep(machine, workload, gpus, ssds, args)
-    outcome = plan(
-        machine,
-        workload,
-        gpus[0],
-        ssds[0],
-        top=args.top,
-        method=args.method,
-        engine=args.engine,
-        milp_solver=args.milp_solver,
-    )
+    for target in (args.out, args.picture):
+        if target:
+            check_file_target(target)
+    check_ssd_tier(machine, workload, args.profile, gpus[0], ssds[0])
+    with Reporter(err) as report:
+        outcome = plan(
+            machine,
+            workload,
+            gpus[0],
+            ssds[0],
+            top=args.top,
+            method=args.method,
+            engine=args.engine,
+            milp_solver=args.milp_solver,
+            progress=stage_update(report, "plan search"),
+        )
     if args.out:
         from moment.planner.planfile import save_plan
 
@@ -155,39 +162,110 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from moment.planner.plan import plan
+    """The best time of every GPU and SSD count in the ranges; counts that do not fit the slots
+    (or leave an SSD-reading workload without SSDs) are skipped and listed, even all of them (the
+    list is the sweep's answer then, as a table is otherwise). Each count is one
+    search on the machine's shared :class:`~moment.planner.search.Space`, and ties are not broken
+    on headroom (the time is the plan's; ``moment plan`` for one count picks among equals)."""
+    from moment.planner.plan import check_ssd_tier, plan
+    from moment.planner.search import Space
 
     if args.out or args.picture:
         raise UsageError("--out/--picture need one GPU count and one SSD count, not a range")
-    rows = []
+    space = Space.of(machine)
+    todo, skipped = [], []
     for g in gpus:
         for s in ssds:
-            best = plan(
-                machine, workload, g, s, top=1, method=args.method, engine=args.engine, milp_solver=args.milp_solver
-            ).best
-            rows.append({"gpus": g, "ssds": s, **best.to_dict()})
+            why = space.misfit(g, s)
+            if why is None:
+                try:
+                    check_ssd_tier(machine, workload, args.profile, g, s)
+                except UsageError:
+                    why = f"the workload reads {workload.tier_shares()['ssd']:.1%} of its rows from SSDs"
+            (todo if why is None else skipped).append((g, s, why))
+    rows = []
+    with Reporter(err) as report:
+        if todo:
+            report("plan sweep", 0, len(todo))
+        for i, (g, s, _) in enumerate(todo, 1):
+            outcome = plan(
+                machine,
+                workload,
+                g,
+                s,
+                top=1,
+                method=args.method,
+                engine=args.engine,
+                milp_solver=args.milp_solver,
+                space=space,
+                ties=0,
+            )
+            rows.append({"gpus": g, "ssds": s, **outcome.best.to_dict()})
+            report("plan sweep", i, len(todo))
     if args.json:
-        print(json.dumps({"profile": machine.name, "sweep": rows}, indent=2))
+        gone = [{"gpus": g, "ssds": s, "reason": why} for g, s, why in skipped]
+        print(json.dumps({"profile": machine.name, "sweep": rows, "skipped": gone}, indent=2))
         return 0
-    table = Table(title=f"{machine.name}: best layout per GPU and SSD count")
-    for col in ("GPUs", "SSDs", "iteration s", "GB/s per GPU", "vs previous", "bottleneck"):
+    if rows:
+        out.print(sweep_table(machine.name, rows))
+    else:
+        out.print(f"no GPU and SSD count of the sweep fits {machine.name}")
+    if skipped:
+        out.print(f"skipped {len(skipped)} of {len(skipped) + len(todo)} counts:")
+        for line in _skipped_lines(skipped):
+            out.print(f"  {line}", soft_wrap=True)
+    return 0
+
+
+def sweep_table(name: str, rows: list[dict]):
+    """One row per count: the best time, and the marginal value of one more SSD (the iteration's
+    speed-up over one SSD fewer) and of one more GPU (the throughput, GPUs per iteration time,
+    over one GPU fewer with as many SSDs), where the sweep has that neighbour."""
+    from rich.table import Table
+
+    from moment.planner.report import seconds
+
+    table = Table(title=f"{name}: best layout per GPU and SSD count")
+    for col in ("GPUs", "SSDs", "iteration s", "GB/s per GPU", "+1 SSD", "+1 GPU", "bottleneck"):
         table.add_column(col, justify="right" if col != "bottleneck" else "left")
-    prev = None
+    t = {(r["gpus"], r["ssds"]): r["predicted_iteration_s"] for r in rows}
     for r in rows:
-        gain = f"{prev / r['predicted_iteration_s']:.2f}×" if prev else "-"
+        g, s, here = r["gpus"], r["ssds"], r["predicted_iteration_s"]
+        ssd = f"{t[g, s - 1] / here:.2f}×" if (g, s - 1) in t else "-"
+        gpu = f"{(g / here) / ((g - 1) / t[g - 1, s]):.2f}×" if g > 1 and (g - 1, s) in t else "-"
         table.add_row(
-            str(r["gpus"]),
-            str(r["ssds"]),
-            f"{r['predicted_iteration_s']:.4f}",
+            str(g),
+            str(s),
+            seconds(here),
             f"{min(r['gbps_per_gpu']):.3g}",
-            gain,
+            ssd,
+            gpu,
             (r["bottleneck"] or ["-"])[0],
         )
-        prev = r["predicted_iteration_s"]
-    out.print(table)
-    return 0
+    return table
+
+
+def _skipped_lines(skipped: list[tuple[int, int, str | None]]) -> list[str]:
+    """Skipped counts, one line per block of GPU and SSD counts that fail the same way:
+    ``5..8 GPUs, 13..16 SSDs: why``."""
+    runs: list[list] = []  # [g, s_lo, s_hi, why]: consecutive SSD counts of one GPU count
+    for g, s, why in skipped:
+        if runs and runs[-1][0] == g and runs[-1][2] == s - 1 and runs[-1][3] == why:
+            runs[-1][2] = s
+        else:
+            runs.append([g, s, s, why])
+    blocks: list[list] = []  # [g_lo, g_hi, s_lo, s_hi, why]
+    for g, lo, hi, why in runs:
+        same = [b for b in blocks if b[1] == g - 1 and b[2:] == [lo, hi, why]]
+        if same:
+            same[0][1] = g
+        else:
+            blocks.append([g, g, lo, hi, why])
+
+    def span(lo: int, hi: int, what: str) -> str:
+        return f"{lo} {what}{'' if lo == hi == 1 else 's'}" if lo == hi else f"{lo}..{hi} {what}s"
+
+    return [f"{span(g0, g1, 'GPU')}, {span(s0, s1, 'SSD')}: {why}" for g0, g1, s0, s1, why in blocks]
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -226,12 +304,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 def plan_picture(scored, path: str) -> None:
     """A layout with the flow on every link as SVG at ``path`` (``--picture``), bottleneck in red."""
     from moment.fileio import atomic_write_text
-    from moment.planner.report import edge_notes
+    from moment.planner.report import edge_notes, seconds
     from moment.topology.picture import render_svg
 
     if not path.endswith(".svg"):
         raise UsageError(f"--picture {path}: only .svg pictures are written")
     notes, hot = edge_notes(scored)
-    title = f"{scored.machine.name} — layout {scored.name}: {scored.prop.iteration_s:.4f} s per iteration (bottleneck in red)"
+    title = f"{scored.machine.name} — layout {scored.name}: {seconds(scored.prop.iteration_s)} s per iteration (bottleneck in red)"
     atomic_write_text(Path(path), render_svg(scored.machine, notes, hot, title))
     err.print(f"picture written to {path}")

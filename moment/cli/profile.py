@@ -135,6 +135,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     from moment.topology.inventory import counts
@@ -148,7 +150,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     for name, path in sorted(bundled_profiles().items()):
         c = counts(load_profile(path))
         table.add_row(name, *(str(c[k]) for k in keys))
-    out.print(table)
+    # A log or a pipe has no width to fit: print whole headers there instead of cutting them at 80.
+    whole = Measurement.get(out, out.options.update(width=1000), table).maximum
+    wide = out if out.is_terminal else Console(file=out.file, width=max(out.width, whole), highlight=False)
+    wide.print(table)
     return 0
 
 

@@ -38,6 +38,7 @@ class LayoutBound:
         n_gpus: int,
     ) -> None:
         self.D = workload.demand_gb()
+        self.memo: dict[tuple, float] = {}
         fixed = [d for d in skeleton.fixed.values() if d.kind == "gpu"]
         self.G = n_gpus + len(fixed)
         self.shares = workload.tier_shares()
@@ -99,7 +100,57 @@ class LayoutBound:
             )
         return best
 
+    def for_gpus(self, g: tuple[int, ...], room: list[int], n_ssds: int, cuts: bool = True) -> float:
+        """A bound for GPU placement ``g`` valid for every way of adding ``n_ssds`` SSDs (``room``:
+        free SSD slots per class): each of :meth:`__call__`'s terms at its smallest over the SSD
+        placements (a min of maxima is at least the max of the minima). The SSD tier gets the
+        fastest SSDs that fit; a cut, its least over how many SSDs sit inside it, each side's
+        SSDs read at its fastest rate (the cut's bound only falls as the rates rise). ``cuts``
+        False: the tier and GPU-link terms alone, a quicker and lower bound."""
+        D, G, h = self.D, self.G, self.shares
+        best = self.dram_bound
+        rate, left = 0.0, n_ssds
+        for r, n in sorted(zip(self.ssd_rate, room), reverse=True):
+            take = min(n, left)
+            rate, left = rate + take * r, left - take
+        if h["ssd"] > 0:
+            best = max(best, h["ssd"] * D * G / rate if rate > 0 else float("inf"))
+        links = sum(n * c for n, c in zip(g, self.gpu_link))
+        if links > 0:
+            best = max(best, D * G * (1 - h["gpu"]) / links)
+        if not cuts:
+            return best
+        inside = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
+        room_in = {cut: 0 for cut in self.cuts}  # free SSD slots inside each cut ...
+        rate_in = {cut: 0.0 for cut in self.cuts}  # ... and the fastest SSD rate among them
+        for cuts, ng, n, r in zip(self.class_cuts, g, room, self.ssd_rate):
+            for cut in cuts:
+                inside[cut] += ng
+                if n > 0:
+                    room_in[cut] += n
+                    rate_in[cut] = max(rate_in[cut], r)
+        for cut, c in self.cuts.items():
+            if c.capacity == float("inf"):
+                continue
+            outside = [r for cuts, n, r in zip(self.class_cuts, room, self.ssd_rate) if n > 0 and cut not in cuts]
+            r_out = max(outside, default=0.0)
+            lo, hi = max(0, n_ssds - (sum(room) - room_in[cut])), min(n_ssds, room_in[cut])
+            if lo <= hi:  # the SSDs inside, n, read at most n times the fastest rate there (as outside)
+                cut_bound = min(
+                    self._cut(inside[cut], n * rate_in[cut], (n_ssds - n) * r_out, c.capacity, c.has_dram)
+                    for n in range(lo, hi + 1)
+                )
+                best = max(best, cut_bound)
+        return best
+
     def _cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
+        """:meth:`_solve_cut`, remembered: layouts of one search share most of their cuts."""
+        key = (k, r_in, r_out, cap, dram_inside)
+        if key not in self.memo:
+            self.memo[key] = self._solve_cut(*key)
+        return self.memo[key]
+
+    def _solve_cut(self, k: int, r_in: float, r_out: float, cap: float, dram_inside: bool) -> float:
         """Smallest T at which some share X of the SSD bytes stored inside the cut satisfies:
         k·D·(c + s·(1-X)) ≤ T·cap into it (c: the CPU share, unless the socket's own cache copy
         is inside), (G-k)·D·s·X ≤ T·cap out of it, and the SSD read rates on each side

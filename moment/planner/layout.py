@@ -6,9 +6,9 @@ movable; everything else (NICs, SXM GPUs without a slot, integrated devices) sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from moment.errors import UsageError
+from moment.errors import MomentError, UsageError
 from moment.topology.model import Device, Machine, Port, Slot
 
 MOVABLE = ("gpu", "nvme")
@@ -54,12 +54,17 @@ def fits(device: Device, slot: Slot, double_width_known: bool) -> bool:
 
 @dataclass
 class SlotSpace:
-    """The slots devices can move between, and the movable devices of a profile."""
+    """The slots devices can move between, and the movable devices of a profile.
+
+    A profile whose GPUs are all fixed in place (SXM boards: no GPU-capable slot) cannot move or
+    add a GPU, but a layout can still use some of them: ``fixed_gpus`` lists their ports then,
+    and a layout names the ones it uses (each mapped to its own GPU); the others stay idle."""
 
     positions: list[Port]  # ports with a slot that hold nothing fixed
     gpus: list[Device]
     ssds: list[Device]
     double_width_known: bool
+    fixed_gpus: list[Port] = field(default_factory=list)  # only where no GPU-capable slot exists
 
     def gpu_slots(self) -> list[Port]:
         return [p for p in self.positions if gpu_fits(p.slot, self.double_width_known)]  # type: ignore[arg-type]
@@ -78,7 +83,17 @@ def slot_space(machine: Machine) -> SlotSpace:
         if movable:
             (gpus if dev.kind == "gpu" else ssds).append(dev)  # type: ignore[union-attr]
     double = any(p.slot.form == "pcie-double" for p in positions)  # type: ignore[union-attr]
-    return SlotSpace(positions=positions, gpus=gpus, ssds=ssds, double_width_known=double)
+    space = SlotSpace(positions=positions, gpus=gpus, ssds=ssds, double_width_known=double)
+    if not space.gpu_slots():
+        space.fixed_gpus = [
+            p for p, _ in machine.iter_ports() if p.device is not None and p.device.kind == "gpu" and p.slot is None
+        ]
+    return space
+
+
+def names_fixed_gpus(machine: Machine, layout: dict[str, str]) -> bool:
+    """Whether ``layout`` chooses among GPUs fixed in place (see :class:`SlotSpace`)."""
+    return any(p.id in layout for p in slot_space(machine).fixed_gpus)
 
 
 def installed_layout(machine: Machine) -> dict[str, str]:
@@ -103,25 +118,32 @@ def pick_devices(space: SlotSpace, kind: str, count: int) -> list[Device]:
 
 def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Device] | None = None) -> dict[str, Device]:
     """Check ``layout`` (port id -> device id) against the profile; return port id -> device.
+    A layout that does not fit is bad input (a layout file's, or a plan's): exit 1.
 
     ``devices`` lists the devices the layout may use (default: the profile's movable ones).
     """
     space = slot_space(machine)
     pool = {d.id: d for d in (devices if devices is not None else space.gpus + space.ssds)}
     by_id = {p.id: p for p in space.positions}
+    own = {p.id: p.device for p in space.fixed_gpus}
     if len(set(layout.values())) != len(layout):
-        raise UsageError("layout places the same device in two slots")
+        raise MomentError("layout places the same device in two slots")
     out: dict[str, Device] = {}
     for port_id, dev_id in layout.items():
+        if port_id in own:  # a GPU fixed in place: only its own, which the layout uses
+            if dev_id != own[port_id].id:  # type: ignore[union-attr]
+                raise MomentError(f"layout puts {dev_id!r} at {port_id!r}, where {own[port_id].id} is fixed in place")  # type: ignore[union-attr]
+            out[port_id] = own[port_id]  # type: ignore[assignment]
+            continue
         if port_id not in by_id:
-            raise UsageError(
+            raise MomentError(
                 f"layout names slot/port {port_id!r}, which is not a free or movable slot of {machine.name}"
             )
         if dev_id not in pool:
-            raise UsageError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
+            raise MomentError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
         port, dev = by_id[port_id], pool[dev_id]
         if not fits(dev, port.slot, space.double_width_known):  # type: ignore[arg-type]
-            raise UsageError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
+            raise MomentError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
         out[port_id] = dev
     return out
 
@@ -130,6 +152,11 @@ def apply_layout(machine: Machine, layout: dict[str, str], devices: list[Device]
     """A copy of ``machine`` with every movable device taken out and ``layout`` installed."""
     placed = assign_devices(machine, layout, devices)
     m = machine.model_copy(deep=True)
-    for port in slot_space(m).positions:
+    space = slot_space(m)
+    for port in space.positions:
         port.device = placed[port.id].model_copy() if port.id in placed else None
+    if any(p.id in placed for p in space.fixed_gpus):  # the fixed GPUs it does not use stay idle
+        for port in space.fixed_gpus:
+            if port.id not in placed:
+                port.device = None
     return m

@@ -414,9 +414,12 @@ def _socket_paths(sockets: list[str], links: list[tuple[str, str]]) -> dict[tupl
     return out
 
 
-def skeleton_for(machine: Machine) -> Skeleton:
-    """The machine's graph with every slot position left for a layout to fill."""
-    return Skeleton(machine, movable={p.id for p in slot_space(machine).positions})
+def skeleton_for(machine: Machine, choose_fixed: bool = False) -> Skeleton:
+    """The machine's graph with every slot position left for a layout to fill (``choose_fixed``:
+    and the GPUs fixed in place of a profile without GPU slots, for a layout that picks some)."""
+    space = slot_space(machine)
+    chosen = {p.id for p in space.fixed_gpus} if choose_fixed else set()
+    return Skeleton(machine, movable={p.id for p in space.positions} | chosen)
 
 
 def build_network(machine: Machine, workload: Workload) -> Network:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from moment.errors import UsageError
+from moment.errors import MomentError, UsageError
 from moment.planner import search
 from moment.planner.layout import DEFAULT_SSD, installed_layout, slot_space
 from moment.planner.scoring import Scored, score
 from moment.planner.workload import Workload
+from moment.progress import Update
 from moment.topology.model import Machine
 from moment.yamlio import load_yaml, yaml_problem
 
@@ -28,9 +29,9 @@ class PlanOutcome:
 
 
 def default_counts(machine: Machine) -> tuple[int, int]:
-    """GPUs and SSDs as installed."""
+    """GPUs and SSDs as installed (GPUs fixed in place included where a layout picks among them)."""
     space = slot_space(machine)
-    return len(space.gpus), len(space.ssds)
+    return len(space.gpus) or len(space.fixed_gpus), len(space.ssds)
 
 
 def check_ssd_tier(machine: Machine, workload: Workload, profile: str, n_gpus: int, n_ssds: int) -> None:
@@ -71,11 +72,17 @@ def plan(
     method: str = "auto",
     engine: str = "ortools",
     milp_solver: str = "ortools",
+    space: search.Space | None = None,
+    progress: Update | None = None,
+    ties: int | None = None,
 ) -> PlanOutcome:
     """The search's best layouts, each scored by every flow model (``engine``: the paper model's max
-    flow; ``milp_solver``: the ``milp`` search's solver)."""
+    flow; ``milp_solver``: the ``milp`` search's solver; ``space``, ``progress``, ``ties``: as
+    :func:`~moment.planner.search.plan_search` takes them)."""
     t0 = time.perf_counter()
-    result = search.plan_search(machine, workload, n_gpus, n_ssds, keep=top, method=method, milp_solver=milp_solver)
+    result = search.plan_search(
+        machine, workload, n_gpus, n_ssds, top, method, milp_solver, space=space, progress=progress, ties=ties
+    )
     seconds = time.perf_counter() - t0
     if not result.ranked:
         raise UsageError(f"no layout of {n_gpus} GPUs and {n_ssds} SSDs fits {machine.name}")
@@ -84,9 +91,9 @@ def plan(
         for i, cand in enumerate(result.ranked, 1)
     ]
     ranking[0].name = "best"
-    space = slot_space(machine)
+    slots = space.slots if space is not None else slot_space(machine)
     classic = {}
-    if n_gpus == len(space.gpus) and n_ssds == len(space.ssds):  # named layouts use the profile's devices
+    if n_gpus == len(slots.gpus) and n_ssds == len(slots.ssds):  # named layouts use the profile's devices
         for name, layout in sorted(machine.layouts.items()):
             classic[name] = score(machine, name, layout, workload, engine=engine)
     return PlanOutcome(
@@ -114,20 +121,22 @@ def resolve_layout(machine: Machine, name_or_file: str) -> tuple[str, dict[str, 
         return name_or_file, dict(machine.layouts[name_or_file])
     path = Path(name_or_file)
     if not path.exists():
+        if path.suffix in (".json", ".yaml", ".yml"):  # meant as a file, as profiles are told apart
+            raise MomentError(f"{path}: no such layout file")
         names = ", ".join(["installed", *sorted(machine.layouts)])
         raise UsageError(f"unknown layout {name_or_file!r}: not a file, and not a layout of {machine.name} ({names})")
     try:
         data = json.loads(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
+        raise MomentError(f"{path}: cannot read layout: {yaml_problem(exc)}") from None
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
+        raise MomentError(f"{path}: cannot read layout: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "layout" in data and isinstance(data["layout"], dict):
         data = data["layout"]
         if isinstance(data.get("slots"), list):  # a plan.json: its layout's slots
             data = {s.get("port"): s.get("device") for s in data["slots"] if isinstance(s, dict)}
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise UsageError(f"{path}: a layout file maps slot/port ids to device ids")
+        raise MomentError(f"{path}: a layout file maps slot/port ids to device ids")
     return path.stem, data
 
 

@@ -69,9 +69,15 @@ def print_layout(console: Console, s: Scored) -> None:
     console.print(table)
 
 
+def seconds(x: float) -> str:
+    """A predicted time with four significant digits, trailing zeros kept (0.5000, 0.0001860):
+    fixed decimals would show a fast layout's 0.000186 s as 0.0002."""
+    return f"{x:#.4g}".rstrip(".")
+
+
 def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
     d = s.to_dict()
-    times = ", ".join(f"{p.iteration_s:.4f} s ({FLOW_MODELS[m].title})" for m, p in s.predictions.items())
+    times = ", ".join(f"{seconds(p.iteration_s)} s ({FLOW_MODELS[m].title})" for m, p in s.predictions.items())
     console.print(
         f"[bold]{s.name}[/]: predicted iteration {times}; "
         f"per GPU {', '.join(f'{x:.3g}' for x in d['gbps_per_gpu'])} GB/s; imbalance {d['imbalance']:.3f}"
@@ -114,9 +120,9 @@ def ranking_table(title: str, rows: list[Scored], best_s: float) -> Table:
             s.name,
             _spread(s, "gpu"),
             _spread(s, "nvme"),
-            f"{s.prop.iteration_s:.4f}",
+            seconds(s.prop.iteration_s),
             f"{s.prop.iteration_s / best_s:.2f}×",
-            *(f"{s.predictions[m].iteration_s:.4f}" for m in others),
+            *(seconds(s.predictions[m].iteration_s) for m in others),
             bottleneck_summary(s),
         )
     return table

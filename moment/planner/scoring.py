@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moment.planner.flow import FLOW_MODELS, PRIMARY, Prediction
-from moment.planner.layout import apply_layout, assign_devices
+from moment.planner.layout import apply_layout, assign_devices, names_fixed_gpus
 from moment.planner.network import INF, Network, skeleton_for
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine
@@ -91,7 +91,7 @@ def score(
     """Every flow model's prediction for one layout of ``machine`` (``engine``: the max-flow
     engine of the models that run one)."""
     placed = assign_devices(machine, layout, devices)
-    net = skeleton_for(machine).network(placed, workload)
+    net = skeleton_for(machine, names_fixed_gpus(machine, layout)).network(placed, workload)
     predictions: dict[str, Prediction] = {}
     for key, model in FLOW_MODELS.items():
         predictions[key] = model.predict(net, engine, predictions)

@@ -9,6 +9,7 @@ instead; tests check that both find the same best time.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from moment.planner.bounds import LayoutBound
 from moment.planner.layout import SlotSpace, pick_devices, slot_space
 from moment.planner.network import Skeleton, device_link_gbps, skeleton_for, ssd_read_gbps, up_edge
 from moment.planner.workload import Workload
+from moment.progress import Update
 from moment.topology.model import Device, Machine, Port
 
 
@@ -36,7 +38,6 @@ class Candidate:
     layout: dict[str, str]  # port id -> device id
     prediction: flow.Prediction | None = None
     counts: tuple = ()
-    weight: int = 1  # raw layouts this one stands for
 
 
 @dataclass
@@ -69,7 +70,10 @@ def slot_classes(machine: Machine, space: SlotSpace) -> list[SlotClass]:
         bw = port.link.bandwidth_gbps()
         key = f"{parents[port.id]}|{port.kind}|{slot.form}|{slot.width}|{bw}"  # type: ignore[union-attr]
         groups.setdefault(key, []).append(port)
-    gpu_ids = {p.id for p in space.gpu_slots()}
+    for port in space.fixed_gpus:  # GPUs fixed in place that a layout may leave idle
+        key = f"{parents[port.id]}|fixed-gpu|{port.device.model}|{port.link.bandwidth_gbps()}"  # type: ignore[union-attr]
+        groups.setdefault(key, []).append(port)
+    gpu_ids = {p.id for p in space.gpu_slots() + space.fixed_gpus}
     ssd_ids = {p.id for p in space.ssd_slots()}
     return [
         SlotClass(key, tuple(p.id for p in ports), ports[0].id in gpu_ids, ports[0].id in ssd_ids)
@@ -88,36 +92,138 @@ def _distribute(n: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
             yield (k, *rest)
 
 
-def _signature(machine: Machine, classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...]) -> str:
-    """Canonical form of the tree with per-class counts: equal for mirror-image layouts."""
-    by_port = {}
-    for c, gi, si in zip(classes, g, s):
-        for port_id in c.ports:
-            by_port[port_id] = (c.key.split("|", 1)[1], gi, si)
+class Signer:
+    """Canonical signatures of class-count layouts: equal for mirror-image trees.
 
-    def port_sig(port: Port) -> str:
+    A subtree's signature depends only on the counts of the classes under it, so each subtree's
+    is remembered by those counts: a search signs thousands of layouts that differ in one corner.
+    """
+
+    def __init__(self, machine: Machine, classes: list[SlotClass]) -> None:
+        self.shape = {p: (i, c.key.split("|", 1)[1]) for i, c in enumerate(classes) for p in c.ports}
+        self.memo: dict[tuple[str, tuple], str] = {}
+        self.under: dict[str, tuple[int, ...]] = {}  # port or socket id -> classes below it
+        self.sockets = [(s.id, f"{s.dram_gbps}:", s.ports) for s in machine.sockets]
+        for sid, _, ports in self.sockets:
+            self.under["S:" + sid] = tuple(sorted({i for p in ports for i in self._classes(p)}))
+
+    def _classes(self, port: Port) -> tuple[int, ...]:
+        if port.switch is not None:
+            found = tuple(sorted({i for p in port.switch.ports for i in self._classes(p)}))
+        else:
+            found = (self.shape[port.id][0],) if port.id in self.shape else ()
+        self.under[port.id] = found
+        return found
+
+    def __call__(self, g: tuple[int, ...], s: tuple[int, ...]) -> str:
+        return "|".join(sorted(self._socket(sid, head, ports, g, s) for sid, head, ports in self.sockets))
+
+    def _key(self, node: str, g: tuple[int, ...], s: tuple[int, ...]) -> tuple[str, tuple]:
+        return node, tuple((g[i], s[i]) for i in self.under[node])
+
+    def _socket(self, sid: str, head: str, ports: list[Port], g: tuple[int, ...], s: tuple[int, ...]) -> str:
+        key = self._key("S:" + sid, g, s)
+        if key not in self.memo:
+            self.memo[key] = head + ",".join(sorted(self._port(p, g, s) for p in ports))
+        return self.memo[key]
+
+    def _port(self, port: Port, g: tuple[int, ...], s: tuple[int, ...]) -> str:
+        if port.id in self.shape:
+            i, shape = self.shape[port.id]
+            return f"slot[{shape}|g{g[i]}|s{s[i]}]"
         bw = port.link.bandwidth_gbps()
         if port.switch is not None:
-            inner = sorted(port_sig(p) for p in port.switch.ports)
-            return f"sw[{bw}]({','.join(inner)})"
-        if port.id in by_port:
-            shape, gi, si = by_port[port.id]
-            return f"slot[{shape}|g{gi}|s{si}]"
+            key = self._key(port.id, g, s)
+            if key not in self.memo:
+                inner = ",".join(sorted(self._port(p, g, s) for p in port.switch.ports))
+                self.memo[key] = f"sw[{bw}]({inner})"
+            return self.memo[key]
         dev = port.device
         return f"fixed[{bw}|{dev.kind if dev else '-'}]"
 
-    socket_sigs = sorted(f"{s.dram_gbps}:" + ",".join(sorted(port_sig(p) for p in s.ports)) for s in machine.sockets)
-    return "|".join(socket_sigs)
+
+@dataclass
+class Space:
+    """What every search of one machine shares, worked out once: the slot space, its classes,
+    the graph skeleton and the signer (a sweep plans many counts on one machine)."""
+
+    machine: Machine
+    slots: SlotSpace
+    classes: list[SlotClass]
+    skeleton: Skeleton
+    signer: Signer
+    placements: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # GPU count -> ...
+
+    @classmethod
+    def of(cls, machine: Machine) -> Space:
+        slots = slot_space(machine)
+        classes = slot_classes(machine, slots)
+        skeleton = skeleton_for(machine, choose_fixed=bool(slots.fixed_gpus))
+        return cls(machine, slots, classes, skeleton, Signer(machine, classes))
+
+    @property
+    def own(self) -> dict[str, str]:
+        """Port id -> the GPU fixed there, where a layout chooses among fixed GPUs."""
+        return {p.id: p.device.id for p in self.slots.fixed_gpus}  # type: ignore[union-attr]
+
+    def devices(self, n_gpus: int, n_ssds: int) -> tuple[list[Device], list[Device]]:
+        """The GPUs and SSDs a layout of these counts places (refused where they do not fit);
+        where GPUs are fixed in place, all of them (a layout picks ``n_gpus``)."""
+        if (why := self.misfit(n_gpus, n_ssds)) is not None:
+            raise UsageError(f"{n_gpus} GPUs and {n_ssds} SSDs do not fit: {why}")
+        fixed = [p.device for p in self.slots.fixed_gpus]
+        gpus = fixed if fixed else pick_devices(self.slots, "gpu", n_gpus)
+        return gpus, pick_devices(self.slots, "nvme", n_ssds)  # type: ignore[return-value]
+
+    def misfit(self, n_gpus: int, n_ssds: int) -> str | None:
+        """Why ``n_gpus`` GPUs and ``n_ssds`` SSDs do not fit the slots (the same words for every
+        count that fails the same way, so a sweep can list them together), or None."""
+        gpu_slots, ssd_slots = len(self.slots.gpu_slots()), len(self.slots.ssd_slots())
+        room = len({p.id for p in self.slots.gpu_slots() + self.slots.ssd_slots()})
+        fixed = len(self.slots.fixed_gpus)
+        if n_gpus + sum(d.kind == "gpu" for d in self.skeleton.fixed.values()) == 0:
+            return "a layout needs at least one GPU"
+        if fixed and n_gpus > fixed:
+            return f"more GPUs than the profile's {fixed}, which are fixed in place (no slot for another)"
+        if not fixed and n_gpus > gpu_slots:
+            return f"more GPUs than the profile's {gpu_slots} GPU-capable slots"
+        if n_ssds > ssd_slots:
+            return f"more SSDs than the profile's {ssd_slots} slots an SSD fits"
+        if (0 if fixed else n_gpus) + n_ssds > room:
+            return f"more devices than the profile's {room} free or movable slots"
+        return None
+
+    def gpu_placements(self, n_gpus: int) -> dict[str, tuple[int, ...]]:
+        """The distinct ways to put ``n_gpus`` GPUs into the classes (one per mirror image), by
+        signature; remembered, as a sweep asks for each GPU count once per SSD count."""
+        if n_gpus not in self.placements:
+            nothing, found = (0,) * len(self.classes), {}
+            for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in self.classes]):
+                found.setdefault(self.signer(g, nothing), g)
+            self.placements[n_gpus] = found
+        return self.placements[n_gpus]
+
+    def size(self, n_gpus: int, n_ssds: int) -> int:
+        """Number of class-count layouts (the ``(g, s)`` vectors :func:`search` enumerates)."""
+        return count_layouts(self.classes, n_gpus, n_ssds)
 
 
 def _materialise(
-    classes: list[SlotClass], g: tuple[int, ...], s: tuple[int, ...], gpus: list[Device], ssds: list[Device]
+    classes: list[SlotClass],
+    g: tuple[int, ...],
+    s: tuple[int, ...],
+    gpus: list[Device],
+    ssds: list[Device],
+    own: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """The layout of per-class counts: the first slots of each class, the devices in order
+    (``own``: the GPU fixed at a port, which only it can hold)."""
     layout: dict[str, str] = {}
     gi, si = iter(gpus), iter(ssds)
+    own = own or {}
     for c, ng, ns in zip(classes, g, s):
         for port_id in c.ports[:ng]:
-            layout[port_id] = next(gi).id
+            layout[port_id] = own[port_id] if port_id in own else next(gi).id
         for port_id in c.ports[ng : ng + ns]:
             layout[port_id] = next(si).id
     return layout
@@ -127,42 +233,42 @@ def evaluate(skeleton: Skeleton, placed: dict[str, Device], workload: Workload) 
     return flow.proportional(skeleton.network(placed, workload))
 
 
-def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10) -> SearchResult:
-    """Rank every distinct layout of ``n_gpus`` GPUs and ``n_ssds`` SSDs by predicted time."""
-    space = slot_space(machine)
-    gpus, ssds = pick_devices(space, "gpu", n_gpus), pick_devices(space, "nvme", n_ssds)
-    _check_room(space, n_gpus, n_ssds)
-    classes = slot_classes(machine, space)
+def _bound(sp: Space, workload: Workload, gpus: list[Device], ssds: list[Device], n_gpus: int) -> LayoutBound | None:
+    if not gpus:
+        return None
+    ports = [c.ports for c in sp.classes]
+    return LayoutBound(sp.machine, sp.skeleton, ports, workload, gpus[0], ssds[0] if ssds else None, n_gpus)
+
+
+def search(
+    machine: Machine,
+    workload: Workload,
+    n_gpus: int,
+    n_ssds: int,
+    keep: int = 10,
+    space: Space | None = None,
+    progress: Update | None = None,
+    ties: int = 300,
+) -> SearchResult:
+    """Rank every distinct layout of ``n_gpus`` GPUs and ``n_ssds`` SSDs by predicted time
+    (``space``: the machine's :class:`Space`, when the caller plans several counts). Layouts
+    whose bound says they can at best tie with the best are still evaluated, up to ``ties`` of
+    them, so that the tie is broken on headroom (0: the first layout that reaches the best time)."""
+    sp = space or Space.of(machine)
+    gpus, ssds = sp.devices(n_gpus, n_ssds)
+    classes = sp.classes
     gpu_caps = [len(c.ports) if c.gpu_ok else 0 for c in classes]
     seen: dict[str, Candidate] = {}
-    raw = 0
     for g in _distribute(n_gpus, gpu_caps):
         ssd_caps = [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]
         for s in _distribute(n_ssds, ssd_caps):
-            ways = math.prod(
-                math.comb(len(c.ports), gi) * math.comb(len(c.ports) - gi, si) for c, gi, si in zip(classes, g, s)
-            )
-            raw += ways
-            sig = _signature(machine, classes, g, s)
-            if sig in seen:
-                seen[sig].weight += ways
-                continue
-            seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s), weight=ways)
-    skeleton = skeleton_for(machine)
+            sig = sp.signer(g, s)
+            if sig not in seen:
+                seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s))
+    raw = count_layouts(classes, n_gpus, n_ssds, slots=True)
+    skeleton = sp.skeleton
     pool = {d.id: d for d in gpus + ssds}
-    bound = (
-        LayoutBound(
-            machine,
-            skeleton,
-            [c.ports for c in classes],
-            workload,
-            gpus[0] if gpus else pool.get("gpu0"),
-            ssds[0] if ssds else None,
-            n_gpus,
-        )
-        if gpus
-        else None
-    )
+    bound = _bound(sp, workload, gpus, ssds, n_gpus)
     order = sorted(seen.values(), key=lambda c: bound(*c.counts) if bound else 0.0)
     done: list[Candidate] = []
     limit = max(keep, 1) if keep else len(order)
@@ -172,13 +278,17 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
         if len(done) >= limit:
             kth = sorted(c.prediction.iteration_s for c in done)[limit - 1]  # type: ignore[union-attr]
             # Past the k-th best nothing can enter the ranking; layouts that may tie with the
-            # best are still evaluated (up to TIE_LIMIT) so the tie is broken on headroom.
-            if lb >= kth * (1 - 1e-9) and (lb > best_t * (1 + 1e-6) or len(done) >= limit + TIE_LIMIT):
+            # best are still evaluated (up to ``ties``) so the tie is broken on headroom.
+            if lb >= kth * (1 - 1e-9) and (lb > best_t * (1 + 1e-6) or len(done) >= limit + ties):
                 break
         placed = {p: pool[d] for p, d in cand.layout.items()}
         cand.prediction = flow.proportional(skeleton.network(placed, workload), second_pass=False)
         best_t = min(best_t, cand.prediction.iteration_s)
         done.append(cand)
+        if progress is not None:
+            progress(len(done), len(order))
+    if progress is not None:  # the rest were settled by the bound
+        progress(len(order), len(order))
     tied = [c for c in done if c.prediction.iteration_s <= best_t * (1 + 1e-6)]  # type: ignore[union-attr]
     for cand in tied:  # balanced shares decide among equally fast layouts
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
@@ -191,35 +301,61 @@ def search(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep:
     return SearchResult(ranked=top, raw=raw, distinct=len(seen), evaluated=len(done), devices=gpus + ssds)
 
 
-TIE_LIMIT = 300
-
-
 def search_milp(
-    machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, keep: int = 10, solver: str = "ortools"
+    machine: Machine,
+    workload: Workload,
+    n_gpus: int,
+    n_ssds: int,
+    keep: int = 10,
+    solver: str = "ortools",
+    space: Space | None = None,
+    progress: Update | None = None,
+    ties: float = math.inf,
 ) -> SearchResult:
     """For large machines: enumerate only the distinct GPU placements; for each, a MILP picks how
     many SSDs go in each slot class (and the read shares) to minimise T (``solver``: a name of
     :data:`~moment.planner.flow.milp.MILP_SOLVERS`).
 
     Exact for the proportional model: SSDs of one class share every link above their own slot, so
-    a class behaves like one bin whose read rate and own link scale with its count.
+    a class behaves like one bin whose read rate and own link scale with its count. Placements are
+    solved in the order of a bound valid for every way of adding the SSDs
+    (:meth:`~moment.planner.bounds.LayoutBound.for_gpus`); once it passes the k-th best time
+    found, the rest cannot enter the ranking (once it reaches it, they can only tie: ``ties``
+    of them are still solved, by default all).
     """
-    space = slot_space(machine)
-    gpus, ssds = pick_devices(space, "gpu", n_gpus), pick_devices(space, "nvme", n_ssds)
-    _check_room(space, n_gpus, n_ssds)
-    classes = slot_classes(machine, space)
-    skeleton = skeleton_for(machine)
+    sp = space or Space.of(machine)
+    gpus, ssds = sp.devices(n_gpus, n_ssds)
+    classes, skeleton = sp.classes, sp.skeleton
     template = ssds[0] if ssds else None
-    placements: dict[str, tuple[int, ...]] = {}
-    raw = 0
-    for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in classes]):
-        room = sum(len(c.ports) - gi for c, gi in zip(classes, g) if c.ssd_ok)
-        raw += math.prod(math.comb(len(c.ports), gi) for c, gi in zip(classes, g)) * math.comb(room, n_ssds)
-        placements.setdefault(_signature(machine, classes, g, (0,) * len(classes)), g)
+    pool = {d.id: d for d in gpus + ssds}
+    placements = sp.gpu_placements(n_gpus)
+    raw = count_layouts(classes, n_gpus, n_ssds, slots=True)
+    nothing = (0,) * len(classes)
+    bound = _bound(sp, workload, gpus, ssds, n_gpus)
+
+    def lower(g: tuple[int, ...], cuts: bool) -> float:
+        room = [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]
+        return bound.for_gpus(g, room, n_ssds, cuts=cuts) if bound else 0.0
+
+    # Best first by the bound, worked out lazily: every placement gets the quick bound (no cuts),
+    # one whose turn comes gets the full bound and waits again (ahead of equal quick bounds).
+    heap = [(lower(g, False), 1, key) for key, g in placements.items()]
+    heapq.heapify(heap)
     found: list[Candidate] = []
-    for g in placements.values():
-        layout = _materialise(classes, g, (0,) * len(classes), gpus, [])
-        placed = {p: d for p, d in zip(layout, gpus)}
+    limit = max(keep, 1) if keep else len(placements)
+    n = 0
+    while heap:
+        lb, quick, key = heapq.heappop(heap)
+        if len(found) >= limit:
+            kth = sorted(c.prediction.iteration_s for c in found)[limit - 1]  # type: ignore[union-attr]
+            if lb >= kth * (1 - 1e-9) and (lb > kth * (1 + 1e-6) or len(found) >= limit + ties):
+                break
+        g = placements[key]
+        if quick:
+            heapq.heappush(heap, (max(lb, lower(g, True)), 0, key))
+            continue
+        n += 1
+        placed = {p: pool[d] for p, d in _materialise(classes, g, nothing, gpus, [], sp.own).items()}
         reps: dict[str, flow.SsdClass] = {}
         for i, (c, gi) in enumerate(zip(classes, g)):
             room = len(c.ports) - gi
@@ -230,16 +366,19 @@ def search_milp(
                 link = skeleton.positions[port_id].link
                 rate = min(ssd_read_gbps(rep, workload), device_link_gbps(link, rep) or math.inf)
                 reps[rep.id] = flow.SsdClass(max_count=min(room, n_ssds), rate_gbps=rate, uplink=up_edge(port_id))
+        if progress is not None:
+            progress(n, len(placements))
         if n_ssds and not reps:
             continue
         net = skeleton.network(placed, workload)
         pred = flow.proportional(net, second_pass=False, ssd_classes=reps, n_ssds=n_ssds, milp_solver=solver)
         s = tuple(pred.ssd_counts.get(f"ssd-class{i}", 0) for i in range(len(classes)))
-        found.append(Candidate(_materialise(classes, g, s, gpus, ssds), counts=(g, s)))
+        found.append(Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s)))
         found[-1].prediction = pred
+    if progress is not None:  # the rest were settled by the bound
+        progress(len(placements), len(placements))
     found.sort(key=lambda c: c.prediction.iteration_s)  # type: ignore[union-attr]
     top = found[:keep] if keep else found
-    pool = {d.id: d for d in gpus + ssds}
     for cand in top:  # the exact LP on the concrete layout, with balanced shares
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
     top.sort(key=_rank_key)
@@ -259,27 +398,43 @@ def plan_search(
     keep: int = 10,
     method: str = "auto",
     milp_solver: str = "ortools",
+    space: Space | None = None,
+    progress: Update | None = None,
+    ties: int | None = None,
 ) -> SearchResult:
     """The front door: ``enumerate`` (every distinct layout, bound-pruned), ``milp`` (GPU placements
-    enumerated, SSD counts by MILP on ``milp_solver``), or ``auto``: enumeration while the space is small."""
+    enumerated, SSD counts by MILP on ``milp_solver``), or ``auto``: enumeration while the space is
+    small. ``progress(done, total)``: layouts or GPU placements evaluated; ``ties``: how many
+    layouts that can only tie with the best are still evaluated (default: each method's own)."""
+    sp = space or Space.of(machine)
     if method == "auto":
-        method = "enumerate" if _space_size(machine, n_gpus, n_ssds, ENUMERATION_LIMIT) <= ENUMERATION_LIMIT else "milp"
+        method = "enumerate" if sp.size(n_gpus, n_ssds) <= ENUMERATION_LIMIT else "milp"
+    extra = {} if ties is None else {"ties": ties}
     if method == "milp":
-        return search_milp(machine, workload, n_gpus, n_ssds, keep, solver=milp_solver)
-    return search(machine, workload, n_gpus, n_ssds, keep)
+        return search_milp(
+            machine, workload, n_gpus, n_ssds, keep, solver=milp_solver, space=sp, progress=progress, **extra
+        )
+    return search(machine, workload, n_gpus, n_ssds, keep, space=sp, progress=progress, **extra)
 
 
-def _space_size(machine: Machine, n_gpus: int, n_ssds: int, limit: int) -> int:
-    """Number of class-count layouts, counted up to ``limit`` + 1."""
-    space = slot_space(machine)
-    classes = slot_classes(machine, space)
-    n = 0
-    for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in classes]):
-        for _ in _distribute(n_ssds, [len(c.ports) - gi if c.ssd_ok else 0 for c, gi in zip(classes, g)]):
-            n += 1
-            if n > limit:
-                return n
-    return n
+def _space_size(machine: Machine, n_gpus: int, n_ssds: int) -> int:
+    """Number of class-count layouts of ``machine`` (:meth:`Space.size`)."""
+    return Space.of(machine).size(n_gpus, n_ssds)
+
+
+def count_layouts(classes: list[SlotClass], n_gpus: int, n_ssds: int, slots: bool = False) -> int:
+    """Class-count layouts of ``n_gpus`` and ``n_ssds`` (``slots``: raw layouts, the slot subsets
+    they stand for), counted class by class rather than enumerated: a sweep asks for every count."""
+    ways = {(0, 0): 1}  # (GPUs, SSDs) placed in the classes so far -> ways
+    for c in classes:
+        n, nxt = len(c.ports), {}
+        for (a, b), k in ways.items():
+            for gi in range(min(n, n_gpus - a) + 1 if c.gpu_ok else 1):
+                for si in range(min(n - gi, n_ssds - b) + 1 if c.ssd_ok else 1):
+                    each = math.comb(n, gi) * math.comb(n - gi, si) if slots else 1
+                    nxt[a + gi, b + si] = nxt.get((a + gi, b + si), 0) + k * each
+        ways = nxt
+    return ways.get((n_gpus, n_ssds), 0)
 
 
 def _rank_key(c: Candidate) -> tuple[float, float]:
@@ -291,12 +446,12 @@ def _rank_key(c: Candidate) -> tuple[float, float]:
 def brute_force(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, limit: int = 50_000) -> SearchResult:
     """Evaluate every concrete choice of GPU slots and SSD slots (the baseline the reduced
     search is checked and timed against)."""
-    space = slot_space(machine)
-    gpus, ssds = pick_devices(space, "gpu", n_gpus), pick_devices(space, "nvme", n_ssds)
-    _check_room(space, n_gpus, n_ssds)
+    sp = Space.of(machine)
+    space = sp.slots
+    gpus, ssds = sp.devices(n_gpus, n_ssds)
     gpu_slots = [p.id for p in space.gpu_slots()]
     ssd_slots = [p.id for p in space.ssd_slots()]
-    skeleton = skeleton_for(machine)
+    skeleton = sp.skeleton
     ranked: list[Candidate] = []
     for gsel in itertools.combinations(gpu_slots, n_gpus):
         rest = [p for p in ssd_slots if p not in gsel]
@@ -310,12 +465,3 @@ def brute_force(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, 
     return SearchResult(
         ranked=ranked, raw=len(ranked), distinct=len(ranked), evaluated=len(ranked), devices=gpus + ssds
     )
-
-
-def _check_room(space: SlotSpace, n_gpus: int, n_ssds: int) -> None:
-    if n_gpus > len(space.gpu_slots()):
-        raise UsageError(f"{n_gpus} GPUs asked for, but the profile has {len(space.gpu_slots())} GPU-capable slots")
-    if n_gpus + n_ssds > len({p.id for p in space.gpu_slots() + space.ssd_slots()}) or n_ssds > len(space.ssd_slots()):
-        raise UsageError(
-            f"{n_gpus} GPUs and {n_ssds} SSDs do not fit the profile's {len(space.positions)} free or movable slots"
-        )

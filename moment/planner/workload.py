@@ -21,6 +21,7 @@ The caches are modelled the way the trainer runs them (one source of truth for b
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -145,7 +146,7 @@ class Workload(BaseModel):
         the hotness curve says (:meth:`HotnessCurve.expected_unique`)."""
         if self.unique_per_batch:
             return self.unique_per_batch
-        return self.hotness.expected_unique(self.sampled_per_batch(), self.nodes)
+        return _expected_unique(self.hotness.model_dump_json(), self.sampled_per_batch(), self.nodes)
 
     def demand_gb(self) -> float:
         """Feature GB one GPU needs per iteration."""
@@ -231,3 +232,10 @@ def load_workload(base: dict | None, path: str | None = None, **overrides: objec
         return Workload.model_validate(data)
     except ValidationError as exc:
         raise MomentError(f"{path or 'workload'}: {first_error(exc)}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_unique(curve: str, draws: int, nodes: int) -> float:
+    """:meth:`HotnessCurve.expected_unique` remembered by value: every layout a search predicts
+    asks it again for the same workload (a sweep thousands of times)."""
+    return HotnessCurve.model_validate_json(curve).expected_unique(draws, nodes)

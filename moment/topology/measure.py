@@ -67,9 +67,9 @@ def file_spec(spec: str, machine: Any | None) -> tuple[str, str]:
         path, dev = head, tail
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"{path}: no such file or device")
+        raise MomentError(f"{path}: no such file or device")
     if p.is_dir():
-        raise UsageError(f"{path}: a directory, not a file or block device")
+        raise MomentError(f"{path}: a directory, not a file or block device")
     if dev and machine is not None:
         check_ssd(machine, dev)
     return path, dev
@@ -93,7 +93,7 @@ def random_read(
     """
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"{path}: no such file or device")
+        raise MomentError(f"{path}: no such file or device")
     try:
         # O_DIRECT needs 512-byte multiples; smaller rows are read buffered (page cache dropped).
         fd, direct = _open(path) if read_size % 512 == 0 else (os.open(path, os.O_RDONLY), False)

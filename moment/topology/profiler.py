@@ -131,6 +131,17 @@ class Captures:
             setattr(self, source.into, records)
 
 
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file is, for a warning."""
+    if path.is_dir():
+        return "a directory"
+    if path.is_fifo():
+        return "a FIFO"
+    if path.is_char_device() or path.is_block_device():
+        return "a device" + (f" (a link to {path.resolve()})" if path.is_symlink() else "")
+    return "not readable as a file"
+
+
 def _read(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace")
 
@@ -142,9 +153,14 @@ def read_capture_dir(directory: str | Path) -> Captures:
         raise MomentError(f"{root}: not a directory of captures")
     caps = Captures(origin=str(root))
     found = {s.name: next((root / n for n in s.files if (root / n).is_file()), None) for s in SOURCES.values()}
+    for s in SOURCES.values():  # a capture's name on a directory, FIFO or device: said, not read
+        for n in s.files:
+            if (root / n).exists() and not (root / n).is_file():
+                caps.warnings.append(f"skipped {n}: {_kind(root / n)}, not a regular file")
     if not any(found.values()):
         wanted = ", ".join(n for s in SOURCES.values() for n in s.files[:2])
-        raise MomentError(f"{root}: no capture files found (looked for {wanted})")
+        odd = f"; {'; '.join(caps.warnings)}" if caps.warnings else ""
+        raise MomentError(f"{root}: no capture files found (looked for {wanted}){odd}")
     for source in SOURCES.values():
         if (path := found[source.name]) is not None:
             caps.take(source, path.name, lambda p=path: _read(p))
