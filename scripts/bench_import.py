@@ -33,11 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moment.fileio import drop_cached  # noqa: E402  (after the path: the repo's own)
-
 BLOCK = 1 << 24  # values generated at once
 MARK = "BENCH "
+REPO = Path(__file__).resolve().parent.parent
 PHASES = "import phases: "  # the line `moment dataset import` prints at the end: "csr 1.20 s (CPU 1.90 s), ..."
 GRAPH_STEPS = ("csr", "labels", "splits")  # the steps measured against cp of the edge and label files
 
@@ -71,6 +69,10 @@ def synthesize(root: Path, size: str, nodes: int, edges: int, dim: int, seed: in
 
 def drop_cache(paths: list[Path], everything: bool) -> None:
     """Evict the files' pages (written back first), or the whole page cache with ``everything``."""
+    if str(REPO) not in sys.path:  # here, not at the top: a --compare child must import the other checkout
+        sys.path.insert(0, str(REPO))
+    from moment.fileio import drop_cached
+
     os.sync()
     if everything:
         Path("/proc/sys/vm/drop_caches").write_text("1\n")

@@ -40,7 +40,9 @@ from placement.importers.readers import ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
-COPY_RATIO = 0.5  # import speed of the edges and labels / a copy's, at least (scripts/bench_import.py)
+# import speed of the edges and labels / a copy's, as measured by scripts/bench_import.py on the shared
+# 2-core development VM (load average 8, 2 threads: 0.13×): pessimistic on an idle machine
+COPY_RATIO = 0.13
 
 
 @dataclass
