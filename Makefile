@@ -4,7 +4,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean wheelhouse
+
+# The offline bundle for a GPU server without internet (README): its Python and CUDA major.
+WHEELHOUSE      ?= wheelhouse
+WHEELHOUSE_ARGS ?= --python 3.12 --cuda 13
 
 $(BIN)/moment: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +23,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+wheelhouse: install
+	scripts/wheelhouse.sh $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 clean:
 	rm -rf $(VENV) moment-demo build *.egg-info

@@ -110,21 +110,42 @@ def _probe() -> tuple[UringRuns | None, str]:
         ring = Ring(8)
     except OSError as exc:  # ENOSYS: old kernel; EPERM: seccomp or io_uring_disabled
         return None, f"io_uring is not available here ({exc.strerror})"
+    why = read_back(runs, ring)
+    return (runs, "") if why is None else (None, why)
+
+
+# Seconds the probe waits for its one read. io_uring_enter waits for completions without a
+# timeout, and a runtime that accepts submissions but never completes them (a sandbox emulating
+# part of io_uring) would otherwise hang every reader that probes.
+PROBE_TIMEOUT_S = 5.0
+
+
+def read_back(runs: UringRuns, ring: Any, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Read a few bytes of a memfd through ``ring`` with ``runs`` in a thread of its own; None
+    when they came back right, else why rings are not used. A read still waiting after
+    ``timeout`` seconds leaves the thread, the ring and the
+    memfd behind (the thread may still touch them): a few descriptors, once per process."""
     fd = os.memfd_create("moment-uring-probe")
-    try:
-        payload = b"moment io_uring probe"
-        os.write(fd, payload)
-        out = np.zeros(len(payload), dtype=np.uint8)
-        got = np.zeros(1, dtype=np.int64)
-        z = np.zeros(1, dtype=np.int64)
-        assert ring.args is not None
-        rc = runs(*ring.args, fd, out.ctypes.data, z, z, np.array([len(payload)]), got)
-        if rc != 0 or got[0] != len(payload) or out.tobytes() != payload:
-            return None, f"io_uring read back {int(got[0])} of {len(payload)} bytes (rc {rc}): not used"
-    finally:
-        os.close(fd)
-        ring.close()
-    return runs, ""
+    payload = b"moment io_uring probe"
+    os.write(fd, payload)
+    out = np.zeros(len(payload), dtype=np.uint8)
+    got = np.zeros(1, dtype=np.int64)
+    z = np.zeros(1, dtype=np.int64)
+    rc: list[int] = []
+    thread = threading.Thread(
+        target=lambda: rc.append(runs(*ring.args, fd, out.ctypes.data, z, z, np.array([len(payload)]), got)),
+        name="moment-uring-probe",
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return f"io_uring probe read did not complete in {timeout:g} s: not used"
+    os.close(fd)
+    ring.close()
+    if not rc or rc[0] != 0 or got[0] != len(payload) or out.tobytes() != payload:
+        return f"io_uring read back {int(got[0])} of {len(payload)} bytes (rc {rc[0] if rc else 'none'}): not used"
+    return None
 
 
 def ring_error(path: str) -> OSError:

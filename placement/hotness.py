@@ -5,6 +5,22 @@ batch size and seed) over the train split and counts, per vertex, the batches wh
 vertex set contains it. A batch reads each of its unique vertices' feature rows once, so the
 counts are feature-row reads: the quantity a cache placement wants to capture.
 
+How many batches: by default (``epochs=None``) as many as the estimate needs. What a placement
+takes from the counts is which rows are hottest and what share of reads the caches holding them
+will catch; both come from the same sample, so the share is optimistic by as much as the ranking
+is noise. ``split_half_gap`` measures that: rank the rows by one half of the sample, and compare
+the share of reads the top k catch in that half with their share in the other half, at each
+cache boundary k. Sampling checks this gap at 10, 20, 40, ... batches (the halves being the
+batches before and after the previous check) and stops once it is at most ``TOLERANCE`` (0.005
+of all reads), or after ``ADAPTIVE_EPOCHS`` epoch(s), reporting the gap it got to. ``epochs=N``
+runs exactly N epochs (the gap is still measured, between the two halves, and reported).
+
+The gap shrinks about as 1/batches on skewed graphs and more slowly on flat ones (a synthetic
+IGB-layout graph of 3 M vertices, top 1% catching 2.7% of reads: 0.16 at 10 batches, 0.042 at
+80, 0.014 at 320), so the batches needed are set by the graph, not by the size of an epoch: on
+a large graph (IGB-full: about 20,000 batches an epoch at 60% training vertices) the estimate
+converges in a fraction of one.
+
 On disk a ``Hotness`` is two files and no pickle: the counts as ``.npy`` and the rest as a JSON
 sidecar (same path, suffix ``.json``) that also records N and the total, so ``load`` can tell a
 truncated, swapped or foreign file from a good one.
@@ -24,17 +40,28 @@ from moment.progress import Update
 from placement.dataset import Dataset
 from placement.sampler import NeighborSampler, num_batches
 
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; the kernels then run as Python
+    numba = None
+
 CURVE_POINTS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+TOLERANCE = 0.005  # split-half gap (share of all reads) at which the estimate counts as converged
+MIN_BATCHES = 10  # the first convergence check; fewer batches rank vertices mostly by noise
+ADAPTIVE_EPOCHS = 1  # the most it samples by default (the old fixed pass): never slower than that
+DEFAULT_SHARE = 0.01  # the boundary checked when the caches give none: the hottest 1% of vertices
 
 
 @dataclass
 class Hotness:
-    counts: np.ndarray  # int64, N: feature-row reads per vertex over all pre-sampled batches
+    counts: np.ndarray  # int32 in memory (int64 past 2^31 - 1), int64 on disk, N: reads per vertex
     batches: int
     mean_unique_per_batch: float
     epochs: int
     fanouts: tuple[int, ...]
     batch_size: int
+    bound: float | None = None  # split-half gap at the cache boundaries (None: too few batches to split)
+    tolerance: float | None = None  # the gap adaptive sampling stopped at (None: a fixed number of epochs)
 
     @property
     def total(self) -> int:
@@ -47,7 +74,7 @@ class Hotness:
     def save(self, path: str | Path) -> None:
         """Write the counts to ``path`` (.npy) and the rest to its .json sidecar, each atomically."""
         path = Path(path)
-        _atomic_save_npy(path, np.ascontiguousarray(self.counts, dtype=np.int64))
+        _atomic_save_npy(path, self.counts)  # int64 on disk, whatever in memory
         HotnessMeta(
             num_nodes=int(self.counts.shape[0]),
             total=self.total,
@@ -56,6 +83,8 @@ class Hotness:
             epochs=self.epochs,
             fanouts=[int(f) for f in self.fanouts],
             batch_size=self.batch_size,
+            bound=self.bound,
+            tolerance=self.tolerance,
         ).write(sidecar(path))
 
     @classmethod
@@ -75,12 +104,14 @@ class Hotness:
                 f"{path}: counts sum to {int(counts.sum())}, the sidecar says {meta.total} (corrupt or mismatched pair)"
             )
         return cls(
-            counts=counts,
+            counts=narrow(counts),
             batches=meta.batches,
             mean_unique_per_batch=float(meta.mean_unique_per_batch),
             epochs=meta.epochs,
             fanouts=tuple(meta.fanouts),
             batch_size=meta.batch_size,
+            bound=meta.bound,
+            tolerance=meta.tolerance,
         )
 
 
@@ -88,24 +119,34 @@ def presample(
     dataset: Dataset,
     fanouts: Sequence[int],
     batch_size: int,
-    epochs: int = 1,
+    epochs: int | None = None,
     seed: int = 0,
     progress: Update | None = None,
     device: str = "cpu",
+    boundaries: Sequence[int] = (),
+    tolerance: float = TOLERANCE,
 ) -> Hotness:
-    """Count feature-row reads per vertex over ``epochs`` of sampled training batches.
+    """Count feature-row reads per vertex over sampled training batches.
 
     Uses the training sampler exactly as one training process does (``batches`` with shuffle,
     epoch by epoch, then ``sample``), so a sampler built with the same seed replays these batches.
-    ``progress(done, total)`` is called after every batch.
+    ``epochs=None``: until the split-half gap at ``boundaries`` (rows: the cache sizes, hottest
+    first) is at most ``tolerance``, or ``ADAPTIVE_EPOCHS`` epochs; else exactly ``epochs``.
+    ``progress(done, total)`` is called after every batch (``total``: the most batches it may take).
     """
     sampler = NeighborSampler(dataset.indptr(), dataset.indices(), fanouts, device=device, seed=seed)
     train = dataset.split("train")
-    counts = np.zeros(dataset.num_nodes, dtype=np.int64)
-    total = epochs * num_batches(train.size, batch_size)
-    done = 0
-    unique = 0
-    for epoch in range(epochs):
+    n = dataset.num_nodes
+    ks = _boundaries(boundaries, n)
+    budget = epochs if epochs is not None else ADAPTIVE_EPOCHS
+    per_epoch = num_batches(train.size, batch_size)
+    total = budget * per_epoch
+    counts = np.zeros(n, dtype=np.int32)  # int32: a vertex is read at most once per batch
+    snapshot: np.ndarray | None = None  # the counts at the last check: the first half of the sample
+    halves_at = MIN_BATCHES // 2 if epochs is None else max(1, total // 2)
+    done = unique = 0
+    bound = None
+    for epoch in range(budget):
         for seeds in sampler.batches(train, batch_size, shuffle=True, epoch=epoch):
             nodes = sampler.sample(seeds).nodes.cpu().numpy()
             counts[nodes] += 1  # nodes are unique within a batch, so no np.add.at needed
@@ -113,14 +154,99 @@ def presample(
             done += 1
             if progress is not None:
                 progress(done, total)
+            if done == halves_at and done < total:
+                if snapshot is not None:
+                    bound = split_half_gap(snapshot, counts, ks)
+                    if bound <= tolerance:
+                        break
+                if snapshot is None:
+                    snapshot = counts.copy()
+                else:
+                    np.copyto(snapshot, counts)
+                halves_at = 2 * done if epochs is None else -1
+        else:
+            continue
+        break  # converged
+    else:  # the budget ran out: the last gap, between the sample before and after the last check
+        bound = split_half_gap(snapshot, counts, ks) if snapshot is not None else None
     return Hotness(
         counts=counts,
         batches=done,
         mean_unique_per_batch=unique / done if done else 0.0,
-        epochs=epochs,
+        epochs=-(-done // per_epoch) if per_epoch else 0,
         fanouts=tuple(int(f) for f in fanouts),
         batch_size=batch_size,
+        bound=bound,
+        tolerance=tolerance if epochs is None else None,
     )
+
+
+def _boundaries(boundaries: Sequence[int], n: int) -> list[int]:
+    """The cache boundaries worth checking (0 < k < N), else the hottest ``DEFAULT_SHARE``."""
+    ks = sorted({int(k) for k in boundaries if 0 < int(k) < n})
+    return ks or [max(1, int(n * DEFAULT_SHARE))]
+
+
+def split_half_gap(first: np.ndarray, total: np.ndarray, ks: Sequence[int]) -> float:
+    """How optimistic the sample's share of reads caught by the top k rows is, at most, over ``ks``.
+
+    ``first`` counts the first half of the batches, ``total`` all of them (the second half is
+    the difference). For each k: rank the rows by one half, take the share of that half's reads
+    the top k catch minus the share of the other half's reads they catch, averaged over the two
+    directions. Zero when the ranking is noise-free; at most the noise the caches' predicted
+    share carries. O(N) per k, without temporaries of N entries."""
+    first_reads = int(first.sum(dtype=np.int64))
+    second_reads = int(total.sum(dtype=np.int64)) - first_reads
+    if first_reads == 0 or second_reads == 0:
+        return 1.0  # one half read nothing: no estimate at all
+    reads = {True: (first_reads, second_reads), False: (second_reads, first_reads)}
+    hists = {by_first: _half_histogram(first, total, by_first) for by_first in (True, False)}
+    gaps = [0.0]
+    for k in ks:
+        gap = 0.0
+        for by_first, hist in hists.items():
+            own, other = _topk_sums(first, total, by_first, *_threshold(hist, k))
+            gap += own / reads[by_first][0] - other / reads[by_first][1]
+        gaps.append(gap / 2)
+    return float(max(gaps))
+
+
+def _threshold(hist: np.ndarray, k: int) -> tuple[int, int]:
+    """(t, r): the top k rows are those counted above t plus the first r (by id) counted t."""
+    above = np.cumsum(hist[::-1])[::-1]  # above[c]: rows counted >= c
+    t = int(np.flatnonzero(above >= k)[-1])
+    more = int(above[t + 1]) if t + 1 < above.size else 0
+    return t, k - more
+
+
+def _half_histogram_py(first: np.ndarray, total: np.ndarray, by_first: bool) -> np.ndarray:
+    """Rows per count value of one half (``first``, or ``total - first``)."""
+    hist = np.zeros(int(total.max()) + 1, dtype=np.int64)
+    for v in range(total.size):
+        hist[first[v] if by_first else total[v] - first[v]] += 1
+    return hist
+
+
+def _topk_sums_py(first: np.ndarray, total: np.ndarray, by_first: bool, t: int, r: int) -> tuple[int, int]:
+    """Reads of the top rows (see ``_threshold``) in the half that ranks them and in the other."""
+    own = other = taken = 0
+    for v in range(total.size):
+        a = first[v] if by_first else total[v] - first[v]
+        if a > t or (a == t and taken < r):
+            taken += a == t
+            own += a
+            other += total[v] - a
+    return own, other
+
+
+_half_histogram = numba.njit(cache=True)(_half_histogram_py) if numba is not None else _half_histogram_py
+_topk_sums = numba.njit(cache=True)(_topk_sums_py) if numba is not None else _topk_sums_py
+
+
+def narrow(counts: np.ndarray) -> np.ndarray:
+    """Counts as int32 where they fit (half the memory of int64; a placement holds them throughout)."""
+    wide = counts.size and int(counts.max()) > np.iinfo(np.int32).max
+    return counts.astype(np.int64 if wide else np.int32)  # a copy: never a view of the file
 
 
 def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> list[tuple[float, float]]:
@@ -158,15 +284,19 @@ def sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    """np.save through a temporary file, so readers never see half a file."""
+def _atomic_save_npy(path: Path, counts: np.ndarray, chunk: int = 1 << 22) -> None:
+    """Counts as an int64 .npy through a temporary file, so readers never see half a file;
+    widened ``chunk`` entries at a time (the counts are int32 in memory)."""
     with atomic_file(path, binary=True) as fh:
-        np.save(fh, array, allow_pickle=False)
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(fh, {**header, "shape": counts.shape})
+        for lo in range(0, counts.size, chunk):
+            fh.write(counts[lo : lo + chunk].astype(np.int64).tobytes())
 
 
 def _read_counts(path: Path) -> np.ndarray:
     try:
-        counts = np.load(path, allow_pickle=False)
+        counts = np.load(path, allow_pickle=False, mmap_mode="r")  # narrowed to int32 by the caller
     except FileNotFoundError:
         raise HotnessError(f"{path}: missing (hotness counts)") from None
     except (OSError, ValueError, EOFError) as exc:

@@ -16,7 +16,8 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,22 +25,23 @@ from typing import Any
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
+from moment.contracts.placed import MANIFEST, PHASES, PlacedError, PlacedManifest, Prediction, bin_file_name
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
 from moment.outputs import Kind, Staging, check_free_space, check_out
 from moment.planner.planfile import plan_profile
+from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
-from placement.hotness import Hotness, presample
+from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
 from placement.placed import open_placed
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict, write_workload
-from placement.writer import STATE, BinFile, file_digest, write_bins
+from placement.writer import STATE, BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|%|rows)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -86,7 +88,8 @@ class PlaceOptions:
     cpu_cache: str | None = None  # all sockets together
     ssd_dirs: dict[str, Path] = field(default_factory=dict)
     hotness: Path | None = None
-    epochs: int = 1
+    epochs: int | None = None  # None: pre-sample until the hotness estimate converges (at most one epoch)
+    tolerance: float = TOLERANCE  # the split-half gap at which pre-sampling stops (epochs=None)
     pool: int = 100
     priority: str = "projected"  # DDAK priority: projected (matches targets) or paper
     seed: int = 0
@@ -131,10 +134,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    np.save(path, array)
-
-
 def _validate_placed(root: Path) -> PlacedManifest:
     return PlacedManifest.read(root / MANIFEST)
 
@@ -162,7 +161,6 @@ def _size(path: Path) -> int:
 PLACED = Kind("placed dataset", MANIFEST, "moment place", _validate_placed, _placed_files, PlacedError)
 INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
 SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
-MIN_BATCHES = 10  # fewer pre-sampled batches than this: the hotness ranking is mostly noise
 # Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
 # in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
 PLACED_FILES = {
@@ -255,6 +253,54 @@ def _discard_build(stage: Staging) -> None:
     shutil.rmtree(stage.data)
 
 
+@dataclass
+class _Run:
+    """One ``moment place``: its validated inputs and the key naming them."""
+
+    plan_path: Path
+    dataset_path: Path
+    out: Path
+    opts: PlaceOptions
+    plan: PlanDoc
+    machine: Machine | None
+    no_machine: str | None
+    ds: Dataset
+    dirs: dict[str, Path]
+    caches: tuple[int, int]
+    key: str
+    had_output: bool
+    read_rate: float  # bytes per second this run read the dataset's topology at (the time estimate's basis)
+
+
+class Phases:
+    """Seconds per phase of a run (placed.json ``timings_s``, keys of ``PHASES``)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def written(self, files: list[NpyWriter], phase: str, wall: float) -> None:
+        """``wall`` seconds spent writing ``files`` in ``phase``: their hashing and fsync apart."""
+        hashing, syncing = sum(f.hash_s for f in files), sum(f.fsync_s for f in files)
+        self.add(phase, wall - hashing - syncing)
+        self.add("checksums", hashing)
+        self.add("fsync", syncing)
+
+    def rounded(self) -> dict[str, float]:
+        """The seconds in ``PHASES`` order, with the total so far."""
+        seconds = {**self.seconds, "total": time.perf_counter() - self.start}
+        return {k: round(seconds[k], 3) for k in PHASES if k in seconds}
+
+
 def place(
     plan_path: str | Path,
     dataset_path: str | Path,
@@ -263,14 +309,42 @@ def place(
     progress: Progress | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Place a dataset per a plan; returns the manifest written (``placed.json``)."""
-    t_start = time.perf_counter()
-    out = Path(out)
-    if opts.epochs < 1:
+    """Place a dataset per a plan; returns the manifest written (``placed.json``).
+
+    The phases, each a function below and each timed (``timings_s``): check the inputs, open or
+    resume the staging directory, pre-sample hotness, re-solve the plan's model for DDAK's
+    targets, place, check free space (and say what goes where), write the bins, relabel and
+    rewrite the arrays, stage the manifest and commit."""
+    phases = Phases()
+    run = _inputs(plan_path, dataset_path, Path(out), opts, phases)
+    stage = _open_stage(run, log)
+    if stage is None:
+        return _validate_placed(run.out).model_dump(mode="json")
+    with phases("presample"):
+        hot = _hotness(run, stage.data, progress, log)
+    with phases("predict"):
+        workload, prediction, specs = _targets(run, hot, log)
+    with phases("ddak"):
+        placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
+    _preflight(run, specs, placed, log)
+    _begin(run, stage, hot, placed)
+    written = _write_bins(run, stage, specs, placed, phases, progress)
+    files = _write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
+    manifest = _manifest(run, stage, hot, prediction, specs, placed, written, files, phases)
+    manifest.write(stage.data / MANIFEST)
+    faults.point("place:manifest-staged")
+    return _commit(stage, run.dirs, log).model_dump(mode="json")
+
+
+def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: PlaceOptions, phases: Phases) -> _Run:
+    """Every input checked before any work (the dataset by a full scan), and the key naming them."""
+    if opts.epochs is not None and opts.epochs < 1:
         raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
     if opts.pool < 1:
         raise UsageError(f"--pool {opts.pool}: must be at least 1")
-    place_vertices = get_policy(opts.policy)
+    if not 0 < opts.tolerance < 1:
+        raise UsageError(f"--tolerance {opts.tolerance}: a share of reads, between 0 and 1")
+    get_policy(opts.policy)
     plan = read_plan(plan_path)
     try:
         machine, no_machine = plan_profile(plan, opts.profile)
@@ -282,11 +356,13 @@ def place(
     ds = open_dataset(dataset_path)
     dirs = _ssd_dirs(opts, out)
     check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused before any work
-    check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
+    t0 = time.perf_counter()
+    with phases("check"):
+        check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
+    scanned = sum(_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
     opts = replace(opts, ssd_dirs=dirs)
     had_output = check_out(out, PLACED)
     caches = _cache_rows(plan, ds, opts)
-    fanouts, batch = tuple(plan.workload.fanouts), plan.workload.batch_size
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
     key = _key(
         plan.profile.model_dump(),
@@ -300,55 +376,89 @@ def place(
         opts.priority,
         opts.seed,
         opts.epochs,
-        fanouts,
-        batch,
+        opts.tolerance if opts.epochs is None else None,
+        tuple(plan.workload.fanouts),
+        plan.workload.batch_size,
         hot_given,
         {k: str(v) for k, v in dirs.items()},
         str(Path(dataset_path).resolve()),
     )
+    rate = scanned / max(time.perf_counter() - t0, 1e-6)
+    run = _Run(
+        Path(plan_path),
+        Path(dataset_path),
+        out,
+        opts,
+        plan,
+        machine,
+        no_machine,
+        ds,
+        dirs,
+        caches,
+        key,
+        had_output,
+        rate,
+    )
+    check_free_space(_space_needed(run, _least_rows(run)))  # what must fit whatever DDAK decides
+    return run
 
-    stage = Staging(out, PLACED)
+
+def _open_stage(run: _Run, log: Callable[[str], None]) -> Staging | None:
+    """The staging directory: a killed run's commit finished, its partial build resumed or thrown
+    away (other inputs); None when ``out`` already holds this very placement."""
+    stage = Staging(run.out, PLACED)
+    had_output = run.had_output
     if stage.resume():
         if stage.old.exists() or (stage.data / MANIFEST).exists():
-            log(f"finishing the commit of an interrupted `moment place` into {out}")
-            _commit(stage, dirs, log)
+            log(f"finishing the commit of an interrupted `moment place` into {run.out}")
+            _commit(stage, run.dirs, log)
             had_output = True
-            stage = Staging(out, PLACED)
-        elif stage.data.exists() and _inputs_key(stage.data) != key:
+            stage = Staging(run.out, PLACED)
+        elif stage.data.exists() and _inputs_key(stage.data) != run.key:
             log(f"{stage.dir}: left by an interrupted run with other inputs: starting over")
             _discard_build(stage)
         elif stage.data.exists():
             log(f"resuming the interrupted `moment place` in {stage.dir}")
     if had_output and not stage.data.exists():
         try:
-            current = _validate_placed(out)
+            current = _validate_placed(run.out)
         except MomentError:
             current = None
-        if current is not None and current.key == key and _intact(out):
+        if current is not None and current.key == run.key and _intact(run.out):
             stage.release()
-            log(f"{out} already holds this placement (same plan, dataset and options): nothing to do")
-            return current.model_dump(mode="json")
-    data = stage.data
+            log(f"{run.out} already holds this placement (same plan, dataset and options): nothing to do")
+            return None
+    return stage
 
-    # 1. Hotness: the one a killed run already computed, a saved one, or pre-sample now.
+
+def _hotness(run: _Run, data: Path, progress: Progress | None, log: Callable[[str], None]) -> Hotness:
+    """The hotness a killed run already computed, a saved one, or pre-sampled now (until the
+    estimate converges at the cache boundaries, or for ``--epochs``)."""
+    ds, opts = run.ds, run.opts
     hot_file = data / "hotness.npy"
     if hot_file.exists():
         hot = Hotness.load(hot_file)
     elif opts.hotness is not None:
         hot = Hotness.load(opts.hotness, num_nodes=ds.num_nodes)
     else:
+        gpu_rows, cpu_rows = run.caches
         hot = presample(
             ds,
-            fanouts=fanouts,
-            batch_size=batch,
+            fanouts=tuple(run.plan.workload.fanouts),
+            batch_size=run.plan.workload.batch_size,
             epochs=opts.epochs,
             seed=opts.seed,
             progress=stage_update(progress, "pre-sampling hotness"),
+            boundaries=(gpu_rows, gpu_rows + cpu_rows),
+            tolerance=opts.tolerance,
         )
     if hot.counts.shape != (ds.num_nodes,):
         raise UsageError(f"hotness has {hot.counts.shape[0]} vertices, the dataset {ds.num_nodes}")
+    bound = "not measured" if hot.bound is None else f"split-half gap at the caches {hot.bound:.4f}"
     log(
-        f"hotness: {hot.batches} batches, {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
+        f"hotness: {hot.batches} batches ({bound}"
+        + (f", sampling until {hot.tolerance}" if hot.tolerance is not None else f", {hot.epochs} epoch(s) as asked")
+        + f"), {hot.mean_unique_per_batch:,.0f} unique vertices per batch; "
         f"top 1% of vertices catch {dict(hot.curve((0.01,)))[0.01]:.1%} of reads"
     )
     if hot.batches < MIN_BATCHES:
@@ -356,42 +466,83 @@ def place(
             f"warning: the hotness comes from only {hot.batches} pre-sampled batch(es) (fewer than {MIN_BATCHES}), "
             f"so its ranking of vertices is noisy: raise --epochs"
         )
-
-    # 2. The plan's model re-solved for this dataset and these caches: DDAK's targets.
-    workload = measured_workload(plan.workload, ds, hot, *caches)
-    if machine is not None:
-        prediction = predict(plan, machine, workload)
-    else:
-        prediction = plan_prediction(plan)
+    elif hot.tolerance is not None and (hot.bound is None or hot.bound > hot.tolerance):
         log(
-            f"warning: {no_machine}, so the targets and the prediction recorded are the plan's, made for its own "
-            f"workload ({plan.workload.nodes:,} vertices), not re-solved for this dataset"
+            f"warning: the hotness estimate did not converge to {hot.tolerance} in {hot.batches} batches: the caches' "
+            f"predicted share may be off by up to {hot.bound or 1:.3f} (--epochs 2 or more samples longer; "
+            "--tolerance accepts a looser estimate)"
         )
-    specs = _bins(plan, ds, caches, prediction.bin_shares)
+    return hot
 
-    # 3. Placement (deterministic: a resumed run computes the one it saved).
-    t0 = time.perf_counter()
-    order = hotness_order(hot.counts)
-    placed: Placement = place_vertices(hot.counts, specs, order, opts)
-    place_s = time.perf_counter() - t0
-    r = rl.relabel(placed.bin_of, [s.tier for s in specs])
 
-    # 4. Preflight: every target has room for what goes there; nothing is created before it.
-    rb = ds.row_bytes
-    needs: dict[Path, int] = {}
-    for b, spec in enumerate(specs):
-        d = dirs.get(spec.name, out)
-        needs[d] = needs.get(d, 0) + int(placed.used[b]) * rb
-    needs[out] = (
-        needs.get(out, 0) + (ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8) + 4 * ds.num_nodes * 8
+def _targets(run: _Run, hot: Hotness, log: Callable[[str], None]) -> tuple[Workload, Prediction, list[BinSpec]]:
+    """The plan's model re-solved for this dataset and these caches: DDAK's per-bin targets."""
+    workload = measured_workload(run.plan.workload, run.ds, hot, *run.caches)
+    if run.machine is not None:
+        prediction = predict(run.plan, run.machine, workload)
+    else:
+        prediction = plan_prediction(run.plan)
+        log(
+            f"warning: {run.no_machine}, so the targets and the prediction recorded are the plan's, made for its own "
+            f"workload ({run.plan.workload.nodes:,} vertices), not re-solved for this dataset"
+        )
+    return workload, prediction, _bins(run.plan, run.ds, run.caches, prediction.bin_shares)
+
+
+def _least_rows(run: _Run) -> dict[str, int]:
+    """Rows an SSD bin gets whatever the hotness: what the other SSD bins cannot hold of the
+    vertices the caches leave (caches counted as empty, so a lower bound)."""
+    specs = _bins(run.plan, run.ds, run.caches, {t.bin: 0.0 for t in run.plan.bin_targets})
+    ssd = [s for s in specs if s.tier == "ssd"]
+    held = sum(s.capacity for s in specs if s.tier != "ssd")
+    left, room = max(0, run.ds.num_nodes - held), sum(s.capacity for s in ssd)
+    return {s.name: max(0, left - (room - s.capacity)) for s in ssd}
+
+
+def _space_needed(run: _Run, bin_rows: dict[str, int]) -> dict[Path, int]:
+    """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays."""
+    ds = run.ds
+    needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
+    for t in run.plan.bin_targets:
+        d = run.dirs.get(t.bin, run.out)
+        needs[d] = needs.get(d, 0) + bin_rows.get(t.bin, 0) * ds.row_bytes
+    return needs
+
+
+def _arrays_bytes(ds: Dataset) -> int:
+    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids)."""
+    return ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8 + 5 * ds.num_nodes * 8
+
+
+def _preflight(run: _Run, specs: list[BinSpec], placed: Placement, log: Callable[[str], None]) -> None:
+    """Say what goes where and how long it should take; refuse (one line) where a target lacks
+    the space. Nothing has been written yet."""
+    needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)})
+    for d, want in needs.items():
+        names = [s.name for s in specs if run.dirs.get(s.name, run.out) == d]
+        what = (["topology, labels, id maps"] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
+        log(f"will write {want / 1e9:.2f} GB to {d} ({'; '.join(what)})")
+    features = run.ds.num_nodes * run.ds.row_bytes
+    moved = features + sum(needs.values()) + run.ds.num_edges * run.ds.indices().dtype.itemsize
+    log(
+        f"expected: about {moved / run.read_rate:.0f} s to read {features / 1e9:.2f} GB of features and the topology "
+        f"and write {sum(needs.values()) / 1e9:.2f} GB (at the {run.read_rate / 1e9:.2f} GB/s this run read the "
+        "topology at; a plain copy's speed)"
     )
     check_free_space(needs)
 
+
+def _begin(run: _Run, stage: Staging, hot: Hotness, placed: Placement) -> None:
+    """Create ``OUT.partial`` (locked) with what a resumed run must find: the inputs' key, the
+    hotness and the placement (a resumed run must compute the same one)."""
     stage.create()  # OUT.partial, locked (when resuming it is ours already)
+    data = stage.data
     data.mkdir(exist_ok=True)
-    atomic_write_text(data / INPUTS, json.dumps({"key": key, "bin_dirs": sorted({str(d) for d in dirs.values()})}))
-    if not hot_file.exists():
-        hot.save(hot_file)
+    atomic_write_text(
+        data / INPUTS, json.dumps({"key": run.key, "bin_dirs": sorted({str(d) for d in run.dirs.values()})})
+    )
+    if not (data / "hotness.npy").exists():
+        hot.save(data / "hotness.npy")
     bin_file = data / "bin_of.npy"
     if bin_file.exists() and not np.array_equal(np.load(bin_file), placed.bin_of):
         raise MomentError(
@@ -400,53 +551,103 @@ def place(
     np.save(bin_file, placed.bin_of)
     faults.point("place:planned")
 
-    # 5. Bins, one sequential pass over the source features (.partial names until the commit).
-    def bin_path(spec: BinSpec) -> Path:
-        where = dirs.get(spec.name) or (
-            data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}")
-        )
-        return where / bin_file_name(spec.name, stage.run_id)
 
-    files = [
-        BinFile(s.name, bin_path(s).with_name(bin_path(s).name + ".partial"), int(placed.used[b]))
-        for b, s in enumerate(specs)
-    ]
-    t0 = time.perf_counter()
-    written = write_bins(
-        ds.features(), placed.bin_of, files, data, key, progress=stage_update(progress, "writing bins")
+def _bin_path(run: _Run, stage: Staging, spec: BinSpec) -> Path:
+    """Where a bin's file goes: its --ssd-dir, else inside the placed directory."""
+    where = run.dirs.get(spec.name) or (
+        stage.data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}")
     )
-    write_s = time.perf_counter() - t0
-    faults.point("place:bins-written")
+    return where / bin_file_name(spec.name, stage.run_id)
 
-    # 6. Topology, labels, splits, id maps in the new ids.
+
+def _write_bins(
+    run: _Run, stage: Staging, specs: list[BinSpec], placed: Placement, phases: Phases, progress: Progress | None
+) -> list[Written]:
+    """The bins, one sequential pass over the source features (.partial names until the commit)."""
+    files = []
+    for b, s in enumerate(specs):
+        final = _bin_path(run, stage, s)
+        files.append(BinFile(s.name, final.with_name(final.name + ".partial"), int(placed.used[b])))
+    t0 = time.perf_counter()
+    result = write_bins(
+        run.ds.features(), placed.bin_of, files, stage.data, run.key, progress=stage_update(progress, "writing bins")
+    )
+    phases.add("write_bins", time.perf_counter() - t0 - result.wait)
+    phases.add("checksums", result.hash)
+    phases.add("fsync", result.fsync)
+    faults.point("place:bins-written")
+    return result.files
+
+
+def _write_arrays(
+    run: _Run,
+    data: Path,
+    hot: Hotness,
+    placed: Placement,
+    specs: list[BinSpec],
+    workload: Workload,
+    phases: Phases,
+    progress: Progress | None,
+) -> dict[str, NpyWriter]:
+    """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
+    and checksummed on the way; returns them by manifest key."""
+    ds = run.ds
+    t0 = time.perf_counter()
+    r = rl.relabel(placed.bin_of, [s.tier for s in specs])
+    n = ds.num_nodes
+    files = {
+        "indptr": NpyWriter(data / PLACED_FILES["indptr"], np.int64, (n + 1,)),
+        "indices": NpyWriter(data / PLACED_FILES["indices"], ds.indices().dtype, (ds.num_edges,)),
+    }
     rl.rewrite_csr(
         ds.indptr(),
         ds.indices(),
         r,
-        data / "indptr.npy",
-        data / "indices.npy",
+        files["indptr"],
+        files["indices"],
         progress=stage_update(progress, "rewriting topology"),
     )
-    _save_npy(data / "labels.npy", np.asarray(ds.labels())[r.new_to_old])
+    for key, values, dtype in (("labels", ds.labels(), ds.labels().dtype), ("hotness", hot.counts, np.int64)):
+        files[key] = NpyWriter(data / PLACED_FILES[key], dtype, (n,))
+        rl.permute(values, r.new_to_old, files[key])
     for split in ("train", "val", "test"):
-        _save_npy(data / f"{split}_idx.npy", np.sort(r.old_to_new[np.asarray(ds.split(split))]))
-    _save_npy(data / "old_to_new.npy", r.old_to_new)
-    _save_npy(data / "new_to_old.npy", r.new_to_old)
-    _save_npy(data / "hotness_new.npy", hot.counts[r.new_to_old])
-    write_workload(data / "workload.yaml", workload)
+        ids = r.old_to_new[np.asarray(ds.split(split))]
+        ids.sort()
+        files[split] = save_npy(data / PLACED_FILES[split], ids, np.int64)
+    files["old_to_new"] = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new, np.int64)
+    files["new_to_old"] = save_npy(data / PLACED_FILES["new_to_old"], r.new_to_old, np.int64)
+    for f in files.values():
+        f.close()
+    write_workload(data / PLACED_FILES["workload"], workload)
+    phases.written(list(files.values()), "relabel", time.perf_counter() - t0)
     faults.point("place:arrays-written")
+    return files
 
-    # 7. Stage the manifest (final bin names, checksums), then commit: rename bins, publish.
+
+def _manifest(
+    run: _Run,
+    stage: Staging,
+    hot: Hotness,
+    prediction: Prediction,
+    specs: list[BinSpec],
+    placed: Placement,
+    written: list[Written],
+    files: dict[str, NpyWriter],
+    phases: Phases,
+) -> PlacedManifest:
+    """placed.json: final bin names, sizes and checksums (taken while writing), the prediction."""
+    data, ds, opts = stage.data, run.ds, run.opts
+    r_order = rl.bin_order([s.tier for s in specs])
+    starts = np.concatenate(([0], np.cumsum([int(placed.used[b]) for b in r_order])))
     shares = placed.shares()
     bins_meta = []
-    for idx in r.order:
-        spec, w = specs[idx], written[idx]
-        final = bin_path(spec)
+    for i, idx in enumerate(r_order):
+        spec, w, final = specs[idx], written[idx], _bin_path(run, stage, specs[idx])
         bins_meta.append(
             {
                 "name": spec.name,
                 "tier": spec.tier,
-                "start": int(r.starts[r.order.index(idx)]),
+                "start": int(starts[i]),
                 "count": int(placed.used[idx]),
                 "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final),
                 "bytes": w.bytes,
@@ -456,15 +657,19 @@ def place(
                 "capacity": spec.capacity,
             }
         )
-    files_meta = {
-        k: {"path": name, "bytes": (data / name).stat().st_size, "digest": file_digest(data / name)}
-        for k, name in PLACED_FILES.items()
-    }
-    manifest = PlacedManifest(
+    entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
+    for k in ("hotness_counts", "hotness_meta", "workload"):  # written by their own modules
+        path = data / PLACED_FILES[k]
+        entries[k] = {"path": PLACED_FILES[k], "bytes": path.stat().st_size, "digest": file_digest(path)}
+    return PlacedManifest(
         run_id=stage.run_id,
-        key=key,
-        source={"path": str(Path(dataset_path).resolve()), "name": ds.meta.get("name")},
-        plan={"path": str(Path(plan_path).resolve()), "profile": plan.profile.model_dump(), "layout": plan.layout.name},
+        key=run.key,
+        source={"path": str(run.dataset_path.resolve()), "name": ds.meta.get("name")},
+        plan={
+            "path": str(run.plan_path.resolve()),
+            "profile": run.plan.profile.model_dump(),
+            "layout": run.plan.layout.name,
+        },
         policy=opts.policy,
         pool=opts.pool,
         priority=opts.priority if opts.policy == "ddak" else None,
@@ -480,16 +685,11 @@ def place(
             "batch_size": hot.batch_size,
             "mean_unique_per_batch": hot.mean_unique_per_batch,
             "curve": hot.curve(),
+            "bound": hot.bound,
+            "tolerance": hot.tolerance,
         },
         prediction=prediction,
         bins=bins_meta,
-        files=files_meta,
-        timings_s={
-            "placement": round(place_s, 3),
-            "write_bins": round(write_s, 3),
-            "total": round(time.perf_counter() - t_start, 3),
-        },
+        files=entries,
+        timings_s=phases.rounded(),
     )
-    manifest.write(data / MANIFEST)
-    faults.point("place:manifest-staged")
-    return _commit(stage, dirs, log).model_dump(mode="json")

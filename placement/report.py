@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from moment.contracts.placed import PHASES
+
 
 def print_placement(console: Console, manifest: dict[str, Any]) -> None:
     """Per bin: rows, fill, and access share against its target; per tier: predicted against
@@ -43,3 +45,22 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
         f"on {pred['profile']}, layout {pred['layout']}): "
         + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got)
     )
+
+
+def print_timings(console: Console, manifest: dict[str, Any]) -> None:
+    """Seconds per phase (placed.json ``timings_s``), with the hotness sample behind the placement."""
+    t = manifest.get("timings_s") or {}
+    if not t:
+        return
+    table = Table(title="where the time went (checksums and fsync partly overlap bin writing)")
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("of total", justify="right")
+    for key, what in PHASES.items():
+        if key in t:
+            table.add_row(what, f"{t[key]:.2f}", f"{t[key] / t['total']:.0%}" if t.get("total") else "-")
+    console.print(table)
+    hot = manifest["hotness"]
+    bound = "not measured" if hot.get("bound") is None else f"{hot['bound']:.4f}"
+    until = f"sampled until ≤ {hot['tolerance']}" if hot.get("tolerance") else f"{hot['epochs']} epoch(s) as asked"
+    console.print(f"hotness sample: {hot['batches']:,} batches ({until}); split-half gap at the caches {bound}")

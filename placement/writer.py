@@ -6,17 +6,22 @@ file. Every few hundred MB the bin files are fsync'ed and the progress recorded,
 run resumes from the last checkpoint instead of starting over. Checksums (SHA-256: hardware
 accelerated on current CPUs, ~1 GB/s) are computed on the way; on resume the already-written
 part is re-read to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run
-in threads beside the writes (numpy, hashlib and fsync release the GIL), which is what brings
-the pass to the speed of a plain copy of the same bytes (scripts/bench_place.py).
+in threads beside the writes (numpy, hashlib and fsync release the GIL), and rows are grouped by
+bin with one compiled pass (a counting sort of whole rows, no argsort or gather), which is what
+brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py).
+The seconds spent hashing and in fsync are measured in their threads and returned
+(:class:`WriteTimes`), so ``moment place`` can say where its time went.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,9 +30,14 @@ import numpy as np
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable sort is the fallback
+    numba = None
+
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
-CHUNK_BYTES = 64 << 20  # source rows read per step
+CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
 
 
 def new_hasher() -> hashlib._Hash:
@@ -58,6 +68,74 @@ class Written:
     digest: str
 
 
+@dataclass
+class WriteTimes:
+    """Seconds of the pass: ``hash`` and ``fsync`` are busy time in their threads (they overlap
+    the writes, and hashing runs one thread per bin: summed over threads; the part the writer
+    waited for is in ``wait``)."""
+
+    hash: float = 0.0
+    fsync: float = 0.0
+    wait: float = 0.0
+    files: list[Written] = field(default_factory=list)
+
+
+class NpyWriter:
+    """An .npy file written front to back (the header, then blocks as they come), checksummed on
+    the way: the manifest's SHA-256 without reading the file back, and resident memory of one
+    block however large the file. Seconds spent hashing and in the final fsync are kept."""
+
+    def __init__(self, path: Path, dtype: np.dtype | str, shape: tuple[int, ...]) -> None:
+        self.path, self.dtype, self.shape = path, np.dtype(dtype), shape
+        self.hasher = new_hasher()
+        self.hash_s = self.fsync_s = 0.0
+        self.bytes = 0
+        self.digest = ""
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        header = io.BytesIO()
+        descr = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(header, descr)
+        self._put(memoryview(header.getvalue()))
+        self.expected = self.bytes + int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def write(self, block: np.ndarray) -> None:
+        self._put(memoryview(np.ascontiguousarray(block, dtype=self.dtype)).cast("B"))
+
+    def _put(self, data: memoryview) -> None:
+        t0 = time.perf_counter()
+        self.hasher.update(data)
+        self.hash_s += time.perf_counter() - t0
+        self.fh.write(data)
+        self.bytes += len(data)
+
+    def close(self) -> str:
+        """fsync and close; the digest (also kept as ``digest``). A file shorter or longer than its
+        header says is a bug."""
+        if self.fh.closed:
+            return self.digest
+        try:
+            if self.bytes != self.expected:
+                raise RuntimeError(f"{self.path}: wrote {self.bytes} bytes, its header promises {self.expected}")
+            self.fh.flush()
+            t0 = time.perf_counter()
+            os.fsync(self.fh.fileno())
+            self.fsync_s = time.perf_counter() - t0
+        finally:
+            self.fh.close()
+        self.digest = self.hasher.hexdigest()
+        return self.digest
+
+
+def save_npy(path: Path, array: np.ndarray, dtype: np.dtype | type | None = None, chunk: int = 1 << 22) -> NpyWriter:
+    """``array`` as an .npy file of ``dtype`` (default its own) through :class:`NpyWriter`,
+    converted ``chunk`` entries at a time (no full-size copy), closed: digest and timings kept."""
+    out = NpyWriter(path, dtype or array.dtype, array.shape)
+    for lo in range(0, array.shape[0], chunk):
+        out.write(array[lo : lo + chunk])
+    out.close()
+    return out
+
+
 def _load_state(work: Path, key: str) -> dict | None:
     try:
         state = json.loads((work / STATE).read_text())
@@ -70,30 +148,107 @@ def _save_state(work: Path, key: str, next_row: int, sizes: dict[str, int]) -> N
     atomic_write_text(work / STATE, json.dumps({"key": key, "next_row": next_row, "bytes": sizes}))
 
 
-def _hash_parts(hashers: list, parts: list[tuple[int, memoryview]]) -> None:
-    for b, part in parts:
-        hashers[b].update(part)
+def _hash_part(hasher: hashlib._Hash, part: memoryview) -> float:
+    t0 = time.perf_counter()
+    hasher.update(part)
+    return time.perf_counter() - t0
 
 
-def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, int]) -> None:
+def hash_threads(nbins: int) -> int:
+    """Threads hashing a chunk's parts: one per bin up to the cores (SHA-256 runs at 1-2 GB/s a
+    core, so one thread would bound a server's array of SSDs; bins hash independently)."""
+    return max(1, min(nbins, os.cpu_count() or 1))
+
+
+def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
     """Make the bytes written so far durable, then record how far the run got. Runs beside the
     writes: fsync flushes at least ``sizes`` bytes of each file, which is all the state claims."""
+    t0 = time.perf_counter()
     for fh in handles:
         os.fsync(fh.fileno())
     _save_state(work, key, row, sizes)
+    return time.perf_counter() - t0
+
+
+def group_rows_py(rows: np.ndarray, bins: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
+    """Copy ``rows[i]`` to ``out`` so that bin b's rows fill ``out[starts[b]:...]`` in their
+    original order: a counting sort of whole rows, one pass, no index array. (Element by element:
+    numba turns the inner loop into a vectorised copy; a slice assignment is slower.)"""
+    pos = starts.copy()
+    width = rows.shape[1]
+    for i in range(rows.shape[0]):
+        b = bins[i]
+        p = pos[b]
+        for j in range(width):
+            out[p, j] = rows[i, j]
+        pos[b] = p + 1
+
+
+group_rows_fast = numba.njit(cache=True, nogil=True)(group_rows_py) if numba is not None else None
+
+
+def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` (n x row_bytes uint8) grouped by ``bins``, original order kept inside a bin (into
+    ``out``, of the same shape, where given)."""
+    if group_rows_fast is None:
+        grouped = np.take(rows, np.argsort(bins, kind="stable"), axis=0)
+        return grouped if out is None else np.copyto(out, grouped) or out
+    unit = next(u for u in (np.uint64, np.uint32, np.uint16, np.uint8) if rows.shape[1] % np.dtype(u).itemsize == 0)
+    words = rows.view(unit)  # copy whole words: 8 bytes at a time where the row size allows
+    dest = np.empty_like(words) if out is None else out.view(unit)
+    starts = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    group_rows_fast(words, bins, starts, dest)
+    return dest.view(np.uint8)
+
+
+class _Source:
+    """The source rows, chunk by chunk, into two reused buffers (one being read ahead while the
+    other is grouped). A memory-mapped .npy is read with ``preadv`` from its file: one system
+    call per chunk instead of a page fault per page, which matters most on a busy machine."""
+
+    def __init__(self, features: np.ndarray, chunk_rows: int) -> None:
+        self.features = features
+        self.row_bytes = features.shape[1] * features.dtype.itemsize if features.ndim == 2 else features.itemsize
+        self.buffers = [np.empty((chunk_rows, self.row_bytes), dtype=np.uint8) for _ in range(2)]
+        self.fd: int | None = None
+        name = getattr(features, "filename", None)
+        if isinstance(features, np.memmap) and name and features.flags.c_contiguous and features.shape[0]:
+            self.fd, self.offset = os.open(name, os.O_RDONLY), int(features.offset)
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            if not np.array_equal(self.read(0, 0, 1), self._copy(self.buffers[1][:1], 0, 1)):
+                self.close()  # not the layout it claims (a view of a larger map?): copy from the map
+
+    def _copy(self, buf: np.ndarray, row: int, end: int) -> np.ndarray:
+        buf[...] = np.ascontiguousarray(self.features[row:end]).reshape(end - row, -1).view(np.uint8)
+        return buf
+
+    def read(self, i: int, row: int, end: int) -> np.ndarray:
+        """Rows [row, end) as uint8 rows, in buffer ``i % 2``."""
+        buf = self.buffers[i % 2][: end - row]
+        if self.fd is None:
+            return self._copy(buf, row, end)
+        view, got = memoryview(buf.reshape(-1)), 0
+        while got < len(view):
+            k = os.preadv(self.fd, [view[got:]], self.offset + row * self.row_bytes + got)
+            if k == 0:
+                raise OSError(f"{self.features.filename}: ends before row {end} (truncated while placing?)")
+            got += k
+        return buf
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _read_chunk(
-    features: np.ndarray, bin_of: np.ndarray, row: int, end: int, nbins: int
+    source: _Source, i: int, bin_of: np.ndarray, row: int, end: int, nbins: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk of source rows (as whole-row records) and their bins. Runs ahead in a thread:
-    numpy copies with the GIL released, so the page faults of the next chunk's read overlap the
-    grouping and writing of this one."""
-    rows = np.ascontiguousarray(features[row:end])
-    records = rows.reshape(rows.shape[0], -1).view(np.uint8)
-    records = records.view(np.dtype((np.void, records.shape[1])))[:, 0]
+    """Chunk ``i``: its source rows (as uint8 rows) and their bins. Runs ahead in a thread (the
+    read releases the GIL), so reading the next chunk overlaps grouping and writing this one."""
     small = np.uint8 if nbins <= 1 << 8 else np.uint16 if nbins <= 1 << 16 else np.int64
-    return records, np.asarray(bin_of[row:end]).astype(small)  # small ints: numpy's stable sort is a radix sort
+    return source.read(i, row, end), np.asarray(bin_of[row:end]).astype(small)
 
 
 def write_bins(
@@ -104,13 +259,13 @@ def write_bins(
     key: str,
     chunk_rows: int | None = None,
     progress: Update | None = None,
-) -> list[Written]:
+) -> WriteTimes:
     """Append each vertex's feature row to its bin's file, in original id order.
 
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs
     (a resumed run must be writing the same placement, or it starts over). Four things overlap:
     reading the next source chunk, grouping and writing this one (the caller's thread), hashing
-    it, and the last checkpoint's fsync.
+    it (each bin's part in its own thread), and the last checkpoint's fsync. Returns the files written and where the time went.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
@@ -134,12 +289,25 @@ def write_bins(
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
     sizes = [fh.tell() for fh in handles]
-    threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="moment-write")
-    hashed = synced = None
+    source = _Source(features, min(chunk_rows, max(n, 1)))
+    grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
+    chunk = 0
+    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="moment-write")
+    hashing = ThreadPoolExecutor(max_workers=hash_threads(len(files)), thread_name_prefix="moment-hash")
+    hashed: list = []
+    synced = None
+    times = WriteTimes()
+
+    def wait(job):  # a thread's seconds, and how long this one waited for it
+        t0 = time.perf_counter()
+        busy = job.result()
+        times.wait += time.perf_counter() - t0
+        return busy
+
     try:
         since = 0
         ahead = (
-            threads.submit(_read_chunk, features, bin_of, start, min(n, start + chunk_rows), len(files))
+            threads.submit(_read_chunk, source, 0, bin_of, start, min(n, start + chunk_rows), len(files))
             if start < n
             else None
         )
@@ -148,18 +316,18 @@ def write_bins(
             records, bins = ahead.result()
             end = row + records.shape[0]
             ahead = (
-                threads.submit(_read_chunk, features, bin_of, end, min(n, end + chunk_rows), len(files))
+                threads.submit(_read_chunk, source, chunk + 1, bin_of, end, min(n, end + chunk_rows), len(files))
                 if end < n
                 else None
             )
-            grouped = np.take(records, np.argsort(bins, kind="stable"))
             counts = np.bincount(bins, minlength=len(files))
+            grouped = group_rows(records, bins, counts, grouped_bufs[chunk % 2][: records.shape[0]])
+            chunk += 1
             edges = np.concatenate(([0], np.cumsum(counts))) * row_bytes
-            raw = memoryview(grouped.view(np.uint8))
+            raw = memoryview(grouped.reshape(-1))
             parts = [(b, raw[edges[b] : edges[b + 1]]) for b in np.flatnonzero(counts)]
-            if hashed is not None:
-                hashed.result()  # one chunk hashed at a time, in order
-            hashed = threads.submit(_hash_parts, hashers, parts)
+            times.hash += sum(wait(job) for job in hashed)  # a bin's parts are hashed in order: chunk by chunk
+            hashed = [hashing.submit(_hash_part, hashers[b], part) for b, part in parts]
             for b, part in parts:
                 _write_full(handles[b], part)
                 sizes[b] += len(part)
@@ -167,27 +335,28 @@ def write_bins(
             row = end
             if since >= CHECKPOINT_BYTES or row == n:
                 if synced is not None:
-                    synced.result()  # one checkpoint in flight
+                    times.fsync += wait(synced)  # one checkpoint in flight
                 synced = threads.submit(
                     _checkpoint, handles, work, key, row, {f.name: size for f, size in zip(files, sizes)}
                 )
                 since = 0
             if progress:
                 progress(row, n)
-        for job in (hashed, synced):
-            if job is not None:
-                job.result()
+        times.hash += sum(wait(job) for job in hashed)
+        if synced is not None:
+            times.fsync += wait(synced)
     finally:
         threads.shutdown(wait=True, cancel_futures=True)
+        hashing.shutdown(wait=True, cancel_futures=True)
+        source.close()
         for fh in handles:
             fh.close()
-    out = []
     for f, h in zip(files, hashers):
         size = f.path.stat().st_size
         if size != f.rows * row_bytes:
             raise RuntimeError(f"{f.path}: wrote {size} bytes, expected {f.rows * row_bytes}")
-        out.append(Written(f.name, f.path, size, h.hexdigest()))
-    return out
+        times.files.append(Written(f.name, f.path, size, h.hexdigest()))
+    return times
 
 
 def _write_full(fh: BinaryIO, data: memoryview) -> None:

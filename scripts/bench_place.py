@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -27,18 +28,12 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.synth import synthesize
 
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pipeline import drop_cache  # noqa: E402 - one copy of it
 
 
 def plain_copy(src: Path, dst: Path) -> float:
-    drop_cache(src)
+    drop_cache([src])
     t0 = time.perf_counter()
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         shutil.copyfileobj(fi, fo, length=64 << 20)
@@ -85,34 +80,18 @@ def main() -> None:
     print(f"features: {size / 1e9:.2f} GB; plain sequential copy {copy_s:.2f} s = {size / copy_s / 1e9:.2f} GB/s")
     hotness = None
     for policy in ("ddak", "hash"):
-        drop_cache(feat)
+        drop_cache([feat])
         out = work / f"placed-{policy}"
         opts = PlaceOptions(policy=policy, gpu_cache="2%", cpu_cache="1%", epochs=args.epochs, hotness=hotness)
         m = place(plan_path, ds_dir, out, opts)
         t = m["timings_s"]
         print(
             f"{policy:5}: write bins {t['write_bins']:.2f} s = {size / t['write_bins'] / 1e9:.2f} GB/s "
-            f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); placement {t['placement']:.2f} s; "
+            f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); DDAK {t['ddak']:.2f} s, relabel {t['relabel']:.2f} s; "
             f"total {t['total']:.1f} s; SSD-tier L1 error vs targets {tier_error(m, 'ssd'):.4f}, "
             f"GPU-tier {tier_error(m, 'gpu'):.4f}"
         )
-        np.save(
-            work / "hotness.npy",
-            np.asarray(np.load(out / "hotness_new.npy"))[np.asarray(np.load(out / "old_to_new.npy"))],
-        )
-        if hotness is None:  # the same hotness for hash, so only the policy differs
-            from placement.hotness import Hotness
-
-            h = Hotness(
-                counts=np.load(work / "hotness.npy"),
-                batches=m["hotness"]["batches"],
-                mean_unique_per_batch=m["hotness"]["mean_unique_per_batch"],
-                epochs=m["hotness"]["epochs"],
-                fanouts=tuple(m["hotness"]["fanouts"]),
-                batch_size=m["hotness"]["batch_size"],
-            )
-            h.save(work / "hotness-saved.npy")
-            hotness = work / "hotness-saved.npy"
+        hotness = hotness or out / "hotness.npy"  # the same hotness for hash, so only the policy differs
 
 
 if __name__ == "__main__":

@@ -1,143 +1,131 @@
 #!/usr/bin/env bash
-# Validate moment's GPU path on a GPU server, in one command; writes OUT/report.md (default
-# ./gpu-check/report.md) and the logs beside it:
-#   1. the GPU tests (pytest -m gpu: CUDA feature store with posix and kvikio, a one-GPU run,
-#      two nccl ranks where there are two GPUs, UVA sampling from registered host memory against
-#      GPU-resident sampling: tests/test_uva.py);
-#   2. `moment demo` on demo-sized data, one epoch, one rank on every GPU of the machine;
-#   3. one epoch of the demo's data with the graph in registered host memory (--sampling uva),
-#      and one with CPU-cache rows staged on the host (--host-gather stage), one rank on every
-#      GPU, against the demo's own run (graph on the GPU, CPU-cache rows gathered by the GPU);
-#   4. scripts/bench_features.py --device cuda on the demo's placed data, with --io posix and
-#      --io kvikio (kvikio: pip install -e '.[gpu]');
-#   5. scripts/bench_readers.py --direct: the file reader's engines (io_uring, pread, python) and
-#      a C pthread loop, random 4 KiB O_DIRECT reads of a 4 GiB scratch file made in $BENCH_DIR
-#      (default OUT: point it at a folder on the NVMe SSDs to measure them).
-# Each step's exit status goes in the report; the script's exit status is the number of steps
-# that failed. Run from the repository root:  scripts/gpu_check.sh [OUT]
-# Python: $PYTHON, else the .venv that `make test` / `make demo` create, else python on PATH.
+# Validate moment's GPU path on a GPU server in one command, within about five minutes, and
+# write OUT/report.md, OUT/report.json and OUT/steps.log (default OUT: ./gpu-check):
+#   scripts/gpu_check.sh --offline DIR [OUT]              on the GPU server, no network
+#   scripts/gpu_check.sh --offline DIR --self-test [OUT]  on any machine, CPU only (CI runs it)
+#   scripts/gpu_check.sh [OUT]                            where $PYTHON already has moment's needs
+# DIR is the bundle scripts/wheelhouse.sh wrote (README: "On a GPU server without internet").
+# Python: $PYTHON, else python3, with its own torch (CUDA, at least moment's bound). Nothing is
+# installed into that environment: the bundle's wheels that it cannot already import at a
+# satisfying version go, with pip --no-index --no-deps --target, into a scratch folder put on
+# PYTHONPATH beside this checkout. The steps and their time limits: scripts/gpu_check.py. Each
+# step's exit status, time and figures go into the report as it ends; a killed check still
+# leaves the report of the steps before. --self-test: builds DIR for this Python when DIR is
+# missing or empty (from pip's cache or the index), makes a venv holding only torch (the CPU
+# build, constraints-cpu.txt), and runs every step with the CPU device. The exit status is the
+# number of steps that were not ok. Scratch data goes to $TMPDIR (the read-engine file to
+# $BENCH_DIR: point it at an NVMe mount to measure it). $GPU_CHECK_SECONDS: the whole check's
+# budget (default 300; 1800 for the self-test).
 set -uo pipefail
 
-OUT=${1:-gpu-check}
-if [ -n "${PYTHON:-}" ]; then
-    PY=$PYTHON
-elif [ -x .venv/bin/python ]; then
-    PY=.venv/bin/python
-else
-    PY=python
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+BUNDLE="" SELF_TEST=0 OUT=gpu-check
+while [ $# -gt 0 ]; do
+    case $1 in
+        --offline) BUNDLE=${2:?--offline needs the bundle folder}; shift 2 ;;
+        --self-test) SELF_TEST=1; shift ;;
+        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) OUT=$1; shift ;;
+    esac
+done
+if [ "$SELF_TEST" = 1 ] && [ -z "$BUNDLE" ]; then
+    echo "gpu_check: --self-test needs --offline DIR (the bundle it builds and installs)" >&2
+    exit 2
 fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-REPORT=$OUT/report.md
-failed=0
-
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! "$PY" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
-    echo "gpu_check: no CUDA GPU visible to $PY (nvidia-smi and torch.cuda.is_available()): nothing to check" >&2
+PY=${PYTHON:-python3}
+if ! PY=$(command -v "$PY"); then
+    echo "gpu_check: no Python interpreter ${PYTHON:-python3}: set PYTHON to the one with the site's PyTorch" >&2
     exit 1
 fi
-NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-
-step() {  # step NAME LOG COMMAND...: run, record the exit status
-    local name=$1 log=$2
-    shift 2
-    local start=$SECONDS
-    "$@" >"$log" 2>&1
-    local rc=$?
-    [ "$rc" -ne 0 ] && failed=$((failed + 1))
-    echo "| $name | $rc | $((SECONDS - start)) s | $(basename "$log") |" >>"$OUT/steps.md"
-    return 0
+if ! mkdir -p "$OUT" || ! OUT=$(cd "$OUT" && pwd) || ! [ -w "$OUT" ]; then
+    echo "gpu_check: cannot write the report folder $OUT (give a writable OUT outside a read-only checkout)" >&2
+    exit 1
+fi
+BUDGET=${GPU_CHECK_SECONDS:-$([ "$SELF_TEST" = 1 ] && echo 1800 || echo 300)}
+DEADLINE=$(($(date +%s) + BUDGET))
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/moment-gpu-check.XXXXXX") || exit 1
+HELPER=$REPO/scripts/gpu_check.py
+finish() {  # the report is always finished, and the scratch data (ours: WORK) removed
+    trap - EXIT TERM INT HUP
+    "$PY" "$HELPER" finish "$OUT" --seconds "$SECONDS" >/dev/null 2>&1 || {
+        echo "# moment GPU check: the report could not be finished with $PY; see $OUT/steps.log" >>"$OUT/report.md"
+    }
+    cat "$OUT/report.md" 2>/dev/null
+    local failed
+    failed=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["failed"])' "$OUT/report.json" 2>/dev/null || echo 1)
+    rm -rf "$WORK"
+    exit "$failed"
 }
+trap finish EXIT
+trap 'exit 1' TERM INT HUP
 
-{
-    echo "# moment GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo
-    echo "## Machine"
-    echo
-    echo '```'
-    nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id,driver_version --format=csv
-    "$PY" - <<'EOF'
-import importlib.util, platform
-import torch
-print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA (torch) {torch.version.cuda}, "
-      f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
-if importlib.util.find_spec("kvikio"):
-    import kvikio, kvikio.defaults as d
-    print(f"kvikio {kvikio.__version__}: compat mode preferred {d.is_compat_mode_preferred()}, "
-          f"gds_threshold {d.get('gds_threshold')}, num_threads {d.get('num_threads')}")
-else:
-    print("kvikio: not installed (pip install -e '.[gpu]')")
-EOF
-    echo '```'
-} >"$REPORT"
-echo "| step | exit | time | log |" >"$OUT/steps.md"
-echo "|---|---|---|---|" >>"$OUT/steps.md"
+if [ "$SELF_TEST" = 1 ]; then
+    if [ ! -d "$BUNDLE" ] || [ -z "$(ls -A "$BUNDLE" 2>/dev/null)" ]; then
+        TARGET=$("$PY" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')
+        echo "gpu_check: building the bundle for Python $TARGET into $BUNDLE" >&2
+        PYTHON= "$REPO/scripts/wheelhouse.sh" "$BUNDLE" --python "$TARGET" --cuda 13 >"$WORK/wheelhouse.log" 2>&1 || {
+            tail -5 "$WORK/wheelhouse.log" >&2
+            echo "gpu_check: the bundle could not be built (log above)" >&2
+            exit 1
+        }
+    fi
+    # A fresh venv with torch alone, as a site's PyTorch environment: the bundle must bring the rest.
+    "$PY" -m venv "$WORK/venv" && "$WORK/venv/bin/python" -m pip install -q -c "$REPO/constraints-cpu.txt" torch \
+        >"$WORK/venv.log" 2>&1 || {
+        tail -5 "$WORK/venv.log" >&2
+        echo "gpu_check: the self-test's venv with torch could not be made (log above)" >&2
+        exit 1
+    }
+    PY=$WORK/venv/bin/python
+fi
+BUNDLE=${BUNDLE:+$(cd "$BUNDLE" && pwd)}
+"$PY" "$HELPER" start "$OUT" $([ "$SELF_TEST" = 1 ] && echo --self-test) || exit 1
+# torch: importable, not older than moment's bound, with CUDA (the self-test takes a CPU build).
+if ! TORCH=$("$PY" "$REPO/scripts/wheelhouse.py" torch ${BUNDLE:+--dir "$BUNDLE"} \
+    --bound "$(grep -oE '"torch[<>=~!][^"]*"' "$REPO/pyproject.toml" | head -1 | tr -d '"')" \
+    $([ "$SELF_TEST" = 1 ] && echo --cpu) 2>"$WORK/torch.log"); then
+    grep '^gpu_check' "$WORK/torch.log" >&2 || tail -3 "$WORK/torch.log" >&2
+    "$PY" "$HELPER" record "$OUT" --name torch --exit 1 --seconds 0 --command "$PY: import torch" --log "$WORK/torch.log"
+    exit 1
+fi
 
-# -m gpu replaces pyproject's "-m 'not slow'": every gpu test runs, slow or not; -rs lists the skipped ones and why
-step "pytest -m gpu" "$OUT/pytest-gpu.log" "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu tests
-step "moment demo, 1 epoch on $NGPU GPU(s)" "$OUT/demo.log" \
-    "$PY" -m moment demo --workdir "$OUT/demo" --epochs 1 --nproc "$NGPU"
-step "moment train --sampling uva, 1 epoch on $NGPU GPU(s)" "$OUT/train-uva.log" \
-    "$PY" -m moment train --plan "$OUT/demo/plan.json" --data "$OUT/demo/placed" --epochs 1 --nproc "$NGPU" \
-    --metrics-json "$OUT/train-uva.json" -- --hidden 128 --sampling uva
-step "moment train --host-gather stage, 1 epoch on $NGPU GPU(s)" "$OUT/train-stage.log" \
-    "$PY" -m moment train --plan "$OUT/demo/plan.json" --data "$OUT/demo/placed" --epochs 1 --nproc "$NGPU" \
-    --metrics-json "$OUT/train-stage.json" -- --hidden 128 --host-gather stage
-for io in posix kvikio; do
-    step "bench_features --device cuda --io $io" "$OUT/bench-$io.log" \
-        "$PY" scripts/bench_features.py "$OUT/demo/placed" --device cuda --io "$io" --rounds 3 \
-        --json "$OUT/bench-$io.json"
+SCRATCH=$WORK/site
+mkdir -p "$SCRATCH"
+if [ -n "$BUNDLE" ]; then
+    start=$SECONDS
+    {
+        FILES=$("$PY" "$REPO/scripts/wheelhouse.py" select "$BUNDLE") && if [ -z "$FILES" ]; then
+            echo "nothing to install: $PY has every package at a satisfying version"
+        elif "$PY" -m pip --version >/dev/null 2>&1; then
+            # shellcheck disable=SC2086 # one wheel path a line, none with spaces (wheel names)
+            timeout -k 5 120 "$PY" -m pip --isolated --disable-pip-version-check install --quiet --no-index \
+                --no-deps --no-compile --target "$SCRATCH" $FILES
+        else  # no pip: a wheel is a zip of what goes into site-packages
+            "$PY" -c 'import sys, zipfile
+for w in sys.argv[2:]:
+    zipfile.ZipFile(w).extractall(sys.argv[1])' "$SCRATCH" $FILES
+        fi
+    } >"$WORK/install.log" 2>&1
+    rc=$?
+    "$PY" "$HELPER" record "$OUT" --name install --exit "$rc" --seconds $((SECONDS - start)) \
+        --command "pip install --no-index --no-deps --target SCRATCH (the wheels of $BUNDLE that $PY lacks)" \
+        --log "$WORK/install.log"
+fi
+export PYTHONPATH=$SCRATCH:$REPO${PYTHONPATH:+:$PYTHONPATH}
+# cuda.pathfinder (libkvikio's loader) looks for NVIDIA's wheel libraries (libcufile) in
+# site-packages only, never in PYTHONPATH folders: the scratch folder's go on the loader's path.
+for lib in "$SCRATCH"/nvidia/*/lib "$SCRATCH"/nvidia/*/lib64; do
+    [ -d "$lib" ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
-
-step "bench_readers --direct in ${BENCH_DIR:-$OUT}" "$OUT/bench-readers.log" \
-    "$PY" scripts/bench_readers.py --dir "${BENCH_DIR:-$OUT}" --direct --size-mb 4096 --reads 200000 \
-    --threads 1,16,64 --rounds 2
-
-{
-    echo
-    echo "## Steps ($failed failed)"
-    echo
-    cat "$OUT/steps.md"
-    echo
-    echo "## Figures"
-    echo
-    "$PY" - "$OUT" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-m = out / "demo" / "metrics.json"
-if m.exists():
-    doc = json.loads(m.read_text())
-    e = doc["epochs"][-1] if doc["epochs"] else {}
-    print(f"- training: {doc['world_size']} rank(s) ({'; '.join(doc['ranks'])}): {e.get('seeds_per_s', 0):,.0f} seeds/s, "
-          f"{e.get('epoch_s', 0):.2f} s/epoch, measured {doc['measured_iteration_s']} s/iteration vs predicted "
-          f"{doc['predicted_iteration_s']} s, test accuracy {doc['test_acc']}")
-    print(f"  prediction note: {doc['prediction'].get('note')}")
-else:
-    print("- training: no metrics.json (see demo.log)")
-runs = (("demo", out / "demo" / "metrics.json"), ("--sampling uva", out / "train-uva.json"),
-        ("--host-gather stage", out / "train-stage.json"))
-for name, f in runs:
-    if f.exists():
-        doc = json.loads(f.read_text())
-        e = doc["epochs"][-1] if doc["epochs"] else {}
-        print(f"- {name}: sampling {doc.get('sampling')}, {e.get('seeds_per_s', 0):,.0f} seeds/s, "
-              f"data wait {e.get('data_wait_s')} s; {'; '.join(doc['ranks'])}")
-for io in ("posix", "kvikio"):
-    f = out / f"bench-{io}.json"
-    if f.exists():
-        b = json.loads(f.read_text())
-        print(f"- bench_features --io {io}: store {b['store_gbps']:.3f} GB/s vs raw {b['raw_gbps']:.3f} GB/s "
-              f"(ratio {b['ratio']:.2f}), {b['reader']} (engine {b.get('engine')}), modes {b['modes']}, "
-              f"config {b['config']}, routes {b['routes']}")
-    else:
-        print(f"- bench_features --io {io}: no figures (see bench-{io}.log)")
-log = out / "bench-readers.log"
-lines = log.read_text().splitlines() if log.exists() else []
-head = next((i for i, line in enumerate(lines) if line.startswith("threads")), None)
-table = [] if head is None else lines[max(head - 1, 0) : head + 4]  # what was read, the header, 3 rows
-print("- bench_readers (M reads/s):" + "".join(f"\n      {line}" for line in table) if table else "- bench_readers: no figures")
-EOF
-} >>"$REPORT"
-rm -f "$OUT/steps.md"
-cat "$REPORT"
-exit "$failed"
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+cd "$REPO" || exit 1
+NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+"$PY" "$HELPER" machine "$OUT" --torch "$TORCH"
+# In the background: a TERM to this script reaches the step runner at once (bash runs a trap
+# only after its foreground child ends), which records the step it kills.
+"$PY" "$HELPER" run "$OUT" --work "$WORK" --ngpu "$NGPU" --deadline "$DEADLINE" ${BENCH_DIR:+--bench-dir "$BENCH_DIR"} \
+    $([ "$SELF_TEST" = 1 ] && echo "--self-test --scale 4") &
+RUNNER=$!
+trap 'kill -TERM "$RUNNER" 2>/dev/null; wait "$RUNNER"; exit 1' TERM INT HUP
+wait "$RUNNER"

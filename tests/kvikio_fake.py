@@ -37,6 +37,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
+from trainer import readers
+
 EOF_MESSAGE = "POSIX error on pread: EOF"
 
 
@@ -201,3 +205,12 @@ class FakeKvikio:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
+
+
+def real_kvikio_or_skip() -> Any:
+    """The installed kvikio, or a skip saying why it cannot be used (an incomplete wheel set
+    fails inside libkvikio's loader with a RuntimeError, which pytest.importorskip lets through)."""
+    try:
+        return readers.import_kvikio()
+    except ImportError as exc:
+        pytest.skip(str(exc))

@@ -18,9 +18,16 @@ from trainer.loop import main as train_main
 from trainer.metrics import read_share_rows
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(
+    scope="module",
+    params=[("cpu", 2), ("cpu", None), pytest.param(("cuda", 2), marks=pytest.mark.gpu)],
+    ids=["cpu", "cpu-adaptive", "cuda"],
+)
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two epochs on the CPU, and on a GPU where there is one (``gpu``): the same shares either way."""
+    """Two epochs on the CPU, and on a GPU where there is one (``gpu``): the same shares either way;
+    on the CPU also with pre-sampling's default (until the estimate converges, at most an epoch),
+    which the training epochs then do not simply replay."""
+    device, presample_epochs = request.param
     affinity = os.sched_getaffinity(0)
     request.addfinalizer(lambda: os.sched_setaffinity(0, affinity))  # a CUDA rank pins this process to its socket
     root = tmp_path_factory.mktemp("loop")
@@ -28,7 +35,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     workload = load_workload(machine.workload, fanouts=[10, 5], batch_size=256)
     save_plan(machine, workload, plan(machine, workload, 4, 8, top=1), root / "plan.json")
     synthesize(root / "ds", nodes=20_000, avg_degree=8, dim=16, dtype="float32", seed=3, train_fraction=0.2)
-    place(root / "plan.json", root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="5%", epochs=2))
+    place(
+        root / "plan.json",
+        root / "ds",
+        root / "placed",
+        PlaceOptions(gpu_cache="3%", cpu_cache="5%", epochs=presample_epochs),
+    )
     metrics = root / "metrics.json"
     # No --fanouts/--batch-size: the trainer takes the placement's (its pre-sampling's) settings.
     assert (
@@ -39,7 +51,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 "--plan",
                 str(root / "plan.json"),
                 "--device",
-                request.param,
+                device,
                 "--epochs",
                 "2",
                 "--hidden",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvikio_fake import FakeKvikio
+from kvikio_fake import FakeKvikio, real_kvikio_or_skip
 from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
@@ -206,7 +206,7 @@ def test_pyg_feature_store(store: TieredFeatureStore, truth: np.ndarray) -> None
 @pytest.mark.parametrize("io", ["posix", "kvikio"])
 def test_cuda_store_equals_the_source(placed_dir: Path, truth: np.ndarray, tmp_path: Path, io: str) -> None:
     if io == "kvikio":
-        pytest.importorskip("kvikio")
+        real_kvikio_or_skip()
     ids = np.random.default_rng(5).integers(0, len(truth), 20_000)
     for shm in (None, tmp_path / "moment-host"):  # host tiers private, then node-shared
         with TieredFeatureStore(open_placed(placed_dir), device="cuda", host_shm=shm, io=io) as s:

@@ -10,7 +10,7 @@ import pytest
 
 from moment.errors import MomentError
 from placement.dataset import open_dataset, write_manifest
-from placement.hotness import Hotness, access_curve, hottest_first, presample, sidecar
+from placement.hotness import Hotness, access_curve, hottest_first, presample, sidecar, split_half_gap
 from placement.sampler import NeighborSampler
 
 FANOUTS = (5, 4)
@@ -65,12 +65,49 @@ def test_counts_equal_a_brute_force_recount(dataset_dir: Path, hot: Hotness) -> 
             for v in nodes:
                 counts[v] += 1
     assert np.array_equal(hot.counts, counts)
-    assert hot.counts.dtype == np.int64
+    assert hot.counts.dtype == np.int32  # in memory; int64 on disk (test_save_load_round_trip)
     assert hot.batches == len(sizes) == 2 * 15  # ceil(900 / 64) per epoch
     assert hot.mean_unique_per_batch == pytest.approx(np.mean(sizes))
     assert (hot.epochs, hot.fanouts, hot.batch_size) == (2, FANOUTS, BATCH)
     train = np.array(ds.split("train"))
     assert (hot.counts[train] >= 2).all(), "every seed is read at least once per epoch"
+
+
+def test_adaptive_sampling_stops_once_the_gap_is_within_tolerance(dataset_dir: Path, hot: Hotness) -> None:
+    """By default pre-sampling checks the split-half gap at 10, 20, ... batches and stops at the
+    first check within the tolerance; the counts are those of the batches it ran (the replay of
+    the same sampler), and what it stopped at is recorded."""
+    ds = open_dataset(dataset_dir)
+    loose = presample(ds, FANOUTS, BATCH, seed=9, boundaries=(30,), tolerance=0.5)
+    assert loose.batches == 10 and loose.tolerance == 0.5 and loose.bound is not None and loose.bound <= 0.5
+    sampler = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), FANOUTS, seed=9)
+    counts = np.zeros(ds.num_nodes, dtype=np.int64)
+    for seeds in list(sampler.batches(np.array(ds.split("train")), BATCH, epoch=0))[:10]:
+        counts[sampler.sample(seeds).nodes.numpy()] += 1
+    assert np.array_equal(loose.counts, counts)
+    # A tolerance never met: the whole budget (one epoch, 15 batches), and the gap it got to.
+    strict = presample(ds, FANOUTS, BATCH, seed=9, boundaries=(30,), tolerance=1e-9)
+    assert strict.batches == 15 and strict.epochs == 1 and strict.bound is not None and strict.bound > 1e-9
+    # --epochs: exactly those, no tolerance; the gap between its halves still measured.
+    assert (hot.batches, hot.tolerance) == (30, None) and hot.bound is not None
+
+
+def test_split_half_gap_is_the_top_k_optimism_of_each_half() -> None:
+    """Against a brute force: rank by one half (ties by id), share of that half minus share of
+    the other, averaged over both directions, the largest over the boundaries (never below 0)."""
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        p = rng.pareto(1.5, 1000)
+        first = rng.poisson(p / p.sum() * 500).astype(np.int32)
+        total = first + rng.poisson(p / p.sum() * 500).astype(np.int32)
+        second = total - first
+        for k in (1, 10, 100, 500):
+            brute = 0.0
+            for a, b in ((first, second), (second, first)):
+                top = np.argsort(-a, kind="stable")[:k]
+                brute += a[top].sum() / a.sum() - b[top].sum() / b.sum()
+            assert split_half_gap(first, total, [k]) == pytest.approx(max(0.0, brute / 2), abs=1e-12)
+    assert split_half_gap(np.zeros(5, np.int32), np.ones(5, np.int32), [2]) == 1.0  # a half with no reads
 
 
 def test_progress_reports_every_batch(dataset_dir: Path) -> None:
@@ -119,13 +156,14 @@ def test_save_load_round_trip(hot: Hotness, tmp_path: Path) -> None:
     hot.save(path)
     assert sidecar(path) == tmp_path / "hotness.json"
     back = Hotness.load(path, num_nodes=hot.counts.size)
-    assert np.array_equal(back.counts, hot.counts)
-    assert (back.batches, back.mean_unique_per_batch, back.epochs, back.fanouts, back.batch_size) == (
+    assert np.array_equal(back.counts, hot.counts) and np.load(path).dtype == np.int64
+    assert (back.batches, back.mean_unique_per_batch, back.epochs, back.fanouts, back.batch_size, back.bound) == (
         hot.batches,
         hot.mean_unique_per_batch,
         hot.epochs,
         hot.fanouts,
         hot.batch_size,
+        hot.bound,
     )
     assert not list(tmp_path.glob(".*.tmp")), "temporary files are cleaned up"
 

@@ -3,6 +3,7 @@ configuration, end of file, kvikio's pool, the Python cost per run, and how ``io
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvikio_fake import FakeKvikio
+from kvikio_fake import FakeKvikio, real_kvikio_or_skip
 from moment.errors import MomentError
 from trainer import readers
 from trainer.readers import GDS_THRESHOLD, FileReader, KvikioReader, ReadRequest, choose_reader, make_reader
@@ -162,7 +163,7 @@ def test_choose_reader_takes_the_faster(tmp_path: Path) -> None:
 def test_real_kvikio_reads_rows_at_and_above_the_gds_threshold(tmp_path: Path) -> None:
     """The real library, with 16 KiB rows (4096-dim float32): runs of one row and of several go
     to kvikio's pool / GDS path, which the 512-byte rows of the store test never reach."""
-    pytest.importorskip("kvikio")
+    real_kvikio_or_skip()
     path, data = _file(tmp_path, 256, GDS_THRESHOLD)
     rows = np.unique(np.concatenate([np.arange(10, 20), np.random.default_rng(5).integers(0, 256, 60)]))
     out = torch.empty((rows.size, GDS_THRESHOLD), dtype=torch.uint8, device="cuda")
@@ -269,3 +270,19 @@ def test_auto_keeps_posix_when_the_kvikio_reader_cannot_be_made(
     with make_reader("cuda", io="auto", threads=2, probe=[(path, 4096)]) as reader:
         assert isinstance(reader, FileReader)
     assert "kvikio reader cannot be made (libcufile.so.0" in capsys.readouterr().err
+
+
+def test_a_kvikio_that_fails_to_load_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incomplete kvikio wheel set fails inside libkvikio's loader with a RuntimeError (no
+    libcufile): the reader's import turns any failure into an ImportError, so tests skip and
+    ``--io kvikio`` is one line instead of a traceback."""
+    pkg = tmp_path / "kvikio"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('Unable to load cufile')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kvikio", raising=False)
+    with pytest.raises(ImportError, match="^kvikio cannot be loaded: RuntimeError: Unable to load cufile$"):
+        readers.import_kvikio()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="^kvikio cannot be imported: kvikio cannot be loaded: RuntimeError"):
+        make_reader("cuda", io="kvikio")

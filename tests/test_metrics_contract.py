@@ -46,6 +46,7 @@ KEYS = [
     "prediction",
     "test_acc",
     "rank_param_digests",
+    "memory",
 ]
 
 

@@ -16,6 +16,7 @@ import pytest
 from moment import faults, outputs
 from moment.cli import main
 from moment.errors import MomentError
+from placement import place as place_module
 from placement.dataset import DATASET, open_dataset
 from placement.place import PLACED, PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
@@ -243,6 +244,7 @@ def test_a_preflight_refusal_leaves_nothing(
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(outputs.shutil, "disk_usage", lambda p: usage(10, 10, 1000))
+    monkeypatch.setattr(place_module, "presample", lambda *a, **k: pytest.fail("pre-sampled before refusing"))
     with pytest.raises(MomentError, match=r"GB short"):
         place(plan_file, dataset, tmp_path / "small" / "p", PlaceOptions(**OPTS))
     assert list(tmp_path.iterdir()) == []
@@ -348,3 +350,24 @@ def test_demo_refuses_a_workdir_of_user_files(tmp_path: Path, capsys) -> None:
     code, err = _cli(capsys, "demo", "--workdir", str(work), "--nodes", "2000", "--epochs", "1")
     assert code == 1 and "not a moment demo directory" in _one_line(err)
     assert _tree(work) == {"dataset/mydata.csv": 1}
+
+
+def test_demo_goes_on_without_a_live_profile(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A sandbox with no sysfs, lspci or nvidia-smi: the live profile (only informative) is a
+    note and the demo goes on to plan the bundled profile (stopped there by a stand-in)."""
+    from moment.planner import workload
+    from moment.topology import profiler
+
+    def no_sources(*args, **kwargs):
+        raise MomentError("no PCI devices found in any capture")
+
+    def stop(*args, **kwargs):
+        raise MomentError("stopped after the live profile")
+
+    monkeypatch.setattr(profiler, "build_profile", no_sources)
+    monkeypatch.setattr(workload, "load_workload", stop)
+    code = main(["demo", "--workdir", str(tmp_path / "work"), "--nodes", "2000", "--epochs", "1"])
+    said = capsys.readouterr()
+    assert code == 1 and "stopped after the live profile" in said.err
+    assert "no live profile of this machine (no PCI devices found in any capture)" in " ".join(said.out.split())
+    assert not (tmp_path / "work" / "this-machine.yaml").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moment.contracts.placed import PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
@@ -60,6 +61,19 @@ def test_every_feature_reads_back(plan_file: Path, dataset: Path, tmp_path: Path
     ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
     assert hot[:gpu_end].min() >= hot[ssd_start:].max()
     assert verify(out)["rows"] == n
+
+
+def test_timings_name_every_phase(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """placed.json says where the time went, phase by phase, and what the hotness sample was."""
+    m = place(plan_file, dataset, tmp_path / "p", PlaceOptions(**OPTS))
+    t = m["timings_s"]
+    assert list(t) == [k for k in PHASES if k in t] and set(PHASES) - set(t) == set()
+    assert all(v >= 0 for v in t.values())
+    parts = sum(v for k, v in t.items() if k not in ("total", "checksums", "fsync"))
+    assert parts <= t["total"] + 0.05  # the phases of the main thread fit inside the run
+    hot = m["hotness"]
+    # 6,000 training vertices in batches of 8,000: one batch, the whole (default) budget, too few to split
+    assert (hot["tolerance"], hot["batches"], hot["bound"]) == (0.005, 1, None)
 
 
 def test_ddak_matches_ssd_targets_better_than_hash(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
@@ -149,6 +163,10 @@ def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
         place(bad_plan, dataset, tmp_path / "x", PlaceOptions(**OPTS))
     with pytest.raises(UsageError, match="nvme9"):
         place(plan_file, dataset, tmp_path / "x", PlaceOptions(ssd_dirs={"nvme9": tmp_path}, **OPTS))
+    for tolerance in (0.0, 1.5):
+        with pytest.raises(UsageError, match="--tolerance .*between 0 and 1"):
+            place(plan_file, dataset, tmp_path / "x", PlaceOptions(tolerance=tolerance, **OPTS))
+    assert not (tmp_path / "x").exists()
 
 
 def test_parse_rows() -> None:
@@ -178,6 +196,12 @@ def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert "achieved" in done.stdout
+    # Before writing: what goes where and how long it should take; after: where the time went.
+    said = " ".join(done.stderr.split())
+    assert f"to {tmp_path / 'ssd0'} (bins nvme0)" in said and f"to {out} (topology, labels, id maps" in said
+    assert "expected: about" in said and "GB/s this run read the topology at" in said
+    assert "where the time went" in done.stdout and "pre-sampling hotness" in done.stdout
+    assert "split-half gap at the caches" in done.stdout
     assert any((tmp_path / "ssd0").glob("nvme0-*.bin"))  # the SSD bin went to its directory
     assert run("verify", str(out)).returncode == 0
     bad = run("verify", str(tmp_path / "nowhere"))

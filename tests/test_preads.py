@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,3 +133,46 @@ def test_auto_falls_back_when_io_uring_is_blocked(monkeypatch: pytest.MonkeyPatc
         FileReader(engine="io_uring")
     with pytest.raises(ValueError, match="engine must be auto or one of io_uring, pread, python"):
         FileReader(engine="aio")
+
+
+def test_a_probe_read_that_never_completes_is_a_refusal_not_a_hang() -> None:
+    """A runtime that takes io_uring submissions and never completes them must not hang every
+    reader: the probe gives up after its timeout and says so."""
+    from moment import uring
+
+    release = threading.Event()
+    closed: list[bool] = []
+
+    class StuckRing:
+        args = ()
+
+        def close(self) -> None:
+            closed.append(True)
+
+    start = time.perf_counter()
+    why = uring.read_back(lambda *a: release.wait(), StuckRing(), timeout=0.2)
+    assert why == "io_uring probe read did not complete in 0.2 s: not used"
+    assert time.perf_counter() - start < 2 and not closed  # the thread may still use the ring
+    release.set()
+
+    def short_read(*args: Any) -> int:
+        args[-1][0] = 3  # got: 3 bytes
+        return 0
+
+    assert uring.read_back(short_read, StuckRing(), timeout=2) == "io_uring read back 3 of 21 bytes (rc 0): not used"
+    assert closed == [True]
+
+
+def test_moment_read_engine_replaces_auto_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOMENT_READ_ENGINE forces the engine "auto" picks (no io_uring probe); a name that is not
+    an engine is one line naming the variable; an engine asked for by name is kept."""
+    from trainer import readers
+
+    monkeypatch.setattr(readers, "uring_reads", lambda: pytest.fail("auto must not probe io_uring"))
+    monkeypatch.setenv("MOMENT_READ_ENGINE", "python")
+    with FileReader(engine="auto") as reader:
+        assert reader.engine == "python"
+    monkeypatch.setenv("MOMENT_READ_ENGINE", "aio")
+    with pytest.raises(ValueError, match="^MOMENT_READ_ENGINE=aio: must be one of io_uring, pread, python$"):
+        readers.pick_engine("auto")
+    assert readers.pick_engine("python") == "python"

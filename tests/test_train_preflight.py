@@ -380,6 +380,14 @@ def test_fewer_training_ids_than_ranks_is_refused(
     assert code == 0
 
 
+def test_nccl_ranks_on_the_cpu_are_one_line(placed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch's init_process_group raises in every rank (device_id must be an accelerator)."""
+    code, _, err = train(
+        capsys, "--data", str(placed), "--nproc", "2", "--dry-run", "--", "--device", "cpu", "--backend", "nccl"
+    )
+    assert code == 1 and "--backend nccl needs CUDA ranks, not --device cpu" in one_line(err)
+
+
 def test_an_empty_share_is_no_batch_and_ranks_run_equal_steps(placed: Path) -> None:
     p = open_placed(placed)
     sampler = NeighborSampler(p.array("indptr"), p.array("indices"), (5, 5))

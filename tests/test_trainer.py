@@ -297,6 +297,8 @@ def test_metrics_without_plan_carry_the_placements_prediction(placed: Path, tmp_
     ]
     assert run_main(args) == 0
     doc = read_json(metrics)
+    # Measured peaks, for the memory budget: an in-process run's RSS holds at least torch itself.
+    assert doc["memory"]["gpu_peak_allocated_bytes"] is None and doc["memory"]["host_peak_rss_bytes"] > 100 << 20
     pred = doc["prediction"]
     assert doc["predicted_iteration_s"] == pred["iteration_s"] == open_placed(placed).manifest.prediction.iteration_s
     assert "fanouts [25, 10] (this run [10, 5])" in pred["note"] and "read shares will differ" in pred["note"]
@@ -568,6 +570,8 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_
     assert doc["ranks"][0].startswith("cuda:")
     assert doc["sampling"]["where"] == "gpu"  # this graph's CSR fits the GPU many times over
     assert doc["test_acc"] > 4 * CHANCE
+    mem = doc["memory"]  # the CSR alone is on the GPU: the peak holds at least it
+    assert mem["gpu_peak_reserved_bytes"] >= mem["gpu_peak_allocated_bytes"] > 0
 
 
 @pytest.mark.slow

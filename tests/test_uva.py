@@ -58,6 +58,17 @@ def test_a_mapping_is_registered_once_viewed_in_place_and_unregistered_once(monk
     assert threading.current_thread().name not in fake.threads
 
 
+def test_a_sandbox_refusal_names_the_os_error_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gVisor-like runtimes answer cudaHostRegister with cudaErrorOperatingSystem (304)."""
+    fake = uva_fake.install(monkeypatch)
+    monkeypatch.setattr(fake, "cudaHostRegister", lambda ptr, size, flags: uva_fake.CudaError(304))
+    m = uva.HostMapping(4096, CPU)
+    with pytest.raises(uva.UvaError) as err:
+        m.register()
+    assert "cudaErrorOperatingSystem (304): an OS call failed" in str(err.value)
+    m.close()
+
+
 def test_the_fake_refuses_what_cuda_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = uva_fake.install(monkeypatch)
     m = uva.HostMapping(8192, CPU)

@@ -381,6 +381,7 @@ class Run:
                 data_wait_s=wait / self.world,
                 stats=stats,
             )
+            self.metrics.memory = memory.measured(self.device)
             together(functools.partial(self.metrics.add_epoch, record), f"epoch {epoch + 1}'s metrics not written")
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())

@@ -35,6 +35,7 @@ mean unique rows per batch, scaled when the trainer's fan-outs or batch size dif
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 from dataclasses import dataclass, replace
 from typing import Any
@@ -391,3 +392,15 @@ def largest_batch(shape: RunShape, capacity: int) -> int | None:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
+
+
+def measured(device: torch.device) -> dict[str, int | None]:
+    """This process's peaks so far (:class:`moment.contracts.metrics.MeasuredMemory`): what the
+    budget of :func:`budget` predicts, measured — GPU bytes torch allocated and reserved on
+    ``device`` (None on a CPU one) and the peak resident set (Linux reports ``ru_maxrss`` in KiB)."""
+    cuda = device.type == "cuda"
+    return {
+        "gpu_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None,
+        "gpu_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if cuda else None,
+        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }

@@ -240,6 +240,7 @@ class Metrics:
         self.ranks: list[str] = []
         self.on_plan_gpus = False  # every rank on the GPU the plan gave it (found by PCI address)
         self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
+        self.memory: dict[str, Any] | None = None  # rank 0's measured peaks (trainer.memory.measured)
 
     def note_ssd_route(self, planned: str | None, reader: Any) -> None:
         """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
@@ -326,6 +327,7 @@ class Metrics:
             "prediction": self.predicted,
             "test_acc": test_acc,
             "rank_param_digests": digests,
+            "memory": self.memory,
         }
         return MetricsDoc.parse(doc, self.cfg.metrics_json or "the metrics document")
 

@@ -122,6 +122,10 @@ def preflight(
     on its own, which does not count as asking); ``ranks_per_node``: torchrun's processes per
     node (default ``world_size``). A run whose memory budget does not fit is refused too."""
     cfg = check_command(argv)
+    if cfg.resolved_backend() == "nccl" and not cfg.resolved_device().startswith("cuda"):  # torch: a traceback per rank
+        raise MomentError(
+            f"--backend nccl needs CUDA ranks, not --device {cfg.resolved_device()} (gloo runs on the CPU)"
+        )
     plan = read_plan(cfg.plan) if cfg.plan else None
     placed = open_placed(cfg.data)
     hot = placed.manifest.hotness  # unset fan-outs and batch size: the placement's, as the ranks resolve them

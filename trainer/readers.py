@@ -427,9 +427,18 @@ def engine_refusal(engine: str) -> str | None:
     return None
 
 
+# Replaces "auto" everywhere (trainer, feature store, benches): one of ENGINES, e.g. pread where a
+# sandbox's io_uring misbehaves in ways the probe cannot see.
+ENGINE_ENV = "MOMENT_READ_ENGINE"
+
+
 def pick_engine(engine: str) -> str:
     """``engine`` if it can run here (a ValueError saying why not otherwise); for "auto" the
-    first of :data:`ENGINES` that can."""
+    engine :data:`ENGINE_ENV` names where it is set, else the first of :data:`ENGINES` that can."""
+    if engine == "auto" and (forced := os.environ.get(ENGINE_ENV, "").strip()):
+        if forced not in ENGINES:
+            raise ValueError(f"{ENGINE_ENV}={forced}: must be one of {', '.join(ENGINES)}")
+        return pick_engine(forced)
     if engine == "auto":
         return next(e for e in ENGINES if engine_refusal(e) is None)
     if engine not in ENGINES:
@@ -521,7 +530,7 @@ class KvikioReader(_Reader):
         if module is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("KvikioReader needs CUDA")
-            import kvikio as module  # the optional GPU extra; imported only here
+            module = import_kvikio()
         self._kvikio = module
         self.config = configure_kvikio(module, threads)
         self.mode = kvikio_mode(module)
@@ -624,6 +633,20 @@ class KvikioReader(_Reader):
                 raise ReadError(errno.EIO, f"{name}: kvikio cannot open it: {exc}") from None
             self.modes[name] = kvikio_mode(self._kvikio)  # read at open, as kvikio does for the file
         return self._files[name]
+
+
+def import_kvikio() -> Any:
+    """The kvikio module (the optional GPU extra; imported only here). Any failure of the import
+    is an ImportError: an incomplete wheel set fails inside libkvikio's loader with a RuntimeError
+    (cuda.pathfinder's DynamicLibNotFoundError for a missing libcufile) or an OSError (ctypes)."""
+    try:
+        import kvikio
+        import kvikio.defaults  # a submodule kvikio's __init__ does not import (26.10): the reader configures it
+    except ImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (whatever the loader raises means "not usable here")
+        raise ImportError(f"kvikio cannot be loaded: {type(exc).__name__}: {exc}") from exc
+    return kvikio
 
 
 def kvikio_mode(kvikio: Any) -> str:

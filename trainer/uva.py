@@ -49,6 +49,7 @@ FLAGS = PORTABLE | MAPPED
 ERRORS = {
     1: "cudaErrorInvalidValue",
     2: "cudaErrorMemoryAllocation",
+    304: "cudaErrorOperatingSystem",
     712: "cudaErrorHostMemoryAlreadyRegistered",
     713: "cudaErrorHostMemoryNotRegistered",
     801: "cudaErrorNotSupported",
@@ -57,6 +58,7 @@ ERRORS = {
 
 HINTS = {
     2: ": not enough host memory the driver could page-lock",
+    304: ": an OS call failed (a sandbox such as gVisor, or a locked-memory limit: ulimit -l)",
     712: ": part of it is registered already",
     801: ": not supported by this system or driver",
 }

@@ -135,7 +135,19 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         help="directory (mount point) for an SSD bin, e.g. nvme0=/mnt/nvme0 (default: OUT/bins/BIN)",
     )
     p.add_argument("--hotness", metavar="FILE.npy", help="use a saved hotness instead of pre-sampling")
-    p.add_argument("--epochs", type=positive, default=1, help="pre-sampling epochs (default 1)")
+    p.add_argument(
+        "--epochs",
+        type=positive,
+        help="pre-sample exactly this many epochs (default: until the hotness estimate converges, see --tolerance, "
+        "at most one epoch)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.005,
+        help="pre-sampling stops when the caches' read share, ranked on one half of the sample, differs by at most "
+        "this between the halves (default 0.005)",
+    )
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
     priority = p.add_argument(
         "--priority",
@@ -240,7 +252,7 @@ def cmd_dataset_import(args: argparse.Namespace) -> int:
 
 def cmd_place(args: argparse.Namespace) -> int:
     from placement.place import PlaceOptions, place
-    from placement.report import print_placement
+    from placement.report import print_placement, print_timings
 
     dirs = {}
     for spec in args.ssd_dir:
@@ -262,6 +274,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         ssd_dirs=dirs,
         hotness=Path(args.hotness) if args.hotness else None,
         epochs=args.epochs,
+        tolerance=args.tolerance,
         pool=args.pool,
         priority=args.priority,
         seed=args.seed,
@@ -273,6 +286,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         print(json.dumps(manifest, indent=2))
         return 0
     print_placement(out, manifest)
+    print_timings(out, manifest)
     out.print(
         f"placed dataset written to [bold]{args.out}[/]  (check it with `moment verify {args.out}`; "
         f"re-plan with the measured workload: `moment plan --workload {args.out}/workload.yaml ...`)"

@@ -34,3 +34,8 @@ class HotnessMeta(Contract):
     epochs: StrictInt = Field(ge=0)
     fanouts: list[StrictInt] = Field(min_length=1)
     batch_size: StrictInt = Field(ge=1)
+    # Split-half gap at the cache boundaries: how far the caches' predicted read share may be off
+    # (placement.hotness.split_half_gap); None when the sample was too small to split.
+    bound: StrictFloat | None = Field(default=None, ge=0, le=1)
+    # The gap pre-sampling stopped at (it ran until converged); None: a fixed number of epochs.
+    tolerance: StrictFloat | None = Field(default=None, gt=0, le=1)

@@ -92,6 +92,16 @@ class Sampling(_Part):
     note: str | None = None
 
 
+class MeasuredMemory(_Part):
+    """Rank 0's peaks so far, to hold against ``moment train --dry-run --json``'s budget: GPU
+    bytes torch allocated and reserved (``torch.cuda.max_memory_allocated`` / ``_reserved``;
+    None on a CPU rank) and the process's peak resident set (``getrusage`` ``ru_maxrss``)."""
+
+    gpu_peak_allocated_bytes: int | None = Field(default=None, ge=0)
+    gpu_peak_reserved_bytes: int | None = Field(default=None, ge=0)
+    host_peak_rss_bytes: int = Field(ge=0)
+
+
 class MetricsDoc(Contract):
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a training metrics file"
@@ -112,6 +122,7 @@ class MetricsDoc(Contract):
     prediction: RunPrediction
     test_acc: float | None
     rank_param_digests: list[str] | None
+    memory: MeasuredMemory | None = None  # rank 0's measured peaks (absent in files from before)
 
     @model_validator(mode="after")
     def _complete(self) -> MetricsDoc:

@@ -30,6 +30,19 @@ FORMAT = "moment.placed/3"
 MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
+# Seconds per phase of `moment place` (``timings_s`` keys, in order; "total" is the whole run).
+# checksums and fsync partly run in threads beside bin writing, so the phases may add up to more.
+PHASES = {
+    "check": "checking the dataset (a full scan)",
+    "presample": "pre-sampling hotness",
+    "predict": "re-solving the plan's model",
+    "ddak": "placement (DDAK or hash)",
+    "write_bins": "writing the bins",
+    "relabel": "relabelling: topology, labels, splits, id maps",
+    "checksums": "checksums (SHA-256)",
+    "fsync": "fsync",
+    "total": "total",
+}
 # Every file `moment place` writes into a placed directory (the bins aside): what it may remove.
 REQUIRED_FILES = ("indptr", "indices", "labels", "train", "val", "test", "old_to_new", "new_to_old")
 
@@ -100,6 +113,10 @@ class HotnessSummary(Strict):
     batch_size: int = Field(ge=1)
     mean_unique_per_batch: float = Field(ge=0)
     curve: list[tuple[float, float]]
+    # How far the caches' predicted read share may be off from sampling noise (the split-half gap
+    # of placement.hotness); the gap pre-sampling ran until (None: a fixed number of epochs).
+    bound: float | None = Field(default=None, ge=0, le=1)
+    tolerance: float | None = Field(default=None, gt=0, le=1)
 
 
 class PredictedWorkload(Strict):

@@ -65,7 +65,10 @@ class PulpSolver:
     """PuLP + CBC behind the slice of pywraplp's ``Solver`` the MILP pass uses (hence the names)."""
 
     def __init__(self) -> None:
-        import pulp
+        try:
+            import pulp
+        except ImportError:  # an optional extra since the offline bundle (scripts/wheelhouse.sh --no-pulp)
+            raise MomentError("--milp-solver pulp-cbc needs PuLP: pip install 'moment[pulp]'") from None
 
         self.prob = pulp.LpProblem("proportional")
         self.vars: list[_Var] = []
