@@ -27,7 +27,8 @@ def sweep(src: Path, profile: str, gpus: str, ssds: str, timeout: float) -> tupl
     argv = [sys.executable, "-m", "moment", "plan", "--profile", profile, "--gpus", gpus, "--ssds", ssds]
     t0 = time.perf_counter()
     try:
-        rc = subprocess.run(argv, env=env, capture_output=True, timeout=timeout, check=False).returncode
+        # run from the tree itself: ``python -m`` puts the working directory first on sys.path
+        rc = subprocess.run(argv, env=env, cwd=src, capture_output=True, timeout=timeout, check=False).returncode
     except subprocess.TimeoutExpired:
         rc = 124
     return time.perf_counter() - t0, rc

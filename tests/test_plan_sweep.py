@@ -79,7 +79,9 @@ def test_the_full_sweep_finishes_on_every_bundled_profile(name: str, capsys) -> 
     assert rc == 0, err
     doc = json.loads(out)
     assert len(doc["sweep"]) + len(doc["skipped"]) == 128
-    assert doc["sweep"], doc["skipped"][:3]
+    assert all(s["reason"] for s in doc["skipped"])
+    if not doc["sweep"]:  # dgx-like-8xa100: no slot takes an SSD, and the sweep asks for 1..16
+        assert {s["reason"] for s in doc["skipped"]} == {"more SSDs than the profile's 0 slots an SSD fits"}
 
 
 def test_a_profile_with_every_gpu_fixed_plans_subsets_of_them(tmp_path, capsys) -> None:

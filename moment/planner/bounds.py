@@ -79,7 +79,9 @@ class LayoutBound:
             for ports in class_ports
         ]
 
-    def __call__(self, g: tuple[int, ...], s: tuple[int, ...]) -> float:
+    def __call__(self, g: tuple[int, ...], s: tuple[int, ...], cuts: bool = True) -> float:
+        """The bound of the layout with ``g`` GPUs and ``s`` SSDs per class (``cuts`` False: the
+        tier and GPU-link terms alone, a quicker and lower bound)."""
         D, G, h = self.D, self.G, self.shares
         best = self.dram_bound
         rate = sum(n * r for n, r in zip(s, self.ssd_rate))
@@ -88,6 +90,8 @@ class LayoutBound:
         links = sum(n * c for n, c in zip(g, self.gpu_link))
         if links > 0:  # every byte but the GPU's own cache hits crosses its link
             best = max(best, D * G * (1 - h["gpu"]) / links)
+        if not cuts:
+            return best
         inside_gpus = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
         inside_rate = {cut: 0.0 for cut in self.cuts}
         for cuts, ng, ns, r in zip(self.class_cuts, g, s, self.ssd_rate):

@@ -9,6 +9,7 @@ instead; tests check that both find the same best time.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -82,14 +83,20 @@ def slot_classes(machine: Machine, space: SlotSpace) -> list[SlotClass]:
 
 
 def _distribute(n: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
-    """Every way to put n identical items into bins of the given capacities."""
+    """Every way to put n identical items into bins of the given capacities (largest first in the
+    first bin, as a depth-first walk would give them)."""
+    return iter(_ways(n, tuple(caps)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ways(n: int, caps: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """:func:`_distribute`'s list, remembered by (n, caps): a search asks again for the same tails
+    (the SSDs over the classes after the first) for every GPU placement."""
     if not caps:
-        if n == 0:
-            yield ()
-        return
-    for k in range(min(n, caps[0]), -1, -1):
-        for rest in _distribute(n - k, caps[1:]):
-            yield (k, *rest)
+        return ((),) if n == 0 else ()
+    if n > sum(caps):
+        return ()
+    return tuple((k, *rest) for k in range(min(n, caps[0]), -1, -1) for rest in _ways(n - k, caps[1:]))
 
 
 class Signer:
@@ -264,23 +271,32 @@ def search(
         for s in _distribute(n_ssds, ssd_caps):
             sig = sp.signer(g, s)
             if sig not in seen:
-                seen[sig] = Candidate(_materialise(classes, g, s, gpus, ssds, sp.own), counts=(g, s))
+                seen[sig] = Candidate({}, counts=(g, s))  # its layout is made if it is evaluated
     raw = count_layouts(classes, n_gpus, n_ssds, slots=True)
     skeleton = sp.skeleton
     pool = {d.id: d for d in gpus + ssds}
     bound = _bound(sp, workload, gpus, ssds, n_gpus)
-    order = sorted(seen.values(), key=lambda c: bound(*c.counts) if bound else 0.0)
+    order = list(seen.values())
+    # In bound order (ties in enumeration order), the bound worked out lazily: each layout gets
+    # the quick one (tiers and GPU links), a layout whose turn comes the full one, and waits again.
+    heap = [(bound(*c.counts, cuts=False) if bound else 0.0, i, 1) for i, c in enumerate(order)]
+    heapq.heapify(heap)
     done: list[Candidate] = []
     limit = max(keep, 1) if keep else len(order)
     best_t = math.inf
-    for cand in order:
-        lb = bound(*cand.counts) if bound else 0.0
+    while heap:
+        lb, i, quick = heapq.heappop(heap)
+        cand = order[i]
+        if quick and bound:
+            heapq.heappush(heap, (max(lb, bound(*cand.counts)), i, 0))
+            continue
         if len(done) >= limit:
             kth = sorted(c.prediction.iteration_s for c in done)[limit - 1]  # type: ignore[union-attr]
             # Past the k-th best nothing can enter the ranking; layouts that may tie with the
             # best are still evaluated (up to ``ties``) so the tie is broken on headroom.
             if lb >= kth * (1 - 1e-9) and (lb > best_t * (1 + 1e-6) or len(done) >= limit + ties):
                 break
+        cand.layout = _materialise(classes, *cand.counts, gpus, ssds, sp.own)
         placed = {p: pool[d] for p, d in cand.layout.items()}
         cand.prediction = flow.proportional(skeleton.network(placed, workload), second_pass=False)
         best_t = min(best_t, cand.prediction.iteration_s)
