@@ -6,7 +6,9 @@ open so that a graph far larger than RAM can be opened instantly:
 * ``indptr.npy``  int64, N+1 — CSR row pointers: the neighbours of v are indices[indptr[v]:indptr[v+1]]
   (the vertices v's features are aggregated from, i.e. its in-neighbours for message passing);
 * ``indices.npy`` int32 (N < 2^31) or int64, E — neighbour ids;
-* ``features.npy`` float32 or float16, N × d, row-major;
+* ``features.npy`` float32 or float16, N × d, row-major — or, for an import that did not copy them,
+  the rows of the source file itself (``features_at`` in the manifest: path, offset, size, mtime and
+  a sampled digest, checked on every open, so a moved or changed source is refused by name);
 * ``labels.npy`` int64, N — class of each vertex (-1: unlabelled);
 * ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy`` int64 — vertex ids of each split.
 
@@ -17,6 +19,7 @@ full scan (ids, indptr order, labels), chunk by chunk. Every error is one line n
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -30,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from moment import faults, outputs
-from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest
+from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest, FeatureSource
 
 __all__ = [
     "DATASET",
@@ -45,6 +48,7 @@ __all__ = [
     "SPLITS",
     "check_dataset",
     "check_free_space",
+    "feature_source",
     "open_dataset",
     "read_npy_header",
     "staging",
@@ -98,10 +102,17 @@ class Dataset(FeatureShape):
         return self.manifest.model_dump(mode="json", exclude_none=True)
 
     def path(self, key: str) -> Path:
+        """Where an array is: in the directory, or (features imported without a copy) the source file."""
+        if key == "features" and self.manifest.features_at is not None:
+            return Path(self.manifest.features_at.path)
         return self.root / getattr(self.manifest.files, key)
 
     def array(self, key: str) -> np.ndarray:
         """A read-only memory map of one array (no data is read until used)."""
+        at = self.manifest.features_at
+        if key == "features" and at is not None:  # a source's rows (an .npy past its header, or IGB's raw file)
+            shape = (self.num_nodes, self.feature_dim)
+            return np.memmap(at.path, dtype=self.feature_dtype, mode="r", offset=at.offset, shape=shape)
         return np.load(self.path(key), mmap_mode="r")
 
     def indptr(self) -> np.ndarray:
@@ -198,6 +209,60 @@ def _check_array(file: Path, key: str, shape: tuple[int, ...] | None, dtypes: tu
     return header
 
 
+DIGEST_BLOCKS, DIGEST_BLOCK = 16, 1 << 16  # a source's sampled digest: 16 blocks of 64 KiB at fixed offsets
+
+
+def sampled_digest(path: str | Path, size: int) -> str:
+    """blake2b of ``DIGEST_BLOCKS`` blocks spread evenly over a file (first and last included) and its
+    size: 1 MiB read whatever the file's size, enough to see a file rewritten in place."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    starts = np.unique(np.linspace(0, max(0, size - DIGEST_BLOCK), DIGEST_BLOCKS).astype(np.int64))
+    with open(path, "rb") as fh:
+        for start in starts:
+            h.update(os.pread(fh.fileno(), DIGEST_BLOCK, int(start)))
+    return "blake2b-" + h.hexdigest()
+
+
+def feature_source(path: str | Path, offset: int) -> FeatureSource:
+    """What a source file is now (recorded at import, compared on every open)."""
+    path = Path(path).absolute()
+    st = path.stat()
+    return FeatureSource(
+        path=str(path), offset=offset, size=st.st_size, mtime_ns=st.st_mtime_ns, digest=sampled_digest(path, st.st_size)
+    )
+
+
+def _check_source(ds: Dataset) -> None:
+    """The features' source file is still the one imported: same path, size, mtime and sampled digest."""
+    at = ds.manifest.features_at
+    assert at is not None
+    fix = (
+        f"put the file back as it was, or import the dataset again (`moment dataset import ... --out {ds.root}`; "
+        "--copy-features keeps a copy that does not depend on the source)"
+    )
+    try:
+        st = os.stat(at.path)
+    except FileNotFoundError:
+        raise DatasetError(
+            f"{at.path}: missing: {ds.root / 'dataset.json'} reads its features from this file (moved or deleted?): "
+            + fix
+        ) from None
+    except OSError as exc:
+        raise DatasetError(f"{at.path}: unreadable ({exc.strerror}): the features of {ds.root}") from None
+    changed = []
+    if st.st_size != at.size:
+        changed.append(f"{st.st_size:,} bytes, was {at.size:,}")
+    elif st.st_mtime_ns != at.mtime_ns:
+        changed.append("modified since the import")
+    elif sampled_digest(at.path, st.st_size) != at.digest:
+        changed.append("its content differs from the import's")
+    if changed:
+        raise DatasetError(
+            f"{at.path}: changed ({changed[0]}): {ds.root / 'dataset.json'} reads its features from this file: " + fix
+        )
+
+
 def open_dataset(path: str | Path) -> Dataset:
     """Open a dataset directory with the cheap checks, run on every open (no array is scanned).
 
@@ -207,7 +272,11 @@ def open_dataset(path: str | Path) -> Dataset:
     """
     root = Path(path)
     ds = Dataset(root, _read_manifest(root))
-    headers = {key: _check_array(ds.path(key), key, *spec) for key, spec in _expected(ds).items()}
+    expected = _expected(ds)
+    if ds.manifest.features_at is not None:
+        _check_source(ds)
+        del expected["features"]
+    headers = {key: _check_array(ds.path(key), key, *spec) for key, spec in expected.items()}
     e = ds.num_edges
     indptr = ds.indptr()
     if indptr[0] != 0 or indptr[-1] != e:
@@ -304,11 +373,15 @@ def write_import_manifest(
     classes: int,
     undirected: bool,
     source: dict[str, Any],
+    features_at: FeatureSource | None = None,
 ) -> DatasetManifest:
-    """dataset.json of an imported dataset (every importer: the same fields, its own provenance)."""
+    """dataset.json of an imported dataset (every importer: the same fields, its own provenance);
+    ``features_at``: the features are read in place from that source file, not copied."""
+    refer = {} if features_at is None else {"files": {"features": None}, "features_at": features_at.model_dump()}
     return write_manifest(
         root,
         {
+            **refer,
             "name": out.absolute().name,
             "num_nodes": nodes,
             "num_edges": edges,
@@ -359,8 +432,10 @@ def staging(out: Path, replace: bool = False) -> Iterator[Path]:
     try:
         yield stage.data
         faults.point("dataset:written")
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(stage.data, ignore_errors=True)
         stage.release()
+        if isinstance(exc, OSError) and exc.filename is None and exc.strerror:  # a write's ENOSPC names no file
+            raise DatasetError(f"{out}: {exc.strerror} while writing the dataset (nothing kept)") from None
         raise
     stage.publish("dataset")

@@ -1,19 +1,21 @@
-"""Inference benchmark: vertices/s of `moment infer` (layer-wise, full neighbourhood) with layer-1
-features from the placed tiers, vs the same layer-wise inference with the features memory-mapped
-from the source dataset's features.npy (what a user without moment would do).
+"""Inference benchmark: `moment infer` (layer-wise, full neighbourhood) with its two engines and a
+memory-mapped baseline, on the same checkpoint, one process each, in the same run:
 
-Both runs use the same engine (``trainer.infer``: chunks of destinations, CSR in-neighbours,
-bipartite PyG convs, layer outputs on disk), the same checkpoint and chunk size, one process;
-only where layer 1 reads its input rows differs:
-
-* ``tiered``: ``TieredFeatureStore`` (GPU and CPU cache bins in memory on a CPU run, SSD bins read
-  with sorted, coalesced O_DIRECT preadv);
-* ``mmap``: ``np.load(features.npy, mmap_mode="r")[new_to_old[ids]]`` (page cache, 4 KiB faults).
+* ``broadcast``: the broadcast engine (``trainer.broadcast``: each layer's input streamed once per
+  destination partition in placed order, messages scattered into the destinations), layer-1 rows
+  from the tiers (``TieredFeatureStore``: cache bins in memory, SSD bins as coalesced reads);
+* ``gather``: the gather engine (chunks of destinations gather their in-neighbours' rows), layer-1
+  rows from the tiers (sorted, coalesced O_DIRECT preadv of the SSD bins);
+* ``mmap``: the gather engine with layer-1 rows from the source dataset's features.npy,
+  memory-mapped (``np.load(mmap_mode="r")[new_to_old[ids]]``: page cache, 4 KiB faults), what a
+  user without moment would do.
 
 Out of core: each run happens in a memory cgroup (``--mem-limit``, cgroup v1 or v2, as in
-scripts/bench_train.py) smaller than the feature file; file pages of the inputs are dropped
-before each run. Reported per run: vertices/s of each layer and of the export, wall seconds, bytes
-read from disk (/proc/self/io), peak memory of the process. Run:
+scripts/bench_train.py); file pages of the inputs are dropped before each run. Reported per run
+and per layer: vertices/s, bytes read from disk (/proc/self/io read_bytes, sampled when a stage
+starts) ÷ the layer's input bytes (N × its input width × 4), and the run's wall seconds and peak
+memory; then the broadcast engine's speed-up over each other run and whether the outputs agree
+(rtol 1e-4). Run:
     python scripts/bench_infer.py --work /tmp/bench-infer
 """
 
@@ -36,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench_train import disk_read_bytes, drop_cache, make_cgroup, parse_size  # noqa: E402 - after the path
 
+RUNS = ("broadcast", "gather", "mmap")
+
 
 def worker(args: argparse.Namespace) -> dict:
     import torch
@@ -44,7 +48,14 @@ def worker(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     opts = infer.InferOptions(
-        data=Path(args.data), checkpoint=Path(args.checkpoint), out=Path(args.out), batch_size=args.batch_size
+        data=Path(args.data),
+        checkpoint=Path(args.checkpoint),
+        out=Path(args.out),
+        batch_size=args.batch_size,
+        layers="all",
+        device="cpu",
+        engine="broadcast" if args.worker == "broadcast" else "gather",
+        memory=args.memory,
     )
     features = None
     if args.worker == "mmap":
@@ -60,19 +71,47 @@ def worker(args: argparse.Namespace) -> dict:
             rows[order] = source[old[order]]
             return torch.from_numpy(rows)
 
+    marks: dict[str, int] = {}  # stage -> read_bytes when it started
+
+    def progress(stage: str, done: int, total: int) -> None:
+        marks.setdefault(stage.removeprefix("infer: "), disk_read_bytes())
+
     before = disk_read_bytes()
     start = time.perf_counter()
     p = infer.prepare(opts)
-    infer.run_in_process(p, opts, features=features)
+    infer.run_in_process(p, opts, progress=progress, features=features)
+    marks["end"] = disk_read_bytes()
     m = infer.finish(p, opts)
+    names = list(marks)
+    widths = [p.loaded.placed.feature_dim, *p.loaded.widths]
+    layers = {
+        name: {
+            "disk_read_bytes": marks[names[i + 1]] - marks[name],
+            "input_bytes": p.layout.num_nodes * widths[i] * 4,
+        }
+        for i, name in enumerate(names[:-1])
+        if name.startswith("layer")
+    }
     return {
         "wall_s": time.perf_counter() - start,
         "disk_read_bytes": disk_read_bytes() - before,
+        "layers": layers,
+        "memory": m.memory,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "throughput": [t.model_dump() for t in m.throughput],
         "accuracy": m.accuracy,
         "embeddings_sha256": m.arrays["embeddings"].sha256,
     }
+
+
+def agree(work: Path, a: str, b: str) -> bool:
+    """Whether two runs' logits and embeddings agree (rtol 1e-4, atol 1e-5), read in slices."""
+    for name in ("embeddings.npy", "logits.npy"):
+        x, y = np.load(work / f"out-{a}" / name, mmap_mode="r"), np.load(work / f"out-{b}" / name, mmap_mode="r")
+        for i in range(0, x.shape[0], 1 << 18):
+            if not np.allclose(x[i : i + (1 << 18)], y[i : i + (1 << 18)], rtol=1e-4, atol=1e-5):
+                return False
+    return True
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
@@ -187,9 +226,12 @@ def main() -> None:
     ap.add_argument("--cpu-cache", default="4%")
     ap.add_argument("--mem-limit", default="1.25G", help="memory cgroup limit per run; 0: none")
     ap.add_argument("--batch-size", type=int, default=2048, help="destination vertices per chunk")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    ap.add_argument("--runs", default="tiered,mmap")
-    ap.add_argument("--worker", choices=("tiered", "mmap"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run (1: on a shared machine, OpenMP threads spin)"
+    )
+    ap.add_argument("--runs", default="broadcast,gather,mmap", help="which of broadcast, gather, mmap, in order")
+    ap.add_argument("--memory", type=int, default=None, help="broadcast: --memory in bytes (default: its default)")
+    ap.add_argument("--worker", choices=RUNS, help=argparse.SUPPRESS)
     ap.add_argument("--out-json", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--dataset", help=argparse.SUPPRESS)
@@ -230,27 +272,39 @@ def main() -> None:
                 str(args.batch_size),
                 "--threads",
                 str(args.threads),
+                *(["--memory", str(args.memory)] if args.memory else []),
             ]
             results[kind] = r = run_worker(kind, cgroup, files, extra, work / f"{kind}.json")
             stages = ", ".join(f"{t['stage']} {t['vertices_per_s']:,.0f}/s" for t in r["throughput"])
+            reads = ", ".join(
+                f"{name} {v['disk_read_bytes'] / 2**30:.2f} GiB = {v['disk_read_bytes'] / v['input_bytes']:.2f}× its input"
+                for name, v in r["layers"].items()
+            )
+            parts = [t.get("partitions") for t in r["throughput"] if t.get("engine") == "broadcast"]
             print(
-                f"{kind:7s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB; "
-                f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
-                f"test acc {r['accuracy'].get('test', float('nan')):.3f}",
+                f"{kind:9s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB "
+                f"({reads}); peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
+                + (f"partitions per layer {parts} (--memory {r['memory'] / 1e9:.2f} GB); " if parts else "")
+                + f"test acc {r['accuracy'].get('test', float('nan')):.4f}",
                 flush=True,
             )
     finally:
         if cgroup is not None:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
-    if {"tiered", "mmap"} <= results.keys():
-        t, m = results["tiered"], results["mmap"]
-        same = t["embeddings_sha256"] == m["embeddings_sha256"]
-        speedup = t["throughput"][0]["vertices_per_s"] / m["throughput"][0]["vertices_per_s"]
-        print(
-            f"layer 1: tiered / mmap = {speedup:.2f}x; "
-            f"whole run: {m['wall_s'] / t['wall_s']:.2f}x; embeddings identical: {same}"
-        )
+    if "broadcast" in results:
+        b = results["broadcast"]
+        for other in [k for k in results if k != "broadcast"]:
+            o = results[other]
+            per_layer = ", ".join(
+                f"{t['stage']} {t['vertices_per_s'] / u['vertices_per_s']:.1f}x"
+                for t, u in zip(b["throughput"], o["throughput"])
+                if u["vertices_per_s"] > 0
+            )
+            print(
+                f"broadcast vs {other}: {per_layer}; whole run {o['wall_s'] / b['wall_s']:.1f}x; "
+                f"outputs agree (rtol 1e-4): {agree(work, 'broadcast', other)}"
+            )
     (work / "results.json").write_text(json.dumps(results, indent=2))
 
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from moment.contracts.metrics import MetricsDoc  # noqa: E402  (after the path: the repo's own)
+from moment.fileio import drop_cached  # noqa: E402
 
 
 def parse_size(text: str) -> int:
@@ -62,15 +63,6 @@ def make_cgroup(limit: int, name: str = "moment-bench") -> Path:
             (group / "memory.max").write_text(str(limit))
             return group
     raise OSError("no memory cgroup found")
-
-
-def drop_cache(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def disk_read_bytes() -> int:
@@ -148,7 +140,7 @@ def worker_pyg(args: argparse.Namespace) -> dict:
     n = ds.num_nodes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a read-only memmap: PyG only reads it
-        x = torch.from_numpy(np.load(ds.path("features"), mmap_mode="r"))
+        x = torch.from_numpy(ds.features())  # the dataset's file, or the import's source read in place
     indptr = torch.from_numpy(np.asarray(ds.indptr()))
     indices = torch.from_numpy(np.asarray(ds.indices()).astype(np.int64))
     adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(n, n), is_sorted=True, trust_data=True)
@@ -199,7 +191,7 @@ def worker_pyg(args: argparse.Namespace) -> dict:
 
 
 def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path) -> dict:
-    drop_cache(files)
+    drop_cached(files)
     cmd = [sys.executable, __file__, "--worker", kind, "--out-json", str(out), *extra]
     procs = cgroup / "cgroup.procs" if cgroup else None
 

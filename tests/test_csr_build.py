@@ -64,12 +64,12 @@ def test_every_chunk_size_and_window_gives_the_same_csr(tmp_path: Path, undirect
             assert got == want, (chunk, window)
 
 
-def test_a_random_graph_matches_an_in_memory_csr_and_reads_twice_or_thrice(tmp_path: Path) -> None:
+def test_a_random_graph_matches_an_in_memory_csr_and_reads_once_or_twice(tmp_path: Path) -> None:
     n, e = 500, 20_000
     edges = np.random.default_rng(7).integers(0, n, (e, 2))
     order = np.argsort(edges[:, 1], kind="stable")
     want = ([0, *np.cumsum(np.bincount(edges[:, 1], minlength=n)).tolist()], edges[order, 0].tolist())
-    for window, reads in ((10**9, 2), (3000, 2)):  # one window: count + fill; several: count + spread
+    for window, reads in ((10**9, 1), (3000, 2)):  # all in RAM: the count keeps the edges; else count + spread
         src = Pairs(edges)
         (tmp_path / str(window)).mkdir()
         csr.build(tmp_path / str(window), src, n, memory=0, layout=csr.Layout(1234, window))
@@ -88,7 +88,7 @@ def test_windows_cover_the_vertices_within_the_cap() -> None:
 
 def test_the_budget_is_split_and_a_too_small_one_is_refused() -> None:
     layout = csr.Layout.plan(1000, 1 << 30)
-    assert layout.chunk * csr.CHUNK_BYTES + layout.window * csr.ENTRY_BYTES + 8 * 1001 <= 1 << 30
+    assert layout.chunk * csr.CHUNK_BYTES + layout.window * csr.entry_bytes(1000) + 8 * 1001 <= 1 << 30
     assert layout.chunk == csr.MAX_CHUNK or layout.chunk * csr.CHUNK_BYTES * 4 >= (1 << 30) - 8 * 1001 - 4 * 96
     with pytest.raises(DatasetError, match=r"--memory 0.1 GB is too small for 100,000,000 vertices"):
         csr.Layout.plan(100_000_000, 10**8)
@@ -106,3 +106,33 @@ def test_memory_sizes_parse(text: str, value: int) -> None:
 def test_bad_memory_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="size|positive"):
         csr.parse_memory(text)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_or_two_threads_give_the_same_csr(tmp_path: Path, threads: int) -> None:
+    """The scatter splits a window's rows between threads and a helper thread reads ahead: same bytes."""
+    import numba
+
+    n, e = 300, 5000
+    edges = np.random.default_rng(3).integers(0, n, (e, 2)).astype(np.int32)
+    want = reference(edges, n, True, True)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for window in (10**6, 800):
+            got = built(tmp_path / f"w{window}", edges, n, csr.Layout(777, window), undirected=True, self_loops=True)
+            assert got == want
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_edges_that_change_between_reads_are_refused(tmp_path: Path) -> None:
+    class Growing(Pairs):
+        def chunks(self, chunk: int) -> csr.Edges:
+            yield from super().chunks(chunk)
+            if self.reads > 1:  # the fill's read sees one more edge than the count's
+                yield np.array([0]), np.array([1])
+
+    (tmp_path / "ds").mkdir()
+    with pytest.raises(DatasetError, match=r"the edges changed between two reads"):
+        csr.build(tmp_path / "ds", Growing(EDGES), 6, memory=0, layout=csr.Layout(4, 3))  # windows: two reads

@@ -16,6 +16,12 @@ memory:
   output layer reads), ``predictions.npy`` (argmax of the logits, int64), and with
   ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
 
+Two engines compute a layer (``--engine``): ``broadcast`` (:mod:`trainer.broadcast`, the default
+where the layer has a scatter form: SAGE) streams the layer's input once per partition of the
+destinations and scatters messages into them; ``gather`` (above, the reference; GAT, whose
+attention needs each destination's in-edges together) gathers each chunk's in-neighbours. For
+a broadcast layer a "chunk" below is a destination partition, sized from ``--memory``.
+
 Ranks split each stage's vertices into contiguous ranges, one per rank, with a barrier between
 stages: either separate processes (``python -m trainer.infer`` under torchrun, gloo barriers)
 or, in one process, a loop over the ranks (:func:`run_in_process`).
@@ -31,6 +37,7 @@ deterministic: CUDA's scatter sums add in no fixed order, so there the last bits
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -61,14 +68,15 @@ from moment.outputs import Kind, Staging, check_free_space, check_out, joined
 from moment.progress import Progress, Reporter
 from placement.placed import Placed, open_placed
 from placement.writer import file_digest
-from trainer import checkpoint
+from trainer import broadcast, checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, lost_peer, select_device
 from trainer.featurestore import TieredFeatureStore
-from trainer.models import BlockGNN, build_model
+from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
+ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
@@ -92,6 +100,8 @@ class InferOptions:
     dtype: str = "float32"
     batch_size: int = DEFAULT_BATCH
     device: str = "auto"  # one of DEVICES
+    engine: str = "broadcast"  # one of ENGINES
+    memory: int | None = None  # bytes a broadcast pass may hold (None: default_memory())
 
     def check(self) -> None:
         if self.nproc < 1:
@@ -102,6 +112,10 @@ class InferOptions:
             raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.memory is not None and self.memory <= 0:
+            raise UsageError(f"--memory {self.memory}: expected a positive number of bytes")
         if self.device not in DEVICES:
             raise UsageError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -159,6 +173,24 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
     return Loaded(
         placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
     )
+
+
+def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
+    """The scatter form the broadcast engine runs layer ``layer`` (1-based) with; None: the
+    gather engine runs it (asked for, or the layer has none)."""
+    if engine != "broadcast":
+        return None
+    return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
+
+
+def rank_budget(memory: int, world: int) -> int:
+    """A rank's share of ``--memory`` (ranks of one node run side by side)."""
+    return memory // world
+
+
+def layer_engines(loaded: Loaded, engine: str) -> list[str]:
+    """The engine that runs each layer."""
+    return ["broadcast" if layer_form(loaded, engine, k) else "gather" for k in range(1, len(loaded.widths) + 1)]
 
 
 def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
@@ -316,10 +348,14 @@ class Rank:
         world: int,
         device: torch.device,
         features: Features | None = None,
+        engine: str = "gather",
+        memory: int = 0,
     ) -> None:
-        """``features``: where layer 1 reads its input rows (default: the placed tiers)."""
+        """``features``: where layer 1 reads its input rows (default: the placed tiers);
+        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
+        self.engine, self.memory = engine, memory
         self.rank, self.world, self.device = rank, world, device
         placed = loaded.placed
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
@@ -336,10 +372,30 @@ class Rank:
         if self._store is not None:
             self._store.close()
 
+    def form(self, layer: int) -> Scatter | None:
+        """Layer ``layer``'s scatter form when the broadcast engine runs it, else None (gather)."""
+        return layer_form(self.m, self.engine, layer)
+
     def chunks_of(self, stage: int) -> list[tuple[int, int]]:
-        """This rank's chunks of ``stage``: new ids bounded by edges for a layer, old ids for the export."""
+        """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
+        destination partitions of a broadcast one, old ids for the export."""
         lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
+        if stage < self.layout.depth and self.form(stage + 1) is not None:
+            width, in_width = self.m.widths[stage], self._in_width(stage + 1)
+            budget = rank_budget(self.memory, self.world)
+            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, budget)
         return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
+
+    def _in_width(self, layer: int) -> int:
+        return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
+
+    def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
+        """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
+        tiers for layer 1, else a sequential slice of the previous layer's file."""
+        if layer == 1:
+            return self.inputs(1, np.arange(s0, s1, dtype=np.int64))
+        prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
+        return torch.from_numpy(np.array(prev[s0:s1])).to(self.device, torch.float32)
 
     def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
         """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
@@ -352,11 +408,39 @@ class Rank:
             x = torch.from_numpy(np.asarray(prev[src]))
         return x.to(self.device, torch.float32)
 
-    def run_layer_chunk(self, layer: int, a: int, b: int, out: np.memmap) -> None:
+    def run_layer_chunk(
+        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
+    ) -> int:
+        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
+        reported to ``update`` (a broadcast partition reports as its stream advances)."""
+        form = self.form(layer)
+        if form is not None:
+
+            def write(row: int, h: torch.Tensor) -> None:
+                out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
+
+            with torch.inference_mode():
+                broadcast.run_partition(
+                    form,
+                    functools.partial(self.m.model.after, layer - 1),
+                    self.indptr,
+                    self.indices,
+                    a,
+                    b,
+                    functools.partial(self.block_rows, layer),
+                    self.batch,
+                    self.layout.num_nodes,
+                    self.m.widths[layer - 1],
+                    self.device,
+                    write,
+                    update,
+                )
+            return b - a if update else 0
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
         with torch.inference_mode():
             h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
         out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
+        return 0
 
     def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
         new = np.asarray(self.old_to_new[a:b])
@@ -391,9 +475,9 @@ class Rank:
             }
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
-            start = time.perf_counter()
+            start, shown = time.perf_counter(), 0
             if out is not None:
-                self.run_layer_chunk(stage + 1, a, b, out)
+                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
                 out.flush()
             else:
                 self.run_export_chunk(a, b, arrays, works)
@@ -407,7 +491,7 @@ class Rank:
             progress.chunks = c + 1
             progress.write(self.data, self.rank)
             if update:
-                update(b - a)
+                update(b - a - shown)
         progress.stage, progress.chunks = stage + 1, 0
         progress.write(self.data, self.rank)
 
@@ -440,7 +524,8 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
         "layers": opts.layers,
         "dtype": opts.dtype,
         "batch_size": opts.batch_size,
-        "version": 1,
+        "engines": layer_engines(loaded, opts.engine),
+        "version": 2,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -462,6 +547,7 @@ class Prepared:
     layout: Layout
     key: str
     done: InferenceManifest | None = None  # the output is already there (nothing to do)
+    memory: int = 0  # a broadcast pass's budget: the first run's, kept by a resumed one
 
 
 def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> Prepared:
@@ -492,19 +578,37 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
             stage.release()
             log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
             return Prepared(stage, loaded, layout, key, done=current)
+    memory = opts.memory or default_memory(loaded.placed)
     if not stage.data.exists():
         check_free_space({out: layout.nbytes()}, InferenceError)
         stage.create()
         layout.create(stage.data)
-        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key}) + "\n")
-    return Prepared(stage, loaded, layout, key)
+        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key, "memory": memory}) + "\n")
+    else:  # the partitions (the chunks progress counts) were cut by the first run's budget
+        first = int(_inputs(stage.data).get("memory") or memory)
+        if opts.memory and opts.memory != first:
+            log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
+        memory = first
+    return Prepared(stage, loaded, layout, key, memory=memory)
+
+
+def default_memory(placed: Placed | None = None) -> int:
+    """A broadcast pass's default budget (:func:`trainer.broadcast.default_memory`), leaving room
+    for the cache bins layer 1 loads into memory."""
+    cached = sum(b.bytes for b in placed.bins if b.tier != "ssd") if placed is not None else 0
+    return broadcast.default_memory(cached)
+
+
+def _inputs(data: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((data / WORK / INPUTS).read_text())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _inputs_key(data: Path) -> str | None:
-    try:
-        return json.loads((data / WORK / INPUTS).read_text()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return _inputs(data).get("key")
 
 
 def run_in_process(
@@ -517,7 +621,7 @@ def run_in_process(
     if device != torch.device("cpu"):
         p.loaded.model.to(device)
     ranks = [
-        Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features)
+        Rank(p.loaded, p.stage.data, p.layout, opts.batch_size, r, opts.nproc, device, features, opts.engine, p.memory)
         for r in range(opts.nproc)
     ]
     states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
@@ -568,7 +672,8 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         if ids.size:
             accuracy[split] = float((np.asarray(logits[ids]).argmax(axis=1) == np.asarray(labels[ids])).mean())
     throughput = []
-    for name in stages(layout.depth):
+    engines = layer_engines(loaded, opts.engine)
+    for i, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
@@ -579,6 +684,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                 vertices=vertices,
                 seconds=seconds,
                 vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
+                **(_engine_entry(p, opts, i, engines[i]) if i < layout.depth else {}),
             )
         )
     del logits
@@ -598,6 +704,8 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         layers=opts.layers,
         nproc=opts.nproc,
         batch_size=opts.batch_size,
+        engine=opts.engine,
+        memory=p.memory if "broadcast" in engines else None,
         arrays=arrays,
         accuracy=accuracy,
         training_accuracy=training_accuracy(loaded.history),
@@ -608,6 +716,23 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     for note in p.stage.publish("infer"):
         log(f"note: {note}")
     return manifest
+
+
+def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> dict[str, Any]:
+    """What inference.json says of layer ``stage + 1``'s engine: its partitions (all ranks) when
+    broadcast; why not, when the broadcast engine was asked for and the layer has no scatter form."""
+    if engine == "gather":
+        note = None if opts.engine == "gather" else f"{p.loaded.cfg.model} has no scatter form"
+        return {"engine": engine, "note": note}
+    world, layer = opts.nproc, stage + 1
+    in_width = p.loaded.placed.feature_dim if layer == 1 else p.loaded.widths[layer - 2]
+    indptr = p.loaded.placed.array("indptr")
+    width, budget = p.loaded.widths[stage], rank_budget(p.memory, world)
+    ranges = [rank_range(p.layout.num_nodes, r, world) for r in range(world)]
+    count = sum(
+        len(broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)) for lo, hi in ranges
+    )
+    return {"engine": engine, "partitions": count}
 
 
 RANKS_MARKER = "ranks"  # inside WORK: the stages ran in separate processes (timings overlap)
@@ -646,7 +771,8 @@ def infer(
 
 
 def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
-    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...``."""
+    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...`` (the
+    ranks read the broadcast budget ``prepare`` recorded in the work directory)."""
     from trainer.launch import TORCHRUN
 
     return [
@@ -672,6 +798,8 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
         str(opts.batch_size),
         "--device",
         opts.device,
+        "--engine",
+        opts.engine,
         *(["--plan", str(opts.plan)] if opts.plan is not None else []),
     ]
 
@@ -679,7 +807,12 @@ def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executabl
 def summary(m: InferenceManifest) -> Iterator[str]:
     """Lines for people: throughput per stage, accuracy beside training's sampled evaluation."""
     for t in m.throughput:
-        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s)"
+        how = ""
+        if t.engine == "broadcast":
+            how = f", broadcast engine, {t.partitions} partition{'s' if t.partitions != 1 else ''}"
+        elif t.engine == "gather":
+            how = f", gather engine ({t.note})" if t.note else ", gather engine"
+        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
     acc = ", ".join(f"{k} {v:.1%}" for k, v in m.accuracy.items())
     sampled = ", ".join(f"{k} {v:.1%}" for k, v in m.training_accuracy.items())
     beside = f"; training's sampled evaluation (epoch {m.checkpoint_epoch}): {sampled}" if sampled else ""
@@ -708,6 +841,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     ap.add_argument("--device", choices=DEVICES, default="auto")
+    ap.add_argument("--engine", choices=ENGINES, default="broadcast")
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -743,7 +877,8 @@ def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
     if world > 1:
         dist.init_process_group("gloo")
-    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device)
+    memory = int(_inputs(data).get("memory") or default_memory(loaded.placed))
+    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device, None, args.engine, memory)
     state = RankProgress.read(data, rank)
     report = Reporter().__enter__() if rank == 0 else None
     try:

@@ -13,6 +13,11 @@ Plugging in another PyG-style layer: any module called as ``conv((x_src, x_dst),
 under a new name: ``LAYERS`` is the one list of models, which ``python -m trainer --model`` and
 ``moment train --model`` accept. Factories import PyG when called, so reading the names (the
 command lines do) costs no PyG import.
+
+A layer that is a sum of per-edge messages can also give a **scatter form** (``Layer(scatter=...)``):
+``moment infer``'s broadcast engine (:mod:`trainer.broadcast`) then streams the sources once and
+adds their messages into the destinations, instead of gathering every destination's neighbours.
+A layer without one (GAT: a softmax over each destination's in-edges) runs on the gather engine.
 """
 
 from __future__ import annotations
@@ -34,11 +39,30 @@ HIDDEN = 256  # default hidden width of a model that does not set its own
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """A conv written as a broadcast over its in-edges: for destination ``d`` with ``deg`` in-edges
+    (``c = max(deg, 1)``), ``out_d = finish(sum_{j->d} message(x_j) + c * root(x_d), c)``.
+
+    Messages are computed per source (transform, then aggregate: fewer bytes scattered when the
+    layer narrows), and the destination's own term is folded into the same sum, so the partial
+    state of a destination is one row of the layer's output width."""
+
+    message: Callable[[torch.Tensor], torch.Tensor]  # source rows -> their messages (output width)
+    root: Callable[[torch.Tensor], torch.Tensor]  # destination rows -> their own term (output width)
+    finish: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (sums, c as a column) -> output; may reuse sums
+
+
+ScatterFactory = Callable[[nn.Module], "Scatter | None"]
+
+
+@dataclass(frozen=True)
 class Layer:
-    """A registered model: its layer factory and its default hidden width (``--hidden``)."""
+    """A registered model: its layer factory, its default hidden width (``--hidden``) and, when its
+    convs are sums of messages, their scatter form (None where a conv has none)."""
 
     make: LayerFactory
     hidden: int = HIDDEN
+    scatter: ScatterFactory | None = None
 
     def __call__(self, cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
         return self.make(cfg, in_dim, out_dim, last)
@@ -48,6 +72,29 @@ def _sage(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.M
     from torch_geometric.nn import SAGEConv
 
     return SAGEConv(in_dim, out_dim), out_dim
+
+
+def _sage_scatter(conv: nn.Module) -> Scatter | None:
+    """SAGEConv with mean aggregation: ``lin_l(mean_j x_j) + lin_r(x_d)`` is
+    ``(sum_j lin_l.weight x_j + c * lin_r(x_d)) / c + lin_l.bias`` (c: the in-degree, at least 1;
+    no in-edges: the mean is 0, as PyG's scatter mean). Other set-ups (normalize, project, another
+    aggregation) have none."""
+    if getattr(conv, "aggr", None) != "mean" or getattr(conv, "project", True) or getattr(conv, "normalize", True):
+        return None
+    lin_l, lin_r = conv.lin_l, getattr(conv, "lin_r", None) if conv.root_weight else None
+    bias = lin_l.bias
+
+    def message(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, lin_l.weight)
+
+    def root(x: torch.Tensor) -> torch.Tensor:
+        return lin_r(x) if lin_r is not None else x.new_zeros(x.shape[0], lin_l.weight.shape[0])
+
+    def finish(sums: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        sums.div_(c)  # in place: the sums of a partition are most of its memory
+        return sums.add_(bias) if bias is not None else sums
+
+    return Scatter(message, root, finish)
 
 
 def _gat(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
@@ -61,7 +108,10 @@ def _gat(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Mo
     return GATConv(in_dim, out_dim, heads=cfg.heads, concat=True), out_dim * cfg.heads
 
 
-LAYERS: dict[str, LayerFactory] = {"sage": Layer(_sage), "gat": Layer(_gat, hidden=64)}  # gat: 64 per head
+LAYERS: dict[str, LayerFactory] = {
+    "sage": Layer(_sage, scatter=_sage_scatter),
+    "gat": Layer(_gat, hidden=64),  # 64 per head; attention: no scatter form (the gather engine)
+}
 
 
 def default_hidden(model: str) -> int:
@@ -91,10 +141,19 @@ class BlockGNN(nn.Module):
         """Layer ``i`` on one bipartite graph whose targets are the first ``num_dst`` sources, with
         what follows it (ReLU and dropout, except after the last): the one step training and
         layer-wise inference (``trainer.infer``) share."""
-        x = self.convs[i]((x_src, x_src[:num_dst]), edge_index)
+        return self.after(i, self.convs[i]((x_src, x_src[:num_dst]), edge_index))
+
+    def after(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """What follows conv ``i``: ReLU and dropout, except after the last."""
         if i < len(self.convs) - 1:
             x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
         return x
+
+
+def scatter_form(model: str, conv: nn.Module) -> Scatter | None:
+    """The scatter form of a conv of registered model ``model`` (None: it has none)."""
+    factory = getattr(LAYERS.get(model), "scatter", None)
+    return factory(conv) if factory is not None else None
 
 
 def build_model(cfg: TrainConfig, in_dim: int, num_classes: int) -> BlockGNN:

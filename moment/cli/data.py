@@ -79,6 +79,12 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--test", help="npy: test vertex ids .npy")
     convert = i.add_argument("--feature-dtype", help="convert the features (default: keep)")
     registry_choices(convert, "moment.contracts.dataset", "FEATURE_DTYPES")
+    i.add_argument(
+        "--copy-features",
+        action="store_true",
+        help="copy the features into the dataset (default: a C-order float32/float16 .npy or IGB raw file is "
+        "read in place, its identity recorded and checked on every open)",
+    )
     i.add_argument("--undirected", action="store_true", help="add the reverse of every edge (duplicates kept)")
     i.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
     i.add_argument("--memory", help="RAM budget of the CSR build, e.g. 4GB (default: half the available memory)")
@@ -295,5 +301,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     out.print(
         f"[green]ok[/]: {result['files']} files match their checksums, {result['rows']:,} rows, "
         f"{result['sampled']:,} sampled features equal the source"
+        + (" (--sample 0: the source not read)" if not result["sampled"] else "")
     )
     return 0

@@ -53,12 +53,33 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
         "where there is CUDA, else cpu)",
     )
     registry_choices(device, "trainer.infer", "DEVICES")
+    engine = p.add_argument(
+        "--engine",
+        default="broadcast",
+        help="broadcast (default): each layer's input streamed once in placed order, messages scattered into "
+        "the destinations (layers with a scatter form: sage; others run on gather); gather: each chunk of "
+        "destinations gathers its in-neighbours' rows (the reference)",
+    )
+    registry_choices(engine, "trainer.infer", "ENGINES")
+    p.add_argument(
+        "--memory",
+        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums and "
+        "edges; when they do not "
+        "fit, the destinations are cut into partitions, each streaming the input once (default: three quarters of the "
+        "memory available, within its memory cgroup)",
+    )
     p.set_defaults(func=cmd_infer)
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    from moment.errors import UsageError
+    from placement.importers.csr import parse_memory
     from trainer import infer, launch
 
+    try:
+        memory = parse_memory(args.memory) if args.memory is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--memory: {exc}") from None
     opts = infer.InferOptions(
         data=Path(args.data),
         checkpoint=Path(args.checkpoint),
@@ -69,6 +90,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         batch_size=args.batch_size,
         device=args.device,
+        engine=args.engine,
+        memory=memory,
     )
 
     def run_ranks(cmd: list[str]) -> int:

@@ -2,8 +2,10 @@
 
 What ``moment dataset synth`` and ``moment dataset import`` write and every reader of a dataset
 (``moment place``, the benchmarks) reads. Sizes are strict integers (``"5"``, ``5.0`` and ``true``
-are wrong types, not a 5), unknown keys are errors, and ``files`` holds plain file names only:
-a manifest must never point a reader outside its own directory.
+are wrong types, not a 5), unknown keys are errors, and ``files`` holds plain file names only.
+The one reference outside the directory is ``features_at``: an import that did not copy the
+features (they were already rows moment reads) names the source file with what it was at import
+(size, mtime, a sampled digest), and every open checks that it still is.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class DatasetFiles(_Typed):
 
     indptr: FileName = FILES["indptr"]
     indices: FileName = FILES["indices"]
-    features: FileName = FILES["features"]
+    features: FileName | None = FILES["features"]  # None: read in place from the manifest's features_at
     labels: FileName = FILES["labels"]
     train: FileName = FILES["train"]
     val: FileName = FILES["val"]
@@ -64,6 +66,8 @@ class DatasetFiles(_Typed):
     def _distinct(self) -> DatasetFiles:
         seen: dict[str, str] = {}
         for role, name in self.model_dump().items():
+            if name is None:
+                continue
             if name in seen:
                 raise ValueError(f"{seen[name]} and {role} both name {name!r}")
             seen[name] = role
@@ -98,6 +102,17 @@ class ImportProvenance(_Typed):
     labelled: int | None = None  # vertices labelled (IGB-full: a prefix; the rest is padding, imported as -1)
 
 
+class FeatureSource(_Typed):
+    """Features read in place from the file an import read (not copied), and what that file was then:
+    checked on every open, so a moved, replaced or rewritten source is refused by name."""
+
+    path: str = Field(min_length=2, pattern=r"^/")  # absolute
+    offset: int = Field(ge=0)  # bytes before row 0: the .npy header (0 for IGB's raw files)
+    size: int = Field(ge=1)  # the file's size in bytes
+    mtime_ns: int = Field(ge=0)
+    digest: str = Field(pattern=r"^blake2b-[0-9a-f]{32}$")  # of DIGEST_BLOCKS fixed-offset blocks (placement.dataset)
+
+
 class DatasetManifest(Contract):
     """dataset.json: the sizes every array is checked against, the file names, the provenance."""
 
@@ -116,3 +131,13 @@ class DatasetManifest(Contract):
     files: DatasetFiles = Field(default_factory=DatasetFiles)
     generator: SynthProvenance | None = None  # written by synth
     source: ImportProvenance | None = None  # written by import
+    features_at: FeatureSource | None = None  # the features are this file's rows, not files.features
+
+    @model_validator(mode="after")
+    def _one_feature_file(self) -> DatasetManifest:
+        if (self.files.features is None) == (self.features_at is None):
+            raise ValueError(
+                "features_at: give either files.features (a copy in the directory) or features_at (the source read "
+                "in place) and set the other to null"
+            )
+        return self

@@ -51,6 +51,9 @@ class LayerThroughput(Strict):
     vertices: int = Field(ge=0)
     seconds: float = Field(ge=0)
     vertices_per_s: float = Field(ge=0)
+    engine: Literal["broadcast", "gather"] | None = None  # of a layer: which engine computed it
+    partitions: int | None = Field(default=None, ge=0)  # broadcast: destination partitions, all ranks
+    note: str | None = None  # gather where broadcast was asked for: why
 
 
 class InferenceManifest(Contract):
@@ -69,6 +72,8 @@ class InferenceManifest(Contract):
     layers: Literal["all", "last"]
     nproc: int = Field(ge=1)
     batch_size: int = Field(ge=1)
+    engine: Literal["broadcast", "gather"] = "gather"  # asked for (--engine); each layer's is in throughput
+    memory: int | None = Field(default=None, ge=1)  # bytes a broadcast pass may hold (--memory), if one ran
     arrays: dict[str, ArrayEntry]  # "embeddings", "predictions", optional "logits", "layer1", ...
     accuracy: dict[str, float]  # split -> accuracy of the predictions on it ("test", "val")
     # the checkpoint's last sampled evaluation during training (split -> accuracy), to compare with

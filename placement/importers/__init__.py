@@ -1,7 +1,7 @@
 """``moment dataset import --format NAME``: one module per on-disk format, one registry entry each.
 
 Every importer takes the options shared by all formats (``--feature-dtype``, ``--undirected``,
-``--self-loops``, ``--memory``, ``--dry-run``) and its own (``options``). Adding a format is one
+``--self-loops``, ``--memory``, ``--dry-run``, ``--copy-features``) and its own (``options``). Adding a format is one
 module with a ``run`` and one line in :data:`IMPORTERS` (plus its own options in the CLI parser).
 """
 
@@ -17,7 +17,7 @@ from moment.errors import UsageError
 if TYPE_CHECKING:
     from placement.dataset import Dataset
 
-COMMON = ("feature_dtype", "undirected", "self_loops", "memory", "dry_run")
+COMMON = ("feature_dtype", "undirected", "self_loops", "memory", "dry_run", "copy_features")
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,13 @@ from placement.dataset import (
     Dataset,
     DatasetError,
     check_free_space,
+    feature_source,
     open_dataset,
     read_npy_header,
     staging,
     write_import_manifest,
 )
-from placement.importers import csr, readers
+from placement.importers import csr, publish, readers
 
 
 def import_arrays(
@@ -54,6 +55,7 @@ def import_arrays(
     chunk: int = 1 << 21,
     progress: Progress | None = None,
     dry_run: bool = False,
+    copy_features: bool = False,
     log: Callable[[str], None] = print,
 ) -> Dataset | None:
     """Validate the arrays, then write them as a dataset directory at ``out`` and open it.
@@ -64,7 +66,9 @@ def import_arrays(
     needed, writing nothing (returns None). Splits not given are drawn at
     random (``fractions`` of the labelled vertices, ``seed``) from labelled vertices in no given split.
     ``feature_dtype`` converts the features (e.g. float64 → float32); by default they keep theirs.
-    ``chunk`` is the number of edges (or feature values) handled at once.
+    ``chunk`` is the number of edges (or feature values) handled at once. Features kept as they are
+    (their dtype, native byte order) are read in place from ``features``, not copied, unless
+    ``copy_features``: the manifest records the file's identity (placement.dataset.feature_source).
     """
     if (edges is None) == (indptr is None and indices is None) or (indptr is None) != (indices is None):
         raise UsageError("give either an edge list, or indptr with indices")
@@ -89,15 +93,30 @@ def import_arrays(
     planned = csr.Layout.plan(n, memory)
     layout = csr.Layout(chunk=min(chunk, planned.chunk), window=planned.window)
     most = source.size * (2 if undirected else 1) + (n if self_loops else 0)  # an upper bound on the edges
-    need = csr.disk_need(n, most, most > layout.window) + 8 * n + n * dim * dtype.itemsize
+    refer = not copy_features and feats.dtype == dtype and feats.dtype.isnative
+    need = csr.disk_need(n, most, most > layout.window) + 8 * n + (0 if refer else n * dim * dtype.itemsize)
     if dry_run:
         log(
-            f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}; {labels}: {classes} classes; "
+            f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}"
+            f"{' (read in place, not copied)' if refer else ''}; {labels}: {classes} classes; "
             f"{source.size:,} edges in, up to {most:,} out"
         )
-        log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB. dry run: nothing written")
+        log(f"RAM: budget {memory / 1e9:.2f} GB (--memory); disk: {need / 1e9:.2f} GB")
+        edge_files = [Path(p) for p in (edges, indptr, indices) if p is not None]
+        publish.log_costs(
+            log,
+            edge_files[-1],
+            sum(p.stat().st_size for p in edge_files),
+            Path(labels).stat().st_size,
+            feats.nbytes,
+            refer,
+            csr.keeps(source.size, most, layout),
+            need,
+        )
+    check_free_space(out, need)  # the dry run too: it says whether the import can run
+    if dry_run:
+        log("dry run: nothing written")
         return None
-    check_free_space(out, need)
     with staging(out) as tmp:
         num_edges = csr.build(
             tmp,
@@ -109,7 +128,9 @@ def import_arrays(
             progress=progress,
             layout=layout,
         )
-        _write_features(tmp, feats, features, dtype, chunk, progress)
+        at = feature_source(features, read_npy_header(features, "features").offset) if refer else None
+        if not refer:
+            _write_features(tmp, feats, features, dtype, chunk, progress)
         _write_labels(tmp, labels, labs, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
         source_files = {"features": features, "labels": labels, "edges": edges, "indptr": indptr, "indices": indices}
@@ -123,6 +144,7 @@ def import_arrays(
             classes=classes,
             undirected=undirected,
             source=_provenance(source_files, splits, undirected, seed),
+            features_at=at,
         )
     return open_dataset(out)
 
@@ -258,7 +280,7 @@ def _write_features(
     """A byte copy when nothing changes, else a chunked conversion that refuses overflow."""
     target = tmp / FILES["features"]
     if feats.dtype == dtype and feats.dtype.isnative:
-        shutil.copyfile(path, target)
+        shutil.copyfile(path, target)  # --copy-features
         return
     rows = max(1, chunk // feats.shape[1])
     with open(target, "wb") as out:

@@ -27,7 +27,7 @@ import numpy as np
 from moment.errors import UsageError
 from placement.dataset import Dataset, DatasetError
 from placement.importers import splits as conventions
-from placement.importers.publish import Found, write_dataset
+from placement.importers.publish import Found, check_feature_layout, write_dataset
 from placement.importers.readers import ArrayFile, EdgeArray, npy, npy_or_raw
 
 SIZES = ("tiny", "small", "medium", "large", "full")
@@ -66,6 +66,7 @@ def find(
     base = processed_dir(Path(root), size)
     notes: list[str] = []
     feats = npy_or_raw(base / "paper" / "node_feat.npy", "features", "float32", DIM)
+    check_feature_layout(feats)  # before zero_tail reads rows of it
     n = feats.shape[0]
     if feats.raw:
         notes.append(
@@ -105,6 +106,7 @@ def find(
         labels=labs,
         edges=edges,
         splits=lambda: conventions.draw(split, count, seed),
+        prepare=conventions.prepare,
         split=split,
         given_splits=[],
         files={

@@ -86,16 +86,17 @@ def _binary(raw: Path) -> tuple[ArrayFile, ArrayFile, EdgeArray, dict[str, str],
 
 def _csv(raw: Path) -> tuple[CsvArray, CsvArray, EdgeArray, dict[str, str], list[str]]:
     """The CSV raw layout (ogbn-arxiv, ogbn-products): counts from num-*-list.csv.gz, rows parsed in batches."""
-    n, e = csv_count(raw / "num-node-list.csv.gz"), csv_count(raw / "num-edge-list.csv.gz")
-    feats = CsvArray(raw / "node-feat.csv.gz", (n, csv_width(raw / "node-feat.csv.gz")), np.dtype(np.float32))
+    nodes, edge_count = raw / "num-node-list.csv.gz", raw / "num-edge-list.csv.gz"
+    n, e = csv_count(nodes), csv_count(edge_count)
+    feats = CsvArray(raw / "node-feat.csv.gz", (n, csv_width(raw / "node-feat.csv.gz")), np.dtype(np.float32), nodes)
     width = csv_width(raw / "node-label.csv.gz")
     if width != 1:
         raise DatasetError(
             f"{raw / 'node-label.csv.gz'}: {width} labels per vertex (a multi-task dataset): "
             "moment imports one class per vertex"
         )
-    labs = CsvArray(raw / "node-label.csv.gz", (n, 1), np.dtype(np.float64))
-    edges = EdgeArray(CsvArray(raw / "edge.csv.gz", (e, 2), np.dtype(np.int64)), n, "edges", pairs=True)
+    labs = CsvArray(raw / "node-label.csv.gz", (n, 1), np.dtype(np.float64), nodes)
+    edges = EdgeArray(CsvArray(raw / "edge.csv.gz", (e, 2), np.dtype(np.int64), edge_count), n, "edges", pairs=True)
     files = {
         "features": str(feats.path.absolute()),
         "labels": str(labs.path.absolute()),

@@ -10,6 +10,10 @@ labels as int64 (-1: unlabelled), the splits, and the manifest last.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,15 +30,19 @@ from placement.dataset import (
     Dataset,
     DatasetError,
     check_free_space,
+    feature_source,
     open_dataset,
     staging,
     write_import_manifest,
 )
-from placement.importers import csr
+from placement.importers import csr, kernels
 from placement.importers.readers import ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
+# import speed of the edges and labels / a copy's, as measured by scripts/bench_import.py on the shared
+# 2-core development VM (load average 8, 2 threads: 0.13×): pessimistic on an idle machine
+COPY_RATIO = 0.13
 
 
 @dataclass
@@ -52,6 +60,7 @@ class Found:
     seed: int
     labelled: int | None = None  # only rows 0..labelled-1 are labelled; the rest is padding (-1)
     classes: int | None = None  # the declared number of classes; None: the largest label + 1
+    prepare: Callable[[], None] | None = None  # slow set-up of ``splits`` (an import), run in a thread meanwhile
     notes: list[str] = field(default_factory=list)  # schema lines for the dry run
     warnings: list[str] = field(default_factory=list)
 
@@ -69,12 +78,17 @@ def write_dataset(
     self_loops: bool = False,
     memory: int | None = None,
     dry_run: bool = False,
+    copy_features: bool = False,
     progress: Progress | None = None,
     log: Log = print,
 ) -> Dataset | None:
-    """Import what ``found`` describes into ``out`` (None with ``dry_run``: only the schema and needs)."""
+    """Import what ``found`` describes into ``out`` (None with ``dry_run``: only the schema and needs).
+
+    Features that already are rows moment reads are not copied (``in_place``): the manifest names
+    the source file; ``copy_features`` (or a conversion) copies them."""
     out = Path(out)
     n, dim, dtype = _check_features(found, feature_dtype)
+    refer = in_place(found.features, dtype, copy_features)
     _check_labels_shape(found.labels, n, found.features)
     memory = memory or csr.default_memory()
     layout = csr.Layout.plan(n, memory)
@@ -82,7 +96,7 @@ def write_dataset(
     windows = -(-most // layout.window) if most else 1
     disk = {
         "csr": csr.disk_need(n, most, windows > 1),
-        "features": n * dim * dtype.itemsize,
+        "features": 0 if refer else n * dim * dtype.itemsize,
         "labels and splits": 16 * n,
     }
     for line in found.notes:
@@ -102,12 +116,30 @@ def write_dataset(
         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
         + f"; {sum(disk.values()) / 1e9:.2f} GB in all (scratch included, freed at the end)"
     )
+    log_costs(
+        log,
+        found.edges.arr.path,
+        found.edges.arr.nbytes,
+        found.labels.nbytes,
+        found.features.nbytes,
+        refer,
+        csr.keeps(found.edges.size, most, layout),
+        sum(disk.values()),
+    )
+    log(
+        f"features: read in place from {found.features.path} (not copied; --copy-features copies them)"
+        if refer
+        else f"features: copied into {out / FILES['features']}"
+    )
     for warning in found.warnings:
         log(f"warning: {warning}")
+    check_free_space(out, sum(disk.values()))  # the dry run too: it says whether the import can run
     if dry_run:
         log("dry run: nothing written")
         return None
-    check_free_space(out, sum(disk.values()))
+    clock = _Phases()
+    if found.prepare is not None:  # e.g. torch's import (seconds), while the CSR build waits on the disk
+        threading.Thread(target=found.prepare, name="import-prepare", daemon=True).start()
     with staging(out) as tmp:
         num_edges = csr.build(
             tmp,
@@ -119,12 +151,17 @@ def write_dataset(
             progress=progress,
             layout=layout,
         )
-        _write_features(tmp, found.features, dtype, progress)
+        clock("csr")
+        source = feature_source(found.features.path, found.features.offset) if refer else None
+        _write_features(None if refer else tmp / FILES["features"], found.features, dtype, progress)
+        clock("features")
         classes, labelled = _write_labels(tmp, found, progress)
+        clock("labels")
         splits = found.splits()
-        _check_splits(tmp, splits, n)
+        _check_splits(tmp, splits, n, found)
         for name in SPLITS:
             np.save(tmp / FILES[name], splits[name].astype(np.int64))
+        clock("splits")
         write_import_manifest(
             tmp,
             out,
@@ -145,17 +182,42 @@ def write_dataset(
                 "split": found.split,
                 "labelled": labelled,
             },
+            features_at=source,
         )
+    clock("publish")
+    log(clock.line())
     return open_dataset(out)
 
 
-def _check_features(found: Found, feature_dtype: str | None) -> tuple[int, int, np.dtype]:
-    f = found.features
+class _Phases:
+    """Seconds per import step and the CPU seconds of all threads in it, for the last line
+    (``import phases: csr 1.20 s (CPU 1.90 s), ...``: CPU above wall time is the threads at work,
+    far below it is waiting on the disk or on a busy machine)."""
+
+    def __init__(self) -> None:
+        self.last, self.cpu, self.took = time.perf_counter(), time.process_time(), {}
+
+    def __call__(self, name: str) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        self.took[name] = (now - self.last, cpu - self.cpu)
+        self.last, self.cpu = now, cpu
+
+    def line(self) -> str:
+        return "import phases: " + ", ".join(f"{k} {w:.2f} s (CPU {c:.2f} s)" for k, (w, c) in self.took.items())
+
+
+def check_feature_layout(f: ArrayFile) -> None:
+    """A row-major N×d float array, or one line naming the file (before anything reads rows of it)."""
     if len(f.shape) != 2 or f.dtype.kind != "f" or f.fortran:
         raise DatasetError(
             f"{f.label}: features must be a row-major N×d float array, got {f.dtype.name} of shape "
             f"{f.shape}{' in Fortran order' if f.fortran else ''}"
         )
+
+
+def _check_features(found: Found, feature_dtype: str | None) -> tuple[int, int, np.dtype]:
+    f = found.features
+    check_feature_layout(f)
     if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
         raise UsageError(f"--feature-dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     dtype = np.dtype(feature_dtype or f.dtype.name)
@@ -175,19 +237,76 @@ def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
         )
 
 
-def _write_features(tmp: Path, f: ArrayFile, dtype: np.dtype, progress: Progress | None) -> None:
-    """Block by block; a non-finite value, or one that overflows float16, is refused naming its row."""
+def log_costs(
+    log: Log, edges: Path, edge_bytes: int, other_bytes: int, feature_bytes: int, refer: bool, once: bool, writes: int
+) -> None:
+    """What an import reads and writes, and about how long that takes: the edges and labels at
+    ``COPY_RATIO`` of a copy's speed, the features at read (``refer``) or copy speed, the copy's speed
+    taken as half a cold read of ``edges`` measured now (a copy reads and writes each byte)."""
+    passes = 1 if once else 2
+    log(
+        f"reads: edges {passes}× ({passes * edge_bytes / 1e9:.2f} GB{'' if once else ', then the scratch files'}), "
+        f"labels and splits ({other_bytes / 1e9:.2f} GB), features once ({feature_bytes / 1e9:.2f} GB: "
+        f"{'checked' if refer else 'copied'}); writes {writes / 1e9:.2f} GB"
+    )
+    rate = read_rate(edges)
+    if rate:
+        seconds = (edge_bytes + other_bytes) / (COPY_RATIO * rate / 2) + feature_bytes / (rate if refer else rate / 2)
+        log(
+            f"time: about {seconds:,.0f} s ({seconds / 3600:.1f} h): the edges and labels at {COPY_RATIO}× the "
+            f"speed of a copy of them (measured: scripts/bench_import.py), the features at "
+            f"{'read' if refer else 'copy'} speed; {edges} reads at {rate / 1e6:,.0f} MB/s now"
+        )
+
+
+def read_rate(path: Path, probe: int = 64 << 20) -> float | None:
+    """Bytes per second a cold sequential read of ``path`` gets now: ``probe`` bytes from its middle,
+    their cached pages dropped first (``posix_fadvise``); None where that cannot be measured."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = max(0, size // 2 - probe // 2) & ~4095
+            length = min(probe, size - start)
+            if length < 1 << 20:
+                return None
+            os.posix_fadvise(fh.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+            t0 = time.perf_counter()
+            got = len(os.pread(fh.fileno(), length, start))
+            took = time.perf_counter() - t0
+    except (OSError, AttributeError):
+        return None
+    return got / took if took > 0 else None
+
+
+def in_place(f: ArrayFile, dtype: np.dtype, copy_features: bool) -> bool:
+    """Whether the features can be read where they are: a file of their own (not an archive member or
+    a CSV), C order, already the dataset's dtype in this machine's byte order."""
+    return (
+        not copy_features
+        and isinstance(f, ArrayFile)
+        and f.member is None
+        and not f.fortran
+        and f.dtype == dtype
+        and f.dtype.isnative
+    )
+
+
+def _write_features(target: Path | None, f: ArrayFile, dtype: np.dtype, progress: Progress | None) -> None:
+    """Block by block into ``target`` (None: read in place, only checked); a non-finite value, or one
+    that overflows float16, is refused naming its row."""
     n, dim = f.shape
     count = max(1, BLOCK // (dim * max(4, f.dtype.itemsize)))
-    with open(tmp / FILES["features"], "wb") as fh:
-        np.lib.format.write_array_header_2_0(
-            fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n, dim)}
-        )
-        for a, block in rows(f, count):
+    with open(target, "wb") if target is not None else contextlib.nullcontext() as fh:
+        if fh is not None:
+            np.lib.format.write_array_header_2_0(
+                fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n, dim)}
+            )
+        for a, block in csr.prefetched(rows(f, count), kernels.threads() > 1):  # the next block read meanwhile
             with np.errstate(over="ignore"):
                 part = block.astype(dtype, copy=False)
-            if not np.isfinite(part).all():
-                row, col = (int(i) for i in np.argwhere(~np.isfinite(part))[0])
+            bad = kernels.first_nonfinite_row(part)
+            if bad >= 0:
+                row, col = bad, int(np.flatnonzero(~np.isfinite(part[bad]))[0])
                 if np.isfinite(block[row, col]):
                     raise DatasetError(
                         f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}), "
@@ -197,7 +316,8 @@ def _write_features(tmp: Path, f: ArrayFile, dtype: np.dtype, progress: Progress
                     f"{f.label}: features row {a + row} holds {block[row, col]} (column {col}): "
                     "NaN and inf features are refused"
                 )
-            fh.write(np.ascontiguousarray(part).data)
+            if fh is not None:
+                fh.write(np.ascontiguousarray(part).data)
             if progress:
                 progress("features", a + len(part), n)
 
@@ -240,7 +360,7 @@ def _write_labels(tmp: Path, found: Found, progress: Progress | None) -> tuple[i
     return (found.classes or top + 1), labelled
 
 
-def _check_splits(tmp: Path, splits: dict[str, Any], n: int) -> None:
+def _check_splits(tmp: Path, splits: dict[str, Any], n: int, found: Found) -> None:
     """In range, disjoint, labelled, and a non-empty train split (one line naming the split)."""
     labels = np.load(tmp / FILES["labels"], mmap_mode="r")
     seen = np.zeros(n, dtype=bool)
@@ -261,6 +381,15 @@ def _check_splits(tmp: Path, splits: dict[str, Any], n: int) -> None:
         seen[ids] = True
         unlabelled = ids[np.asarray(labels[ids]) < 0]
         if unlabelled.size:
-            raise DatasetError(f"{name} split: vertex {int(unlabelled[0])} is unlabelled")
+            hint = (
+                ": IGB's drawn splits take the first --labelled vertices (default all), so a NaN label among "
+                "them is a damaged file or a wrong --labelled"
+                if found.fmt == "igb"
+                else ""
+            )
+            raise DatasetError(
+                f"{name} split: vertex {int(unlabelled[0])} is unlabelled ({found.labels.label} gives it no "
+                f"class){hint}"
+            )
     if not splits["train"].size:
         raise DatasetError("train split is empty (no vertex to train on)")

@@ -14,6 +14,7 @@ import gzip
 import itertools
 import math
 import os
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from placement.dataset import read_npy_header
 
 SKIP = 1 << 24  # bytes inflated and dropped at once when a compressed member is read from an offset
 CSV_LINES = 1 << 15  # lines of a CSV parsed at once
+TAIL = 1 << 16  # a member read up to this close to its end is read to the end (its CRC checked)
 
 
 class _Sized:
@@ -78,12 +80,18 @@ class ArrayFile(_Sized):
                 yield fh
             return
         with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
-            while skip > 0:
-                got = len(fh.read(min(SKIP, skip)))
-                if not got:
-                    raise DatasetError(f"{self.label}: truncated member (ends before item {start})")
-                skip -= got
-            yield fh
+            try:
+                while skip > 0:
+                    got = len(fh.read(min(SKIP, skip)))
+                    if not got:
+                        raise DatasetError(f"{self.label}: truncated member (ends before item {start})")
+                    skip -= got
+                yield fh
+                if zf.getinfo(self.member).file_size - fh.tell() <= TAIL:
+                    while fh.read(SKIP):  # to the member's end, where zipfile checks its CRC-32
+                        pass
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise DatasetError(f"{self.label}: damaged ({exc}): download it again") from None
 
     def read(self, fh: BinaryIO, count: int) -> np.ndarray:
         """The next ``count`` items of a stream, in native byte order."""
@@ -170,7 +178,7 @@ def npz_member(path: str | Path, key: str, what: str, required: bool = True) -> 
 
 class EdgeArray:
     """An edge list as E×2 (pairs, IGB) or 2×E (a row of sources, a row of destinations, OGB), read
-    in chunks as int64 (src, dst) with every id checked against N."""
+    in chunks as (src, dst) int32 or int64 arrays; the CSR build checks every id against N."""
 
     def __init__(self, arr: ArrayFile, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
         if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
@@ -187,15 +195,17 @@ class EdgeArray:
         if self.interleaved:
             with self.arr.stream() as fh:
                 for a in range(0, e, chunk):
-                    pairs = self.arr.read(fh, 2 * min(chunk, e - a)).reshape(-1, 2).astype(np.int64)
-                    yield self._checked(pairs[:, 0], pairs[:, 1], a)
+                    pairs = _ids(self.arr.read(fh, 2 * min(chunk, e - a))).reshape(-1, 2)
+                    yield pairs[:, 0], pairs[:, 1]
             return
         with self.arr.stream() as fs, self.arr.stream(e) as fd:
             for a in range(0, e, chunk):
                 m = min(chunk, e - a)
-                yield self._checked(self.arr.read(fs, m).astype(np.int64), self.arr.read(fd, m).astype(np.int64), a)
+                yield _ids(self.arr.read(fs, m)), _ids(self.arr.read(fd, m))
 
-    def _checked(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+    def check(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every id of the chunk starting at edge ``at`` in [0, N), or one line naming the first
+        that is not (the CSR build checks ids as it counts, and calls this for the message)."""
         for ids in (src, dst):
             if ids.size and (ids.min() < 0 or ids.max() >= self.n):
                 i = int(np.argmax((ids < 0) | (ids >= self.n)))
@@ -204,6 +214,11 @@ class EdgeArray:
                     f"{int(ids[i])}, not a vertex id (N = {self.n:,} from the features)"
                 )
         return src, dst
+
+
+def _ids(a: np.ndarray) -> np.ndarray:
+    """Vertex ids as read (int32 or int64: no copy), other integer types widened to int64."""
+    return a if a.dtype in (np.dtype(np.int32), np.dtype(np.int64)) else a.astype(np.int64)
 
 
 def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -223,6 +238,7 @@ class CsvArray(_Sized):
     path: Path
     shape: tuple[int, ...]
     dtype: np.dtype
+    counted_in: Path | None = None  # the OGB count file its number of lines comes from
     fortran: bool = False
     member: None = None
     raw: bool = False
@@ -230,6 +246,9 @@ class CsvArray(_Sized):
     @property
     def label(self) -> str:
         return str(self.path)
+
+    def _counted(self) -> str:
+        return f" ({self.counted_in} says {self.shape[0]:,})" if self.counted_in else ""
 
     def describe(self) -> str:
         return f"{self.label}: gzip CSV, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}"
@@ -242,7 +261,15 @@ class CsvArray(_Sized):
         except FileNotFoundError:
             raise DatasetError(f"{self.path}: missing") from None
         with fh:
-            yield _Lines(_guarded(fh, self.path))
+            lines = _Lines(_guarded(fh, self.path))
+            yield lines
+            if lines.done == self.shape[0]:  # read whole: the rest must be blank, and gzip checks its CRC at the end
+                extra = sum(1 for line in lines.lines if line.strip())
+                if extra:
+                    raise DatasetError(
+                        f"{self.path}: {extra:,} more line(s) than the {self.shape[0]:,} expected{self._counted()}: "
+                        "the count file and the data disagree"
+                    )
 
     def read(self, fh: _Lines, count: int) -> np.ndarray:
         """The next ``count`` values (count / row width lines), parsed."""
@@ -251,14 +278,16 @@ class CsvArray(_Sized):
         for at in range(0, count, CSV_LINES * width):  # a few MB of Python strings at a time
             lines = list(itertools.islice(fh.lines, min(CSV_LINES, (count - at) // width)))
             try:
-                part = np.loadtxt(lines, dtype=self.dtype, delimiter=",", ndmin=2) if lines else out[:0]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # "input contained no data": named below
+                    part = np.loadtxt(lines, dtype=self.dtype, delimiter=",", ndmin=2) if lines else out[:0]
             except ValueError:
                 part = None
             if part is None or part.size != min(CSV_LINES * width, count - at) or part.shape[-1] != width:
                 i, why = _bad_line(lines, width, self.dtype)
                 raise DatasetError(
                     f"{self.path}: line {fh.done + i + 1}: {why} (expected {width} value(s) a line, "
-                    f"{self.shape[0]:,} lines)"
+                    f"{self.shape[0]:,} lines{self._counted()})"
                 )
             part = part.reshape(-1)
             out[at : at + part.size] = part
@@ -269,6 +298,8 @@ class CsvArray(_Sized):
 def _bad_line(lines: list[str], width: int, dtype: np.dtype) -> tuple[int, str]:
     """The first line of a batch that does not parse as ``width`` values (or the end of the file)."""
     for i, line in enumerate(lines):
+        if not line.strip():
+            return i, "an empty line"
         try:
             values = np.loadtxt([line], dtype=dtype, delimiter=",", ndmin=2)
         except ValueError as exc:
@@ -283,7 +314,7 @@ def _guarded(lines: Iterator[str], path: Path) -> Iterator[str]:
     try:
         yield from lines
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: not a readable gzip text file ({exc})") from None
+        raise DatasetError(f"{path}: damaged or not a gzip text file ({exc}): download it again") from None
 
 
 class _Lines:
@@ -296,7 +327,8 @@ class _Lines:
 def gzip_ints(path: Path, missing: str, expected: str) -> np.ndarray:
     """The integers of a small .csv.gz (a count file, a split's ids), or one line naming the file."""
     try:
-        with gzip.open(path, "rt") as fh:
+        with gzip.open(path, "rt") as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": an empty list is fine here
             return np.loadtxt(fh, dtype=np.int64, delimiter=",", ndmin=1)
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing{missing}") from None

@@ -56,6 +56,11 @@ def sizes(text: str, labelled: int) -> tuple[int, int, int]:
     return max(1, round(f * labelled)), round(f * labelled / 2), round(f * labelled / 2)
 
 
+def prepare() -> None:
+    """Import torch ahead of :func:`draw` (seconds; an importer runs it in a thread meanwhile)."""
+    import torch  # noqa: F401
+
+
 def draw(text: str, labelled: int, seed: int | None = None) -> dict[str, np.ndarray]:
     """The three splits of a convention, sorted vertex ids (seed: the convention's default if None)."""
     import torch  # here: the CLI's parser reads this package, and torch takes seconds to import
