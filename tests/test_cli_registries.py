@@ -55,9 +55,9 @@ def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
 
 
 def test_a_registered_max_flow_engine_is_a_choice_of_plan_and_score(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moment.planner.flow.engines import ENGINES
+    from moment.planner.flow.engines import MAX_FLOW_ENGINES
 
-    monkeypatch.setitem(ENGINES, "mine", ENGINES["networkx"])
+    monkeypatch.setitem(MAX_FLOW_ENGINES, "mine", MAX_FLOW_ENGINES["networkx"])
     for verb in ("plan", "score"):
         assert build_parser().parse_args([verb, "--profile", "p", "--engine", "mine"]).engine == "mine"
 

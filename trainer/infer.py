@@ -76,7 +76,7 @@ from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
-ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
+INFER_ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
@@ -100,7 +100,7 @@ class InferOptions:
     dtype: str = "float32"
     batch_size: int = DEFAULT_BATCH
     device: str = "auto"  # one of DEVICES
-    engine: str = "broadcast"  # one of ENGINES
+    engine: str = "broadcast"  # one of INFER_ENGINES
     memory: int | None = None  # bytes a broadcast pass may hold (None: default_memory())
 
     def check(self) -> None:
@@ -112,8 +112,8 @@ class InferOptions:
             raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
-        if self.engine not in ENGINES:
-            raise UsageError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.engine not in INFER_ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: expected one of {', '.join(INFER_ENGINES)}")
         if self.memory is not None and self.memory <= 0:
             raise UsageError(f"--memory {self.memory}: expected a positive number of bytes")
         if self.device not in DEVICES:
@@ -841,7 +841,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
     ap.add_argument("--device", choices=DEVICES, default="auto")
-    ap.add_argument("--engine", choices=ENGINES, default="broadcast")
+    ap.add_argument("--engine", choices=INFER_ENGINES, default="broadcast")
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:

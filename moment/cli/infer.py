@@ -60,7 +60,7 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
         "the destinations (layers with a scatter form: sage; others run on gather); gather: each chunk of "
         "destinations gathers its in-neighbours' rows (the reference)",
     )
-    registry_choices(engine, "trainer.infer", "ENGINES")
+    registry_choices(engine, "trainer.infer", "INFER_ENGINES")
     p.add_argument(
         "--memory",
         help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums and "
