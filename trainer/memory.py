@@ -44,7 +44,7 @@ import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
 from placement.sampler import csr_bytes, fits_on_gpu
-from trainer.models import LayerSize, activations_of
+from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
@@ -259,7 +259,10 @@ def shape_of_workload(
     w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2, heads: int = 8
 ) -> RunShape:
     """The run a planner workload describes (the profiles' paper workloads: IGB has 19 classes)."""
-    model = "gat" if w.model.lower().startswith("gat") else "sage"
+    from trainer.config import TrainConfig
+
+    # the registered model the workload names (GraphSAGE: sage), else the trainer's default
+    model = next((name for name in LAYERS if name in w.model.lower()), TrainConfig(data="").model)
     return RunShape(
         nodes=w.nodes,
         feature_dim=w.feature_dim,

@@ -198,4 +198,12 @@ class PlacedManifest(Contract):
             raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
         if self.prediction.bin_shares != {b.name: b.target for b in self.bins}:
             raise ValueError("prediction.bin_shares: must name every bin once, with the bin's target share")
+        w = self.prediction.workload
+        for tier, rows in (("gpu", w.gpu_cache_rows), ("cpu", w.cpu_cache_rows)):
+            held = sum(b.capacity for b in self.bins if b.tier == tier)
+            if self.prediction.source == "dataset" and held != rows:  # re-solved for these very caches
+                raise ValueError(
+                    f"prediction.workload.{tier}_cache_rows: {rows}, but the {tier} bins' capacity is {held} rows "
+                    "(the cache size is recorded twice: the two must agree)"
+                )
         return self
