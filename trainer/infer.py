@@ -36,24 +36,19 @@ deterministic: CUDA's scatter sums add in no fixed order, so there the last bits
 
 from __future__ import annotations
 
-import argparse
-import functools
 import hashlib
 import json
-import os
 import shutil
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from moment import faults, procs
-from moment.contracts.checkpoint import CheckpointError, DataIdentity
+from moment import faults
 from moment.contracts.inference import (
     MANIFEST,
     ArrayEntry,
@@ -61,404 +56,31 @@ from moment.contracts.inference import (
     InferenceManifest,
     LayerThroughput,
 )
-from moment.contracts.plan import PlanDoc, read_plan
-from moment.errors import MomentError, UsageError
-from moment.fileio import atomic_write_text, reserve
-from moment.options import OptionParser, add_arguments, to_argv
-from moment.outputs import Kind, Staging, check_free_space, check_out, joined
-from moment.progress import Progress, Reporter
-from placement.placed import Placed, open_placed
+from moment.contracts.plan import read_plan
+from moment.errors import UsageError
+from moment.fileio import atomic_write_text
+from moment.options import to_argv
+from moment.outputs import Kind, Staging, check_free_space, check_out
+from moment.progress import Progress
 from placement.writer import file_digest
-from trainer import broadcast, checkpoint
-from trainer.config import TrainConfig
-from trainer.dist import DistEnv, lost_peer, select_device
-from trainer.featurestore import TieredFeatureStore
+from trainer import broadcast
 from trainer.infer_options import RANK_OPTIONS, InferOptions
-from trainer.models import BlockGNN, Scatter, build_model, scatter_form
-
-EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
-WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
-INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
-
-Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
-
-
-# -- inputs ------------------------------------------------------------------------------------
-
-
-def checkpoint_dir(path: Path) -> Path:
-    """The checkpoint directory ``path`` names (the directory itself or its checkpoint.pt)."""
-    path = Path(path)
-    if path.is_file() and path.name == checkpoint.FILENAME:
-        return path.parent
-    if path.is_dir() and checkpoint.path_in(path).is_file():
-        return path
-    if path.is_file():
-        raise CheckpointError(f"{path}: not a checkpoint file (expected {checkpoint.FILENAME} or its directory)")
-    raise CheckpointError(f"{checkpoint.path_in(path) if path.is_dir() else path}: missing (a training checkpoint)")
-
-
-@dataclass
-class Loaded:
-    """The model of a checkpoint, in eval mode, checked against the placed dataset."""
-
-    placed: Placed
-    identity: DataIdentity
-    cfg: TrainConfig
-    model: BlockGNN
-    epoch: int
-    history: list[dict[str, Any]]
-    checkpoint_sha256: str
-    widths: list[int]  # output width of each layer
-
-
-def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
-    """Open the placed dataset and the checkpoint's model; refuse a checkpoint of other data (as
-    ``moment train --resume`` does: same placement, same shapes)."""
-    placed = open_placed(data)
-    identity = DataIdentity.of(placed.root, placed.manifest)
-    directory = checkpoint_dir(ckpt)
-    meta = checkpoint.read_meta(directory)
-    assert meta is not None  # checkpoint_dir found the file
-    cfg = TrainConfig.from_dict(meta.config)
-    body = checkpoint.load(directory, cfg, identity)  # refuses other data, naming the file and what differs
-    assert body is not None
-    model = build_model(cfg, placed.feature_dim, identity.num_classes)
-    try:
-        model.load_state_dict(body["model"])
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{checkpoint.path_in(directory)}: its weights do not fit the model its config "
-            f"describes ({str(exc).splitlines()[0]})"
-        ) from None
-    device = device or torch.device("cpu")
-    model.to(device).eval()
-    digest = file_digest(checkpoint.path_in(directory))
-    return Loaded(
-        placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
-    )
-
-
-def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
-    """The scatter form the broadcast engine runs layer ``layer`` (1-based) with; None: the
-    gather engine runs it (asked for, or the layer has none)."""
-    if engine != "broadcast":
-        return None
-    return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
-
-
-def rank_budget(memory: int, world: int) -> int:
-    """A rank's share of ``--memory`` (ranks of one node run side by side)."""
-    return memory // world
-
-
-def layer_engines(loaded: Loaded, engine: str) -> list[str]:
-    """The engine that runs each layer."""
-    return ["broadcast" if layer_form(loaded, engine, k) else "gather" for k in range(1, len(loaded.widths) + 1)]
-
-
-def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
-    """Each layer's output width, by running it on one vertex (any PyG-style conv plugs in)."""
-    widths, x = [], torch.zeros(1, in_dim, device=device)
-    empty = torch.zeros(2, 0, dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        for i in range(len(model.convs)):
-            x = model.layer(i, x, 1, empty)
-            widths.append(int(x.shape[1]))
-    return widths
-
-
-# -- the work directory -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Every array of a run: the layers in new ids (work files) and the exported ones."""
-
-    num_nodes: int
-    widths: tuple[int, ...]
-    dtype: str
-    layers: str
-
-    @property
-    def depth(self) -> int:
-        return len(self.widths)
-
-    def work(self, layer: int) -> tuple[str, tuple[int, int], str]:
-        """Work file of layer ``layer`` (1-based): its output for every vertex, in new ids."""
-        last = layer == self.depth
-        return f"{WORK}/h{layer}.npy", (self.num_nodes, self.widths[layer - 1]), "float32" if last else self.dtype
-
-    def exports(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
-        """name -> (file, shape, dtype) of the arrays users get, in original ids."""
-        n, emb_layer = self.num_nodes, max(self.depth - 1, 1)
-        out: dict[str, tuple[str, tuple[int, ...], str]] = {
-            "embeddings": ("embeddings.npy", (n, self.widths[emb_layer - 1]), self.work(emb_layer)[2]),
-            "predictions": ("predictions.npy", (n,), "int64"),
-        }
-        if self.layers == "all":
-            out["logits"] = ("logits.npy", (n, self.widths[-1]), "float32")
-            for k in range(1, self.depth - 1):
-                out[f"layer{k}"] = (f"layer{k}.npy", (n, self.widths[k - 1]), self.dtype)
-        return out
-
-    def sources(self) -> dict[str, int]:
-        """name -> the layer (1-based) each export copies rows of."""
-        src = {"embeddings": max(self.depth - 1, 1), "predictions": self.depth, "logits": self.depth}
-        src.update({f"layer{k}": k for k in range(1, self.depth - 1)})
-        return {k: v for k, v in src.items() if k in self.exports()}
-
-    def nbytes(self) -> int:
-        files = [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values())
-        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in files)
-
-    def create(self, data: Path) -> None:
-        (data / WORK).mkdir(parents=True, exist_ok=True)
-        for path, shape, dt in [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values()):
-            np.lib.format.open_memmap(data / path, mode="w+", dtype=dt, shape=shape).flush()
-            reserve(data / path)  # written through memory maps: a full disk now, not SIGBUS later
-
-    def open(self, data: Path, path: str) -> np.memmap:
-        return np.load(data / path, mmap_mode="r+")
-
-
-def stages(depth: int) -> list[str]:
-    """The stages every rank goes through, with a barrier after each."""
-    return [f"layer {k}" for k in range(1, depth + 1)] + ["export"]
-
-
-def rank_range(n: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank ``rank``'s contiguous share of ``n`` vertices."""
-    return n * rank // world, n * (rank + 1) // world
-
-
-def chunks(lo: int, hi: int, size: int, indptr: np.ndarray | None = None) -> list[tuple[int, int]]:
-    """``[lo, hi)`` in chunks of at most ``size`` vertices and, with ``indptr``, at most
-    ``EDGES_PER_VERTEX * size`` in-edges (a chunk's memory grows with its edges: each edge's
-    source row is gathered; a vertex with more in-edges than that is a chunk of its own)."""
-    out, a = [], lo
-    while a < hi:
-        b = min(a + size, hi)
-        if indptr is not None:
-            ptr = np.asarray(indptr[a : b + 1])
-            fit = int(np.searchsorted(ptr, ptr[0] + EDGES_PER_VERTEX * size, side="right")) - 1
-            b = a + max(fit, 1)
-        out.append((a, b))
-        a = b
-    return out
-
-
-@dataclass
-class RankProgress:
-    """What one rank has finished: every stage before ``stage``, and ``chunks`` chunks of it;
-    vertices and seconds per stage in the runs that did them (throughput)."""
-
-    stage: int = 0
-    chunks: int = 0
-    timing: dict[str, list[float]] = field(default_factory=dict)  # stage -> [vertices, seconds]
-
-    @staticmethod
-    def path(data: Path, rank: int) -> Path:
-        return data / WORK / f"progress-{rank}.json"
-
-    @classmethod
-    def read(cls, data: Path, rank: int) -> RankProgress:
-        try:
-            doc = json.loads(cls.path(data, rank).read_text())
-            return cls(int(doc["stage"]), int(doc["chunks"]), {k: list(v) for k, v in doc["timing"].items()})
-        except FileNotFoundError:
-            return cls()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InferenceError(
-                f"{cls.path(data, rank)}: damaged progress record ({exc}); remove {data.parent} to start over"
-            ) from None
-
-    def write(self, data: Path, rank: int) -> None:
-        atomic_write_text(
-            self.path(data, rank),
-            json.dumps({"stage": self.stage, "chunks": self.chunks, "timing": self.timing}) + "\n",
-        )
-
-
-# -- one chunk ----------------------------------------------------------------------------------
-
-
-def bipartite(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> tuple[np.ndarray, torch.Tensor]:
-    """The full in-neighbourhood of destinations ``[a, b)`` as a bipartite graph: source ids (the
-    destinations first, then their other in-neighbours ascending) and the 2 × E edge index (row
-    0: source position, row 1: destination position)."""
-    ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
-    nbr = np.asarray(indices[ptr[0] : ptr[-1]]).astype(np.int64, copy=False)
-    dst = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(ptr))
-    inside = (nbr >= a) & (nbr < b)
-    outside = np.unique(nbr[~inside])
-    local = np.empty_like(nbr)
-    local[inside] = nbr[inside] - a
-    local[~inside] = (b - a) + np.searchsorted(outside, nbr[~inside])
-    src = np.concatenate([np.arange(a, b, dtype=np.int64), outside])
-    return src, torch.from_numpy(np.stack([local, dst]))
-
-
-class Rank:
-    """One rank's share of the work: its model, feature store, CSR and arrays."""
-
-    def __init__(
-        self,
-        loaded: Loaded,
-        data: Path,
-        layout: Layout,
-        batch_size: int,
-        rank: int,
-        world: int,
-        device: torch.device,
-        features: Features | None = None,
-        engine: str = "gather",
-        memory: int = 0,
-    ) -> None:
-        """``features``: where layer 1 reads its input rows (default: the placed tiers);
-        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget."""
-        self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
-        self.features = features
-        self.engine, self.memory = engine, memory
-        self.rank, self.world, self.device = rank, world, device
-        placed = loaded.placed
-        self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
-        self.old_to_new = placed.array("old_to_new")
-        self._store: TieredFeatureStore | None = None
-
-    @property
-    def store(self) -> TieredFeatureStore:
-        if self._store is None:  # only layer 1 reads features: a resumed run past it never loads the caches
-            self._store = TieredFeatureStore(self.m.placed, device=self.device)
-        return self._store
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-
-    def form(self, layer: int) -> Scatter | None:
-        """Layer ``layer``'s scatter form when the broadcast engine runs it, else None (gather)."""
-        return layer_form(self.m, self.engine, layer)
-
-    def chunks_of(self, stage: int) -> list[tuple[int, int]]:
-        """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
-        destination partitions of a broadcast one, old ids for the export."""
-        lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
-        if stage < self.layout.depth and self.form(stage + 1) is not None:
-            width, in_width = self.m.widths[stage], self._in_width(stage + 1)
-            budget = rank_budget(self.memory, self.world)
-            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, budget)
-        return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
-
-    def _in_width(self, layer: int) -> int:
-        return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
-
-    def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
-        """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
-        tiers for layer 1, else a sequential slice of the previous layer's file."""
-        if layer == 1:
-            return self.inputs(1, np.arange(s0, s1, dtype=np.int64))
-        prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
-        return torch.from_numpy(np.array(prev[s0:s1])).to(self.device, torch.float32)
-
-    def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
-        """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
-        if layer == 1 and self.features is not None:
-            x = self.features(src)
-        elif layer == 1:
-            x = self.store.get(torch.from_numpy(src))
-        else:
-            prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
-            x = torch.from_numpy(np.asarray(prev[src]))
-        return x.to(self.device, torch.float32)
-
-    def run_layer_chunk(
-        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
-    ) -> int:
-        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
-        reported to ``update`` (a broadcast partition reports as its stream advances)."""
-        form = self.form(layer)
-        if form is not None:
-
-            def write(row: int, h: torch.Tensor) -> None:
-                out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
-
-            with torch.inference_mode():
-                broadcast.run_partition(
-                    form,
-                    functools.partial(self.m.model.after, layer - 1),
-                    self.indptr,
-                    self.indices,
-                    a,
-                    b,
-                    functools.partial(self.block_rows, layer),
-                    self.batch,
-                    self.layout.num_nodes,
-                    self.m.widths[layer - 1],
-                    self.device,
-                    write,
-                    update,
-                )
-            return b - a if update else 0
-        src, edge_index = bipartite(self.indptr, self.indices, a, b)
-        with torch.inference_mode():
-            h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
-        out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
-        return 0
-
-    def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
-        new = np.asarray(self.old_to_new[a:b])
-        order = np.argsort(new, kind="stable")  # read the work files in ascending rows
-        rows = {k: np.empty((b - a, *w.shape[1:]), dtype=w.dtype) for k, w in works.items()}
-        for k, w in works.items():
-            rows[k][order] = w[new[order]]
-        for name, layer in self.layout.sources().items():
-            if name == "predictions":
-                arrays[name][a:b] = rows[layer].argmax(axis=1)
-            else:
-                arrays[name][a:b] = rows[layer]
-
-    def run_stage(self, stage: int, progress: RankProgress, update: Callable[[int], None] | None = None) -> None:
-        """Do this rank's chunks of ``stage`` that ``progress`` does not record as done."""
-        depth = self.layout.depth
-        if progress.stage > stage:
-            return
-        if progress.stage < stage:
-            progress.stage, progress.chunks = stage, 0
-        todo = self.chunks_of(stage)
-        name = stages(depth)[stage]
-        if stage < depth:
-            out = self.layout.open(self.data, self.layout.work(stage + 1)[0])
-            arrays: dict[str, np.memmap] = {}
-            works: dict[int, np.memmap] = {}
-        else:
-            out = None
-            arrays = {k: self.layout.open(self.data, f) for k, (f, _, _) in self.layout.exports().items()}
-            works = {
-                k: self.layout.open(self.data, self.layout.work(k)[0]) for k in set(self.layout.sources().values())
-            }
-        for c in range(progress.chunks, len(todo)):
-            a, b = todo[c]
-            start, shown = time.perf_counter(), 0
-            if out is not None:
-                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
-                out.flush()
-            else:
-                self.run_export_chunk(a, b, arrays, works)
-                for arr in arrays.values():
-                    arr.flush()
-            faults.point(f"infer:{name.replace(' ', '')}:chunk{c}")  # rows written, not yet recorded
-            seconds = time.perf_counter() - start
-            done = progress.timing.setdefault(name, [0, 0.0])
-            done[0] += b - a
-            done[1] += seconds
-            progress.chunks = c + 1
-            progress.write(self.data, self.rank)
-            if update:
-                update(b - a - shown)
-        progress.stage, progress.chunks = stage + 1, 0
-        progress.write(self.data, self.rank)
-
+from trainer.infer_rank import Features, Rank, done_before, rank_main, stage_bar
+from trainer.infer_work import (
+    INPUTS,
+    WORK,
+    Layout,
+    Loaded,
+    RankProgress,
+    default_memory,
+    device_for,
+    layer_engines,
+    load,
+    rank_budget,
+    rank_range,
+    read_inputs,
+    stages,
+)
 
 # -- the whole run ------------------------------------------------------------------------------
 
@@ -492,16 +114,6 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
         "version": 2,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def device_for(env: DistEnv | None = None, plan: PlanDoc | None = None, requested: str = "auto") -> torch.device:
-    """The rank's device: with ``requested`` "cuda" (or "auto" where there is CUDA) its GPU — the
-    one the plan gives it, found by PCI address, and the rank pinned to that GPU's socket, as
-    training chooses — else the CPU."""
-    env = env or DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    return select_device(requested, env, plan)[0]
 
 
 @dataclass
@@ -549,30 +161,15 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         layout.create(stage.data)
         atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key, "memory": memory}) + "\n")
     else:  # the partitions (the chunks progress counts) were cut by the first run's budget
-        first = int(_inputs(stage.data).get("memory") or memory)
+        first = int(read_inputs(stage.data).get("memory") or memory)
         if opts.memory and opts.memory != first:
             log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
         memory = first
     return Prepared(stage, loaded, layout, key, memory=memory)
 
 
-def default_memory(placed: Placed | None = None) -> int:
-    """A broadcast pass's default budget (:func:`trainer.broadcast.default_memory`), leaving room
-    for the cache bins layer 1 loads into memory."""
-    cached = sum(b.bytes for b in placed.bins if b.tier != "ssd") if placed is not None else 0
-    return broadcast.default_memory(cached)
-
-
-def _inputs(data: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((data / WORK / INPUTS).read_text())
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _inputs_key(data: Path) -> str | None:
-    return _inputs(data).get("key")
+    return read_inputs(data).get("key")
 
 
 def run_in_process(
@@ -591,34 +188,14 @@ def run_in_process(
     states = [RankProgress.read(p.stage.data, r) for r in range(opts.nproc)]
     try:
         for s, name in enumerate(stages(p.layout.depth)):
-            update = _bar(progress, name, p.layout.num_nodes, sum(_done(r, st, s) for r, st in zip(ranks, states)))
+            update = stage_bar(
+                progress, name, p.layout.num_nodes, sum(done_before(r, st, s) for r, st in zip(ranks, states))
+            )
             for rank, state in zip(ranks, states):
                 rank.run_stage(s, state, update)
     finally:
         for rank in ranks:
             rank.close()
-
-
-def _done(rank: Rank, state: RankProgress, stage: int) -> int:
-    """Vertices of ``stage`` this rank already did (for the progress bar of a resumed run)."""
-    if state.stage > stage:
-        return sum(b - a for a, b in rank.chunks_of(stage))
-    if state.stage < stage:
-        return 0
-    return sum(b - a for a, b in rank.chunks_of(stage)[: state.chunks])
-
-
-def _bar(progress: Progress | None, name: str, total: int, done: int) -> Callable[[int], None] | None:
-    if progress is None:
-        return None
-    stage, state = f"infer: {name}", [done]
-    progress(stage, done, total)
-
-    def step(k: int) -> None:
-        state[0] += k
-        progress(stage, state[0], total)
-
-    return step
 
 
 def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> InferenceManifest:
@@ -763,70 +340,6 @@ def training_accuracy(history: list[dict[str, Any]]) -> dict[str, float]:
     """The last sampled validation accuracy a checkpoint's history records (empty if none)."""
     sampled = [h["val_acc"] for h in history if isinstance(h.get("val_acc"), (int, float))]
     return {"val": float(sampled[-1])} if sampled else {}
-
-
-# -- one rank under torchrun --------------------------------------------------------------------
-
-
-def rank_main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between;
-    exit status 0, 1 (one line), or 128 + the signal that stopped it (quietly: the launcher
-    reports it)."""
-    ap = OptionParser(prog="python -m trainer.infer")
-    add_arguments(ap, InferOptions, only=RANK_OPTIONS)
-    ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
-    args = ap.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        with procs.interruptible():
-            procs.guard()  # stops by itself when its launcher is gone
-            with joined(Path(args.work).parent, "moment infer"):  # OUT.partial is this job's while it runs
-                _rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
-        return 0
-    except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
-        return procs.stopped(getattr(exc, "exit_code", 130), True)
-    except torch.distributed.DistError as exc:  # a peer is gone
-        if (signum := procs.stopping()) is not None:
-            return procs.stopped(128 + signum, True)
-        print(f"trainer.infer rank {rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
-        return 1
-    except (MomentError, OSError) as exc:
-        if (signum := procs.stopping()) is not None:
-            return procs.stopped(128 + signum, True)
-        if isinstance(exc, OSError):  # a full disk, a read-only target: the file and the reason
-            exc = MomentError(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-        print(f"trainer.infer rank {rank}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
-    import torch.distributed as dist
-
-    device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
-    loaded = load(Path(args.data), Path(args.checkpoint), device)
-    data = Path(args.work)
-    if not (data / WORK / INPUTS).is_file():
-        raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
-    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
-    if world > 1:
-        dist.init_process_group("gloo")
-    memory = int(_inputs(data).get("memory") or default_memory(loaded.placed))
-    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device, None, args.engine, memory)
-    state = RankProgress.read(data, rank)
-    report = Reporter().__enter__() if rank == 0 else None
-    try:
-        for s, name in enumerate(stages(layout.depth)):
-            total = sum(b - a for a, b in worker.chunks_of(s))
-            update = _bar(report, f"{name} (rank 0)", total, _done(worker, state, s))
-            worker.run_stage(s, state, update)
-            if world > 1:
-                dist.barrier()
-    finally:
-        worker.close()
-        if report is not None:
-            report.__exit__()
-    if world > 1:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

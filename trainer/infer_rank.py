@@ -1,0 +1,310 @@
+"""One inference rank: a stage's chunks computed and written (the gather engine here, the
+broadcast engine in :mod:`trainer.broadcast`), and ``python -m trainer.infer``'s entry point on
+each torchrun process (:func:`rank_main`)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moment import faults, procs
+from moment.contracts.inference import (
+    InferenceError,
+)
+from moment.contracts.plan import read_plan
+from moment.errors import MomentError
+from moment.options import OptionParser, add_arguments
+from moment.outputs import joined
+from moment.progress import Progress, Reporter
+from trainer import broadcast
+from trainer.dist import DistEnv, lost_peer
+from trainer.featurestore import TieredFeatureStore
+from trainer.infer_options import RANK_OPTIONS, InferOptions
+from trainer.infer_work import (
+    INPUTS,
+    WORK,
+    Layout,
+    Loaded,
+    RankProgress,
+    chunks,
+    default_memory,
+    device_for,
+    layer_form,
+    load,
+    rank_budget,
+    rank_range,
+    read_inputs,
+    stages,
+)
+from trainer.models import Scatter
+
+Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
+
+
+def bipartite(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> tuple[np.ndarray, torch.Tensor]:
+    """The full in-neighbourhood of destinations ``[a, b)`` as a bipartite graph: source ids (the
+    destinations first, then their other in-neighbours ascending) and the 2 × E edge index (row
+    0: source position, row 1: destination position)."""
+    ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
+    nbr = np.asarray(indices[ptr[0] : ptr[-1]]).astype(np.int64, copy=False)
+    dst = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(ptr))
+    inside = (nbr >= a) & (nbr < b)
+    outside = np.unique(nbr[~inside])
+    local = np.empty_like(nbr)
+    local[inside] = nbr[inside] - a
+    local[~inside] = (b - a) + np.searchsorted(outside, nbr[~inside])
+    src = np.concatenate([np.arange(a, b, dtype=np.int64), outside])
+    return src, torch.from_numpy(np.stack([local, dst]))
+
+
+class Rank:
+    """One rank's share of the work: its model, feature store, CSR and arrays."""
+
+    def __init__(
+        self,
+        loaded: Loaded,
+        data: Path,
+        layout: Layout,
+        batch_size: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        features: Features | None = None,
+        engine: str = "gather",
+        memory: int = 0,
+    ) -> None:
+        """``features``: where layer 1 reads its input rows (default: the placed tiers);
+        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget."""
+        self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
+        self.features = features
+        self.engine, self.memory = engine, memory
+        self.rank, self.world, self.device = rank, world, device
+        placed = loaded.placed
+        self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
+        self.old_to_new = placed.array("old_to_new")
+        self._store: TieredFeatureStore | None = None
+
+    @property
+    def store(self) -> TieredFeatureStore:
+        if self._store is None:  # only layer 1 reads features: a resumed run past it never loads the caches
+            self._store = TieredFeatureStore(self.m.placed, device=self.device)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def form(self, layer: int) -> Scatter | None:
+        """Layer ``layer``'s scatter form when the broadcast engine runs it, else None (gather)."""
+        return layer_form(self.m, self.engine, layer)
+
+    def chunks_of(self, stage: int) -> list[tuple[int, int]]:
+        """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
+        destination partitions of a broadcast one, old ids for the export."""
+        lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
+        if stage < self.layout.depth and self.form(stage + 1) is not None:
+            width, in_width = self.m.widths[stage], self._in_width(stage + 1)
+            budget = rank_budget(self.memory, self.world)
+            return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, budget)
+        return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
+
+    def _in_width(self, layer: int) -> int:
+        return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
+
+    def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
+        """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
+        tiers for layer 1, else a sequential slice of the previous layer's file."""
+        if layer == 1:
+            return self.inputs(1, np.arange(s0, s1, dtype=np.int64))
+        prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
+        return torch.from_numpy(np.array(prev[s0:s1])).to(self.device, torch.float32)
+
+    def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
+        """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
+        if layer == 1 and self.features is not None:
+            x = self.features(src)
+        elif layer == 1:
+            x = self.store.get(torch.from_numpy(src))
+        else:
+            prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
+            x = torch.from_numpy(np.asarray(prev[src]))
+        return x.to(self.device, torch.float32)
+
+    def run_layer_chunk(
+        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
+    ) -> int:
+        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
+        reported to ``update`` (a broadcast partition reports as its stream advances)."""
+        form = self.form(layer)
+        if form is not None:
+
+            def write(row: int, h: torch.Tensor) -> None:
+                out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
+
+            with torch.inference_mode():
+                broadcast.run_partition(
+                    form,
+                    functools.partial(self.m.model.after, layer - 1),
+                    self.indptr,
+                    self.indices,
+                    a,
+                    b,
+                    functools.partial(self.block_rows, layer),
+                    self.batch,
+                    self.layout.num_nodes,
+                    self.m.widths[layer - 1],
+                    self.device,
+                    write,
+                    update,
+                )
+            return b - a if update else 0
+        src, edge_index = bipartite(self.indptr, self.indices, a, b)
+        with torch.inference_mode():
+            h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
+        out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
+        return 0
+
+    def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
+        new = np.asarray(self.old_to_new[a:b])
+        order = np.argsort(new, kind="stable")  # read the work files in ascending rows
+        rows = {k: np.empty((b - a, *w.shape[1:]), dtype=w.dtype) for k, w in works.items()}
+        for k, w in works.items():
+            rows[k][order] = w[new[order]]
+        for name, layer in self.layout.sources().items():
+            if name == "predictions":
+                arrays[name][a:b] = rows[layer].argmax(axis=1)
+            else:
+                arrays[name][a:b] = rows[layer]
+
+    def run_stage(self, stage: int, progress: RankProgress, update: Callable[[int], None] | None = None) -> None:
+        """Do this rank's chunks of ``stage`` that ``progress`` does not record as done."""
+        depth = self.layout.depth
+        if progress.stage > stage:
+            return
+        if progress.stage < stage:
+            progress.stage, progress.chunks = stage, 0
+        todo = self.chunks_of(stage)
+        name = stages(depth)[stage]
+        if stage < depth:
+            out = self.layout.open(self.data, self.layout.work(stage + 1)[0])
+            arrays: dict[str, np.memmap] = {}
+            works: dict[int, np.memmap] = {}
+        else:
+            out = None
+            arrays = {k: self.layout.open(self.data, f) for k, (f, _, _) in self.layout.exports().items()}
+            works = {
+                k: self.layout.open(self.data, self.layout.work(k)[0]) for k in set(self.layout.sources().values())
+            }
+        for c in range(progress.chunks, len(todo)):
+            a, b = todo[c]
+            start, shown = time.perf_counter(), 0
+            if out is not None:
+                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
+                out.flush()
+            else:
+                self.run_export_chunk(a, b, arrays, works)
+                for arr in arrays.values():
+                    arr.flush()
+            faults.point(f"infer:{name.replace(' ', '')}:chunk{c}")  # rows written, not yet recorded
+            seconds = time.perf_counter() - start
+            done = progress.timing.setdefault(name, [0, 0.0])
+            done[0] += b - a
+            done[1] += seconds
+            progress.chunks = c + 1
+            progress.write(self.data, self.rank)
+            if update:
+                update(b - a - shown)
+        progress.stage, progress.chunks = stage + 1, 0
+        progress.write(self.data, self.rank)
+
+
+def done_before(rank: Rank, state: RankProgress, stage: int) -> int:
+    """Vertices of ``stage`` this rank already did (for the progress bar of a resumed run)."""
+    if state.stage > stage:
+        return sum(b - a for a, b in rank.chunks_of(stage))
+    if state.stage < stage:
+        return 0
+    return sum(b - a for a, b in rank.chunks_of(stage)[: state.chunks])
+
+
+def stage_bar(progress: Progress | None, name: str, total: int, done: int) -> Callable[[int], None] | None:
+    """A stage's progress callback (vertices done so far), reporting ``done`` at once; None without ``progress``."""
+    if progress is None:
+        return None
+    stage, state = f"infer: {name}", [done]
+    progress(stage, done, total)
+
+    def step(k: int) -> None:
+        state[0] += k
+        progress(stage, state[0], total)
+
+    return step
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between;
+    exit status 0, 1 (one line), or 128 + the signal that stopped it (quietly: the launcher
+    reports it)."""
+    ap = OptionParser(prog="python -m trainer.infer")
+    add_arguments(ap, InferOptions, only=RANK_OPTIONS)
+    ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
+    args = ap.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        with procs.interruptible():
+            procs.guard()  # stops by itself when its launcher is gone
+            with joined(Path(args.work).parent, "moment infer"):  # OUT.partial is this job's while it runs
+                _rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
+        return 0
+    except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
+        return procs.stopped(getattr(exc, "exit_code", 130), True)
+    except torch.distributed.DistError as exc:  # a peer is gone
+        if (signum := procs.stopping()) is not None:
+            return procs.stopped(128 + signum, True)
+        print(f"trainer.infer rank {rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
+    except (MomentError, OSError) as exc:
+        if (signum := procs.stopping()) is not None:
+            return procs.stopped(128 + signum, True)
+        if isinstance(exc, OSError):  # a full disk, a read-only target: the file and the reason
+            exc = MomentError(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        print(f"trainer.infer rank {rank}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
+    loaded = load(Path(args.data), Path(args.checkpoint), device)
+    data = Path(args.work)
+    if not (data / WORK / INPUTS).is_file():
+        raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
+    if world > 1:
+        dist.init_process_group("gloo")
+    memory = int(read_inputs(data).get("memory") or default_memory(loaded.placed))
+    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device, None, args.engine, memory)
+    state = RankProgress.read(data, rank)
+    report = Reporter().__enter__() if rank == 0 else None
+    try:
+        for s, name in enumerate(stages(layout.depth)):
+            total = sum(b - a for a, b in worker.chunks_of(s))
+            update = stage_bar(report, f"{name} (rank 0)", total, done_before(worker, state, s))
+            worker.run_stage(s, state, update)
+            if world > 1:
+                dist.barrier()
+    finally:
+        worker.close()
+        if report is not None:
+            report.__exit__()
+    if world > 1:
+        dist.destroy_process_group()
