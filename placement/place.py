@@ -14,10 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,23 +23,32 @@ from typing import Any
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import MANIFEST, PHASES, PlacedError, PlacedManifest, Prediction, bin_file_name
+from moment.contracts.placed import MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
-from moment.outputs import Kind, Staging, check_free_space, check_out
+from moment.outputs import Staging, check_free_space, check_out
 from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
-from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
-from placement.placed import open_placed
+from placement.place_commit import (
+    INPUTS,
+    PLACED,
+    commit,
+    discard_build,
+    file_size,
+    inputs_key,
+    intact,
+    validate_placed,
+)
+from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
 from placement.policies import get_policy
-from placement.predict import measured_workload, plan_prediction, predict, write_workload
-from placement.writer import STATE, BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
+from placement.predict import measured_workload, plan_prediction, predict
+from placement.writer import file_digest
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|%|rows)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -134,51 +141,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _validate_placed(root: Path) -> PlacedManifest:
-    return PlacedManifest.read(root / MANIFEST)
-
-
-def _placed_files(root: Path) -> list[Path]:
-    """The files of a placed dataset that ``moment place`` wrote and may remove: each listed in
-    its validated manifest, with the size the manifest records, bins under the run's own name."""
-    m = PlacedManifest.read(root / MANIFEST)
-    owned = []
-    for b in m.bins:
-        path = Path(b.path) if Path(b.path).is_absolute() else root / b.path
-        if path.name == bin_file_name(b.name, m.run_id) and _size(path) == b.bytes:
-            owned.append(path)
-    owned += [root / f.path for f in m.files.values() if _size(root / f.path) == f.bytes]
-    return [*owned, root / MANIFEST]
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size if path.is_file() else -1
-    except OSError:
-        return -1
-
-
-PLACED = Kind("placed dataset", MANIFEST, "moment place", _validate_placed, _placed_files, PlacedError)
-INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
-SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
-# Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
-# in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
-PLACED_FILES = {
-    "indptr": "indptr.npy",
-    "indices": "indices.npy",
-    "labels": "labels.npy",
-    "train": "train_idx.npy",
-    "val": "val_idx.npy",
-    "test": "test_idx.npy",
-    "old_to_new": "old_to_new.npy",
-    "new_to_old": "new_to_old.npy",
-    "hotness": "hotness_new.npy",
-    "hotness_counts": "hotness.npy",
-    "hotness_meta": "hotness.json",
-    "workload": "workload.yaml",
-}
-
-
 def _ssd_dirs(opts: PlaceOptions, out: Path) -> dict[str, Path]:
     """Absolute SSD directories (a relative one would later be resolved against the placed
     directory), none inside the output (publishing renames it)."""
@@ -194,111 +156,6 @@ def _ssd_dirs(opts: PlaceOptions, out: Path) -> dict[str, Path]:
                 )
         dirs[name] = path
     return dirs
-
-
-def _inputs_key(data: Path) -> str | None:
-    try:
-        return json.loads((data / INPUTS).read_text()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _intact(root: Path) -> bool:
-    """Every file of a placed dataset present at its recorded size (cheap; no checksums)."""
-    try:
-        open_placed(root)
-        return True
-    except MomentError:
-        return False
-
-
-def _finish_bins(m: PlacedManifest, data: Path) -> None:
-    """Give every bin its final name (idempotent: a killed run may have renamed some already)."""
-    for b in m.bins:
-        final = Path(b.path) if Path(b.path).is_absolute() else data / b.path
-        partial = final.with_name(final.name + ".partial")
-        if partial.exists():
-            partial.replace(final)
-        elif _size(final) != b.bytes:
-            raise PlacedError(f"{final}: missing or truncated while committing; remove {data.parent} and run again")
-
-
-def _commit(stage: Staging, dirs: dict[str, Path], log: Callable[[str], None]) -> PlacedManifest:
-    """Finish a staged placement (manifest written in ``data``): bins renamed, scratch removed,
-    published over the old placement. Every step is idempotent, so a killed commit is finished
-    by the next run."""
-    m = PlacedManifest.read(stage.data / MANIFEST) if stage.data.exists() else None
-    if m is not None:
-        _finish_bins(m, stage.data)
-        faults.point("place:bins-renamed")
-        for name in SCRATCH:
-            (stage.data / name).unlink(missing_ok=True)
-    keep = [Path(b.path) for b in m.bins if Path(b.path).is_absolute()] if m else []
-    for note in stage.publish("place", keep=keep, external_dirs=dirs.values()):
-        log(f"note: {note}")
-    return _validate_placed(stage.out)
-
-
-def _discard_build(stage: Staging) -> None:
-    """Throw away a killed run's partial build made with other inputs: the staging directory is
-    this command's (its marker and lock prove it), and outside it only ``.partial`` bins under
-    this run's id, in the directories that build recorded."""
-    try:
-        recorded = json.loads((stage.data / INPUTS).read_text()).get("bin_dirs", [])
-    except (OSError, ValueError, AttributeError):
-        recorded = []
-    for d in recorded:
-        for f in Path(d).glob(f"*-{stage.run_id}.bin.partial"):
-            f.unlink()
-    shutil.rmtree(stage.data)
-
-
-@dataclass
-class _Run:
-    """One ``moment place``: its validated inputs and the key naming them."""
-
-    plan_path: Path
-    dataset_path: Path
-    out: Path
-    opts: PlaceOptions
-    plan: PlanDoc
-    machine: Machine | None
-    no_machine: str | None
-    ds: Dataset
-    dirs: dict[str, Path]
-    caches: tuple[int, int]
-    key: str
-    had_output: bool
-    read_rate: float  # bytes per second this run read the dataset's topology at (the time estimate's basis)
-
-
-class Phases:
-    """Seconds per phase of a run (placed.json ``timings_s``, keys of ``PHASES``)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self.add(name, time.perf_counter() - t0)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-
-    def written(self, files: list[NpyWriter], phase: str, wall: float) -> None:
-        """``wall`` seconds spent writing ``files`` in ``phase``: their hashing and fsync apart."""
-        hashing, syncing = sum(f.hash_s for f in files), sum(f.fsync_s for f in files)
-        self.add(phase, wall - hashing - syncing)
-        self.add("checksums", hashing)
-        self.add("fsync", syncing)
-
-    def rounded(self) -> dict[str, float]:
-        """The seconds in ``PHASES`` order, with the total so far."""
-        seconds = {**self.seconds, "total": time.perf_counter() - self.start}
-        return {k: round(seconds[k], 3) for k in PHASES if k in seconds}
 
 
 def place(
@@ -319,7 +176,7 @@ def place(
     run = _inputs(plan_path, dataset_path, Path(out), opts, phases)
     stage = _open_stage(run, log)
     if stage is None:
-        return _validate_placed(run.out).model_dump(mode="json")
+        return validate_placed(run.out).model_dump(mode="json")
     with phases("presample"):
         hot = _hotness(run, stage.data, progress, log)
     with phases("predict"):
@@ -328,15 +185,15 @@ def place(
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
     _preflight(run, specs, placed, log)
     _begin(run, stage, hot, placed)
-    written = _write_bins(run, stage, specs, placed, phases, progress)
-    files = _write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
-    manifest = _manifest(run, stage, hot, prediction, specs, placed, written, files, phases)
+    written = write_placed_bins(run, stage, specs, placed, phases, progress)
+    files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
+    manifest = build_manifest(run, stage, hot, prediction, specs, placed, written, files, phases)
     manifest.write(stage.data / MANIFEST)
     faults.point("place:manifest-staged")
-    return _commit(stage, run.dirs, log).model_dump(mode="json")
+    return commit(stage, run.dirs, log).model_dump(mode="json")
 
 
-def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: PlaceOptions, phases: Phases) -> _Run:
+def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: PlaceOptions, phases: Phases) -> PlaceRun:
     """Every input checked before any work (the dataset by a full scan), and the key naming them."""
     if opts.epochs is not None and opts.epochs < 1:
         raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
@@ -359,7 +216,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
     t0 = time.perf_counter()
     with phases("check"):
         check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
-    scanned = sum(_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
+    scanned = sum(file_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
     opts = replace(opts, ssd_dirs=dirs)
     had_output = check_out(out, PLACED)
     caches = _cache_rows(plan, ds, opts)
@@ -384,7 +241,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         str(Path(dataset_path).resolve()),
     )
     rate = scanned / max(time.perf_counter() - t0, 1e-6)
-    run = _Run(
+    run = PlaceRun(
         Path(plan_path),
         Path(dataset_path),
         out,
@@ -403,7 +260,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
     return run
 
 
-def _open_stage(run: _Run, log: Callable[[str], None]) -> Staging | None:
+def _open_stage(run: PlaceRun, log: Callable[[str], None]) -> Staging | None:
     """The staging directory: a killed run's commit finished, its partial build resumed or thrown
     away (other inputs); None when ``out`` already holds this very placement."""
     stage = Staging(run.out, PLACED)
@@ -411,27 +268,27 @@ def _open_stage(run: _Run, log: Callable[[str], None]) -> Staging | None:
     if stage.resume():
         if stage.old.exists() or (stage.data / MANIFEST).exists():
             log(f"finishing the commit of an interrupted `moment place` into {run.out}")
-            _commit(stage, run.dirs, log)
+            commit(stage, run.dirs, log)
             had_output = True
             stage = Staging(run.out, PLACED)
-        elif stage.data.exists() and _inputs_key(stage.data) != run.key:
+        elif stage.data.exists() and inputs_key(stage.data) != run.key:
             log(f"{stage.dir}: left by an interrupted run with other inputs: starting over")
-            _discard_build(stage)
+            discard_build(stage)
         elif stage.data.exists():
             log(f"resuming the interrupted `moment place` in {stage.dir}")
     if had_output and not stage.data.exists():
         try:
-            current = _validate_placed(run.out)
+            current = validate_placed(run.out)
         except MomentError:
             current = None
-        if current is not None and current.key == run.key and _intact(run.out):
+        if current is not None and current.key == run.key and intact(run.out):
             stage.release()
             log(f"{run.out} already holds this placement (same plan, dataset and options): nothing to do")
             return None
     return stage
 
 
-def _hotness(run: _Run, data: Path, progress: Progress | None, log: Callable[[str], None]) -> Hotness:
+def _hotness(run: PlaceRun, data: Path, progress: Progress | None, log: Callable[[str], None]) -> Hotness:
     """The hotness a killed run already computed, a saved one, or pre-sampled now (until the
     estimate converges at the cache boundaries, or for ``--epochs``)."""
     ds, opts = run.ds, run.opts
@@ -475,7 +332,7 @@ def _hotness(run: _Run, data: Path, progress: Progress | None, log: Callable[[st
     return hot
 
 
-def _targets(run: _Run, hot: Hotness, log: Callable[[str], None]) -> tuple[Workload, Prediction, list[BinSpec]]:
+def _targets(run: PlaceRun, hot: Hotness, log: Callable[[str], None]) -> tuple[Workload, Prediction, list[BinSpec]]:
     """The plan's model re-solved for this dataset and these caches: DDAK's per-bin targets."""
     workload = measured_workload(run.plan.workload, run.ds, hot, *run.caches)
     if run.machine is not None:
@@ -489,7 +346,7 @@ def _targets(run: _Run, hot: Hotness, log: Callable[[str], None]) -> tuple[Workl
     return workload, prediction, _bins(run.plan, run.ds, run.caches, prediction.bin_shares)
 
 
-def _least_rows(run: _Run) -> dict[str, int]:
+def _least_rows(run: PlaceRun) -> dict[str, int]:
     """Rows an SSD bin gets whatever the hotness: what the other SSD bins cannot hold of the
     vertices the caches leave (caches counted as empty, so a lower bound)."""
     specs = _bins(run.plan, run.ds, run.caches, {t.bin: 0.0 for t in run.plan.bin_targets})
@@ -499,7 +356,7 @@ def _least_rows(run: _Run) -> dict[str, int]:
     return {s.name: max(0, left - (room - s.capacity)) for s in ssd}
 
 
-def _space_needed(run: _Run, bin_rows: dict[str, int]) -> dict[Path, int]:
+def _space_needed(run: PlaceRun, bin_rows: dict[str, int]) -> dict[Path, int]:
     """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays."""
     ds = run.ds
     needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
@@ -514,7 +371,7 @@ def _arrays_bytes(ds: Dataset) -> int:
     return ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8 + 5 * ds.num_nodes * 8
 
 
-def _preflight(run: _Run, specs: list[BinSpec], placed: Placement, log: Callable[[str], None]) -> None:
+def _preflight(run: PlaceRun, specs: list[BinSpec], placed: Placement, log: Callable[[str], None]) -> None:
     """Say what goes where and how long it should take; refuse (one line) where a target lacks
     the space. Nothing has been written yet."""
     needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)})
@@ -532,7 +389,7 @@ def _preflight(run: _Run, specs: list[BinSpec], placed: Placement, log: Callable
     check_free_space(needs)
 
 
-def _begin(run: _Run, stage: Staging, hot: Hotness, placed: Placement) -> None:
+def _begin(run: PlaceRun, stage: Staging, hot: Hotness, placed: Placement) -> None:
     """Create ``OUT.partial`` (locked) with what a resumed run must find: the inputs' key, the
     hotness and the placement (a resumed run must compute the same one)."""
     stage.create()  # OUT.partial, locked (when resuming it is ours already)
@@ -550,148 +407,3 @@ def _begin(run: _Run, stage: Staging, hot: Hotness, placed: Placement) -> None:
         )
     np.save(bin_file, placed.bin_of)
     faults.point("place:planned")
-
-
-def _bin_path(run: _Run, stage: Staging, spec: BinSpec) -> Path:
-    """Where a bin's file goes: its --ssd-dir, else inside the placed directory."""
-    where = run.dirs.get(spec.name) or (
-        stage.data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}")
-    )
-    return where / bin_file_name(spec.name, stage.run_id)
-
-
-def _write_bins(
-    run: _Run, stage: Staging, specs: list[BinSpec], placed: Placement, phases: Phases, progress: Progress | None
-) -> list[Written]:
-    """The bins, one sequential pass over the source features (.partial names until the commit)."""
-    files = []
-    for b, s in enumerate(specs):
-        final = _bin_path(run, stage, s)
-        files.append(BinFile(s.name, final.with_name(final.name + ".partial"), int(placed.used[b])))
-    t0 = time.perf_counter()
-    result = write_bins(
-        run.ds.features(), placed.bin_of, files, stage.data, run.key, progress=stage_update(progress, "writing bins")
-    )
-    phases.add("write_bins", time.perf_counter() - t0 - result.wait)
-    phases.add("checksums", result.hash)
-    phases.add("fsync", result.fsync)
-    faults.point("place:bins-written")
-    return result.files
-
-
-def _write_arrays(
-    run: _Run,
-    data: Path,
-    hot: Hotness,
-    placed: Placement,
-    specs: list[BinSpec],
-    workload: Workload,
-    phases: Phases,
-    progress: Progress | None,
-) -> dict[str, NpyWriter]:
-    """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
-    and checksummed on the way; returns them by manifest key."""
-    ds = run.ds
-    t0 = time.perf_counter()
-    r = rl.relabel(placed.bin_of, [s.tier for s in specs])
-    n = ds.num_nodes
-    files = {
-        "indptr": NpyWriter(data / PLACED_FILES["indptr"], np.int64, (n + 1,)),
-        "indices": NpyWriter(data / PLACED_FILES["indices"], ds.indices().dtype, (ds.num_edges,)),
-    }
-    rl.rewrite_csr(
-        ds.indptr(),
-        ds.indices(),
-        r,
-        files["indptr"],
-        files["indices"],
-        progress=stage_update(progress, "rewriting topology"),
-    )
-    for key, values, dtype in (("labels", ds.labels(), ds.labels().dtype), ("hotness", hot.counts, np.int64)):
-        files[key] = NpyWriter(data / PLACED_FILES[key], dtype, (n,))
-        rl.permute(values, r.new_to_old, files[key])
-    for split in ("train", "val", "test"):
-        ids = r.old_to_new[np.asarray(ds.split(split))]
-        ids.sort()
-        files[split] = save_npy(data / PLACED_FILES[split], ids, np.int64)
-    files["old_to_new"] = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new, np.int64)
-    files["new_to_old"] = save_npy(data / PLACED_FILES["new_to_old"], r.new_to_old, np.int64)
-    for f in files.values():
-        f.close()
-    write_workload(data / PLACED_FILES["workload"], workload)
-    phases.written(list(files.values()), "relabel", time.perf_counter() - t0)
-    faults.point("place:arrays-written")
-    return files
-
-
-def _manifest(
-    run: _Run,
-    stage: Staging,
-    hot: Hotness,
-    prediction: Prediction,
-    specs: list[BinSpec],
-    placed: Placement,
-    written: list[Written],
-    files: dict[str, NpyWriter],
-    phases: Phases,
-) -> PlacedManifest:
-    """placed.json: final bin names, sizes and checksums (taken while writing), the prediction."""
-    data, ds, opts = stage.data, run.ds, run.opts
-    r_order = rl.bin_order([s.tier for s in specs])
-    starts = np.concatenate(([0], np.cumsum([int(placed.used[b]) for b in r_order])))
-    shares = placed.shares()
-    bins_meta = []
-    for i, idx in enumerate(r_order):
-        spec, w, final = specs[idx], written[idx], _bin_path(run, stage, specs[idx])
-        bins_meta.append(
-            {
-                "name": spec.name,
-                "tier": spec.tier,
-                "start": int(starts[i]),
-                "count": int(placed.used[idx]),
-                "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final),
-                "bytes": w.bytes,
-                "digest": w.digest,
-                "target": spec.target,
-                "achieved": float(shares[idx]),
-                "capacity": spec.capacity,
-            }
-        )
-    entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
-    for k in ("hotness_counts", "hotness_meta", "workload"):  # written by their own modules
-        path = data / PLACED_FILES[k]
-        entries[k] = {"path": PLACED_FILES[k], "bytes": path.stat().st_size, "digest": file_digest(path)}
-    doc = {
-        "format": PlacedManifest.FORMAT,
-        "run_id": stage.run_id,
-        "key": run.key,
-        "source": {"path": str(run.dataset_path.resolve()), "name": ds.meta.get("name")},
-        "plan": {
-            "path": str(run.plan_path.resolve()),
-            "profile": run.plan.profile.model_dump(),
-            "layout": run.plan.layout.name,
-        },
-        "policy": opts.policy,
-        "pool": opts.pool,
-        "priority": opts.priority if "priority" in get_policy(opts.policy).reads else None,
-        "num_nodes": ds.num_nodes,
-        "num_edges": ds.num_edges,
-        "feature_dim": ds.feature_dim,
-        "feature_dtype": ds.meta["feature_dtype"],
-        "num_classes": ds.num_classes,
-        "hotness": {
-            "batches": hot.batches,
-            "epochs": hot.epochs,
-            "fanouts": list(hot.fanouts),
-            "batch_size": hot.batch_size,
-            "mean_unique_per_batch": hot.mean_unique_per_batch,
-            "curve": hot.curve(),
-            "bound": hot.bound,
-            "tolerance": hot.tolerance,
-        },
-        "prediction": prediction.model_dump(),
-        "bins": bins_meta,
-        "files": entries,
-        "timings_s": phases.rounded(),
-    }
-    return PlacedManifest.parse(doc, data / MANIFEST)  # a bug here is one line naming the field, not a traceback

@@ -1,0 +1,111 @@
+"""``moment place``'s staging, resume and commit protocol for a placed directory.
+
+Work happens in ``OUT.partial`` (:class:`moment.outputs.Staging`); ``inputs.json`` there names the
+inputs a partial build is for, so a killed run with the same inputs resumes and one with other
+inputs is thrown away (only what this command can prove it wrote). The commit is idempotent:
+bins renamed from their ``.partial`` names, scratch removed, the directory published by a rename.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from moment import faults
+from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
+from moment.errors import MomentError
+from moment.outputs import Kind, Staging
+from placement.placed import open_placed
+from placement.writer import STATE
+
+
+def _placed_files(root: Path) -> list[Path]:
+    """The files of a placed dataset that ``moment place`` wrote and may remove: each listed in
+    its validated manifest, with the size the manifest records, bins under the run's own name."""
+    m = PlacedManifest.read(root / MANIFEST)
+    owned = []
+    for b in m.bins:
+        path = Path(b.path) if Path(b.path).is_absolute() else root / b.path
+        if path.name == bin_file_name(b.name, m.run_id) and file_size(path) == b.bytes:
+            owned.append(path)
+    owned += [root / f.path for f in m.files.values() if file_size(root / f.path) == f.bytes]
+    return [*owned, root / MANIFEST]
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else -1
+    except OSError:
+        return -1
+
+
+def validate_placed(root: Path) -> PlacedManifest:
+    return PlacedManifest.read(root / MANIFEST)
+
+
+PLACED = Kind("placed dataset", MANIFEST, "moment place", validate_placed, _placed_files, PlacedError)
+
+
+INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
+
+
+SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
+
+
+def inputs_key(data: Path) -> str | None:
+    try:
+        return json.loads((data / INPUTS).read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def intact(root: Path) -> bool:
+    """Every file of a placed dataset present at its recorded size (cheap; no checksums)."""
+    try:
+        open_placed(root)
+        return True
+    except MomentError:
+        return False
+
+
+def _finish_bins(m: PlacedManifest, data: Path) -> None:
+    """Give every bin its final name (idempotent: a killed run may have renamed some already)."""
+    for b in m.bins:
+        final = Path(b.path) if Path(b.path).is_absolute() else data / b.path
+        partial = final.with_name(final.name + ".partial")
+        if partial.exists():
+            partial.replace(final)
+        elif file_size(final) != b.bytes:
+            raise PlacedError(f"{final}: missing or truncated while committing; remove {data.parent} and run again")
+
+
+def commit(stage: Staging, dirs: dict[str, Path], log: Callable[[str], None]) -> PlacedManifest:
+    """Finish a staged placement (manifest written in ``data``): bins renamed, scratch removed,
+    published over the old placement. Every step is idempotent, so a killed commit is finished
+    by the next run."""
+    m = PlacedManifest.read(stage.data / MANIFEST) if stage.data.exists() else None
+    if m is not None:
+        _finish_bins(m, stage.data)
+        faults.point("place:bins-renamed")
+        for name in SCRATCH:
+            (stage.data / name).unlink(missing_ok=True)
+    keep = [Path(b.path) for b in m.bins if Path(b.path).is_absolute()] if m else []
+    for note in stage.publish("place", keep=keep, external_dirs=dirs.values()):
+        log(f"note: {note}")
+    return validate_placed(stage.out)
+
+
+def discard_build(stage: Staging) -> None:
+    """Throw away a killed run's partial build made with other inputs: the staging directory is
+    this command's (its marker and lock prove it), and outside it only ``.partial`` bins under
+    this run's id, in the directories that build recorded."""
+    try:
+        recorded = json.loads((stage.data / INPUTS).read_text()).get("bin_dirs", [])
+    except (OSError, ValueError, AttributeError):
+        recorded = []
+    for d in recorded:
+        for f in Path(d).glob(f"*-{stage.run_id}.bin.partial"):
+            f.unlink()
+    shutil.rmtree(stage.data)
