@@ -29,25 +29,47 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small synthetic dataset (6,000 vertices, 16 float32 features, a 20% train split): what a
-    test runs a stage on when the graph's size does not matter. Read only: copy it to change it."""
+def make_placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """synth → place per :func:`plan_file` (the setup most trainer and inference tests share):
+    ``make_placed(nodes=..., dim=..., classes=..., gpu_cache="3%", cpu_cache="4%", epochs=None,
+    plan=None)`` returns the placed directory (its dataset is the ``ds`` beside it). Each distinct
+    set of arguments is made once per session, so modules asking the same share it: read only."""
+    from placement.place import PlaceOptions, place
     from placement.synth import synthesize
 
-    out = tmp_path_factory.mktemp("small") / "ds"
-    synthesize(out, nodes=6_000, avg_degree=8, dim=16, dtype="float32", seed=1, train_fraction=0.2)
-    return out
+    made: dict[str, Path] = {}
+
+    def make(
+        gpu_cache: str = "3%",
+        cpu_cache: str = "4%",
+        epochs: int | None = None,
+        plan: Path | None = None,
+        **synth: Any,
+    ) -> Path:
+        synth = {"avg_degree": 8, "dtype": "float32", "seed": 1, **synth}
+        key = repr(sorted({**synth, "gpu": gpu_cache, "cpu": cpu_cache, "epochs": epochs, "plan": plan}.items()))
+        if key not in made:
+            root = tmp_path_factory.mktemp("placed")
+            synthesize(root / "ds", **synth)
+            opts = PlaceOptions(gpu_cache=gpu_cache, cpu_cache=cpu_cache, epochs=epochs)
+            place(plan or plan_file, root / "ds", root / "placed", opts)
+            made[key] = root / "placed"
+        return made[key]
+
+    return make
 
 
 @pytest.fixture(scope="session")
-def small_placed(plan_file: Path, small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """:func:`small_dataset` placed per :func:`plan_file` (GPU cache 3%, CPU cache 4%, DDAK): what
-    a trainer or inference test runs on when the placement's details do not matter. Read only."""
-    from placement.place import PlaceOptions, place
+def small_placed(make_placed: Callable[..., Path]) -> Path:
+    """A small placed dataset (6,000 vertices, 16 float32 features, a 20% train split; GPU cache
+    3%, CPU cache 4%, DDAK): what a test runs a stage on when the graph's size does not matter."""
+    return make_placed(nodes=6_000, dim=16, train_fraction=0.2)
 
-    out = tmp_path_factory.mktemp("small-placed") / "placed"
-    place(plan_file, small_dataset, out, PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
-    return out
+
+@pytest.fixture(scope="session")
+def small_dataset(small_placed: Path) -> Path:
+    """:func:`small_placed`'s dataset, before placement. Read only: copy it to change it."""
+    return small_placed.parent / "ds"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

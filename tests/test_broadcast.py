@@ -15,8 +15,6 @@ import torch
 from moment import faults
 from moment.cli import main
 from moment.contracts.inference import InferenceError, InferenceManifest
-from placement.place import PlaceOptions, place
-from placement.synth import synthesize
 from test_infer import CPU, TRAIN, _arrays, _run_cli
 from trainer import broadcast, loop
 from trainer.infer import InferOptions, infer
@@ -24,15 +22,14 @@ from trainer.models import LAYERS, Layer, scatter_form
 
 
 @pytest.fixture(scope="module")
-def data(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def data(make_placed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small placed graph (every tier used) and a SAGE and a GAT checkpoint of it."""
     root = tmp_path_factory.mktemp("broadcast")
-    synthesize(root / "ds", nodes=2000, avg_degree=7, dim=24, dtype="float32", seed=11, classes=5)
-    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
-    out = {"placed": root / "placed"}
+    placed = make_placed(nodes=2000, avg_degree=7, dim=24, seed=11, classes=5, gpu_cache="5%", cpu_cache="5%", epochs=1)
+    out = {"placed": placed}
     for model in ("sage", "gat"):
         ck = root / model
-        assert loop.main(["--data", str(root / "placed"), "--model", model, *TRAIN, "--checkpoint-dir", str(ck)]) == 0
+        assert loop.main(["--data", str(placed), "--model", model, *TRAIN, "--checkpoint-dir", str(ck)]) == 0
         out[model] = ck
     return out
 

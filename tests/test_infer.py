@@ -17,9 +17,7 @@ import torch.nn.functional as F
 from moment import faults
 from moment.cli import main
 from moment.contracts.inference import InferenceManifest
-from placement.place import PlaceOptions, place
 from placement.placed import open_placed
-from placement.synth import synthesize
 from trainer import checkpoint, loop
 from trainer.config import TrainConfig
 from trainer.infer import InferOptions, infer
@@ -47,33 +45,19 @@ TRAIN = [
 
 
 @pytest.fixture(scope="module")
-def data(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def data(plan_file: Path, make_placed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny placed graph (GPU, CPU and SSD bins all used), a SAGE and a GAT checkpoint, and a
     second placement of other data."""
     root = tmp_path_factory.mktemp("infer")
-    synthesize(
-        root / "ds",
-        nodes=1500,
-        avg_degree=6,
-        dim=12,
-        dtype="float16",
-        seed=5,
-        classes=4,
-        train_fraction=0.2,
-        val_fraction=0.1,
-        test_fraction=0.1,
-    )
-    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
-    out = {"placed": root / "placed", "plan": plan_file}
+    tiny = dict(avg_degree=6, dim=12, dtype="float16", classes=4, gpu_cache="5%", cpu_cache="5%", epochs=1)
+    placed = make_placed(nodes=1500, seed=5, train_fraction=0.2, val_fraction=0.1, test_fraction=0.1, **tiny)
+    out = {"placed": placed, "plan": plan_file}
     for model in ("sage", "gat"):
-        assert (
-            loop.main(["--data", str(root / "placed"), "--model", model, *TRAIN, "--checkpoint-dir", str(root / model)])
-            == 0
-        )
+        assert loop.main(["--data", str(placed), "--model", model, *TRAIN, "--checkpoint-dir", str(root / model)]) == 0
         out[model] = root / model
-    synthesize(root / "ds2", nodes=900, avg_degree=5, dim=12, dtype="float16", seed=6, classes=4)
-    place(plan_file, root / "ds2", root / "placed2", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
-    out["other"] = root / "placed2"
+    out["other"] = make_placed(
+        nodes=900, avg_degree=5, dim=12, dtype="float16", seed=6, classes=4, gpu_cache="5%", cpu_cache="5%", epochs=1
+    )
     return out
 
 

@@ -15,8 +15,6 @@ import torch
 from moment.cli import main
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
-from placement.place import PlaceOptions, place
-from placement.synth import synthesize
 from trainer import memory, preflight
 from trainer.launch import check_command
 
@@ -24,22 +22,18 @@ GB = 1e9
 
 
 @pytest.fixture(scope="module")
-def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("memory")
-    synthesize(
-        root / "ds",
+def placed(make_placed) -> Path:
+    return make_placed(
         nodes=3000,
         avg_degree=6,
         dim=64,
-        dtype="float32",
-        seed=1,
         classes=4,
         train_fraction=0.1,
         val_fraction=0.05,
         test_fraction=0.05,
+        gpu_cache="10%",
+        cpu_cache="20%",
     )
-    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="10%", cpu_cache="20%"))
-    return root / "placed"
 
 
 def test_the_paper_workload_on_machine_b_is_refused_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

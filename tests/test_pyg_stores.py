@@ -7,8 +7,6 @@ machinery (input batching, ``filter_custom_store`` fetching x and y with ``multi
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,18 +14,25 @@ import torch.nn.functional as F
 from torch_geometric.loader import NodeLoader
 from torch_geometric.nn import GraphSAGE
 
-from placement.place import PlaceOptions, place
 from placement.placed import Placed, open_placed
-from placement.synth import synthesize
 from trainer.pyg import PlacedGraphStore, StoreNeighborSampler, pyg_stores
 
 
 @pytest.fixture(scope="module")
-def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Placed:
-    root = tmp_path_factory.mktemp("pyg")
-    synthesize(root / "ds", nodes=2000, avg_degree=6, dim=16, dtype="float32", seed=7, classes=4, train_fraction=0.3)
-    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="5%", cpu_cache="5%", epochs=1))
-    return open_placed(root / "placed")
+def placed(make_placed) -> Placed:
+    return open_placed(
+        make_placed(
+            nodes=2000,
+            avg_degree=6,
+            dim=16,
+            seed=7,
+            classes=4,
+            train_fraction=0.3,
+            gpu_cache="5%",
+            cpu_cache="5%",
+            epochs=1,
+        )
+    )
 
 
 def test_feature_store_serves_x_and_y_graph_store_the_csr(placed: Placed) -> None:

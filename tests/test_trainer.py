@@ -23,10 +23,8 @@ import torch
 from moment import hw
 from moment.contracts.metrics import MetricsDoc
 from moment.contracts.plan import read_plan
-from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.sampler import NeighborSampler
-from placement.synth import synthesize
 from trainer import checkpoint, launch, loop, prefetch, shm
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv
@@ -43,22 +41,8 @@ CPU = ["--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def placed(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    synthesize(
-        root / "ds",
-        nodes=20_000,
-        avg_degree=8,
-        dim=32,
-        dtype="float32",
-        seed=1,
-        classes=CLASSES,
-        train_fraction=0.2,
-        val_fraction=0.05,
-        test_fraction=0.05,
-    )
-    place(plan_file, root / "ds", root / "placed", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
-    return root / "placed"
+def placed(make_placed) -> Path:
+    return make_placed(nodes=20_000, dim=32, classes=CLASSES, train_fraction=0.2, val_fraction=0.05, test_fraction=0.05)
 
 
 def identity(placed: Path) -> checkpoint.DataIdentity:
