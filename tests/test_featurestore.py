@@ -27,7 +27,7 @@ from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed
 from placement.synth import synthesize
-from trainer import readers
+from trainer import file_reader
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
 from trainer.readers import READ_ENGINES, FileReader, KvikioReader, coalesce, engine_refusal, kvikio_mode, make_reader
@@ -316,8 +316,8 @@ def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], 
         return 0 if direct(args[5]) else real_ring(*args)
 
     monkeypatch.setattr(os, "preadv", picky)
-    monkeypatch.setattr(readers, "native_preads", lambda: picky_runs)
-    monkeypatch.setattr(readers, "uring_reads", lambda: (picky_ring, ""))
+    monkeypatch.setattr(file_reader, "native_preads", lambda: picky_runs)
+    monkeypatch.setattr(file_reader, "uring_reads", lambda: (picky_ring, ""))
     with FileReader(threads=1, engine=engine) as reader:
         assert reader.engine == engine
         if not reader.opens_direct(path):

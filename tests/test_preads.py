@@ -125,9 +125,9 @@ def test_rings_are_one_per_thread_and_closed_with_the_reader(tmp_path: Path) -> 
 def test_auto_falls_back_when_io_uring_is_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Docker's default seccomp profile blocks io_uring: auto takes pread; asking for io_uring
     by name says why it cannot."""
-    from trainer import readers
+    from trainer import file_reader
 
-    monkeypatch.setattr(readers, "uring_reads", lambda: (None, "io_uring is not available here (EPERM)"))
+    monkeypatch.setattr(file_reader, "uring_reads", lambda: (None, "io_uring is not available here (EPERM)"))
     with FileReader(engine="auto") as reader:
         assert reader.engine == ("pread" if engine_refusal("pread") is None else "python")
     with pytest.raises(ValueError, match=r"io_uring is not available here \(EPERM\)"):
@@ -167,13 +167,13 @@ def test_a_probe_read_that_never_completes_is_a_refusal_not_a_hang() -> None:
 def test_moment_read_engine_replaces_auto_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """MOMENT_READ_ENGINE forces the engine "auto" picks (no io_uring probe); a name that is not
     an engine is one line naming the variable; an engine asked for by name is kept."""
-    from trainer import readers
+    from trainer import file_reader
 
-    monkeypatch.setattr(readers, "uring_reads", lambda: pytest.fail("auto must not probe io_uring"))
+    monkeypatch.setattr(file_reader, "uring_reads", lambda: pytest.fail("auto must not probe io_uring"))
     monkeypatch.setenv("MOMENT_READ_ENGINE", "python")
     with FileReader(engine="auto") as reader:
         assert reader.engine == "python"
     monkeypatch.setenv("MOMENT_READ_ENGINE", "aio")
     with pytest.raises(ValueError, match="^MOMENT_READ_ENGINE=aio: must be one of io_uring, pread, python$"):
-        readers.pick_engine("auto")
-    assert readers.pick_engine("python") == "python"
+        file_reader.pick_engine("auto")
+    assert file_reader.pick_engine("python") == "python"

@@ -329,7 +329,7 @@ def test_an_ssd_read_failing_mid_run_is_one_line_and_the_reader_is_closed_once(
     """An SSD that fails reads while training (EIO, raised in the prefetch thread) ends the run
     with one line naming the bin, exit 1; the reader, whose files are cuFile handles with kvikio,
     is closed once when training ends, as it is after a run that succeeds."""
-    from trainer import readers
+    from trainer import file_reader, readers
 
     ssd = next(b for b in open_placed(placed).bins if b.tier == "ssd")
     real_preadv, real_close = os.preadv, readers.FileReader.close
@@ -347,7 +347,7 @@ def test_an_ssd_read_failing_mid_run_is_one_line_and_the_reader_is_closed_once(
     monkeypatch.setattr(readers.FileReader, "close", counted_close)
     # EIO is injected through os.preadv, which the python engine calls for every read; the
     # compiled engines hand a failing read to that same code (tests/test_preads.py).
-    monkeypatch.setattr(readers, "pick_engine", lambda engine: "python")
+    monkeypatch.setattr(file_reader, "pick_engine", lambda engine: "python")  # FileReader's engine
     args = ["--data", str(placed), *SMALL, *CPU, "--epochs", "1", "--max-batches-per-epoch", "1"]
     assert run_main(args) == 0 and len(closes) == 1
     monkeypatch.setattr(os, "preadv", failing_preadv)
