@@ -13,6 +13,10 @@ The rules (README, "Placement"):
   removed file by file — only files its validated manifest lists, never anything else. A kill at
   any step is finished by the next run.
 
+A partial build records what it is for in ``inputs.json`` (:func:`write_inputs`: the key of its
+inputs and what a resumed run must reuse); a re-run resumes it only when :func:`read_inputs` gives
+back the same key, and otherwise throws it away (``moment place`` and ``moment infer`` both).
+
 Before any work, :func:`check_free_space` (the one free-space check; the trainer's shared host
 memory uses :func:`short_of_space` under it) refuses a run that cannot fit.
 """
@@ -31,11 +35,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from moment import faults
 from moment.errors import MomentError
-from moment.fileio import fsync_dir, fsync_tree
+from moment.fileio import atomic_write_text, fsync_dir, fsync_tree
 
+INPUTS = "inputs.json"  # in a partial build: the key of the inputs it is for (write_inputs)
 MARKER = ".moment-staging.json"
 LOCK = ".moment-lock"  # DirLock's file: flock'ed by the job's launcher, naming it
 MEMBERS = ".moment-ranks"  # the processes of a job working in a locked directory (join)
@@ -51,6 +57,22 @@ class Kind:
     validate: Callable[[Path], object]  # raises MomentError unless the directory is a complete output
     owned_files: Callable[[Path], Iterable[Path]]  # an output's files (manifest included) it may remove
     error: type[MomentError] = MomentError  # what a refusal raises
+
+
+def write_inputs(directory: Path, key: str, **more: Any) -> None:
+    """Record in ``directory`` (a partial build) the key of the inputs it is for, and ``more``
+    (JSON values a resumed run reads back: where it wrote, the budget it chose)."""
+    atomic_write_text(Path(directory) / INPUTS, json.dumps({"key": key, **more}) + "\n")
+
+
+def read_inputs(directory: Path) -> dict[str, Any]:
+    """What :func:`write_inputs` recorded in ``directory``; empty when missing or unreadable (a
+    build killed before it wrote the record is started over)."""
+    try:
+        doc = json.loads((Path(directory) / INPUTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def short_of_space(needs: dict[Path, int], headroom: bool = True) -> list[tuple[Path, Path, float, int]]:

@@ -26,8 +26,7 @@ from moment import faults
 from moment.contracts.placed import MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
-from moment.fileio import atomic_write_text
-from moment.outputs import Staging, check_free_space, check_out
+from moment.outputs import Staging, check_free_space, check_out, write_inputs
 from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
@@ -36,7 +35,6 @@ from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
 from placement.place_commit import (
-    INPUTS,
     PLACED,
     commit,
     discard_build,
@@ -395,9 +393,7 @@ def _begin(run: PlaceRun, stage: Staging, hot: Hotness, placed: Placement) -> No
     stage.create()  # OUT.partial, locked (when resuming it is ours already)
     data = stage.data
     data.mkdir(exist_ok=True)
-    atomic_write_text(
-        data / INPUTS, json.dumps({"key": run.key, "bin_dirs": sorted({str(d) for d in run.dirs.values()})})
-    )
+    write_inputs(data, run.key, bin_dirs=sorted({str(d) for d in run.dirs.values()}))
     if not (data / "hotness.npy").exists():
         hot.save(data / "hotness.npy")
     bin_file = data / "bin_of.npy"

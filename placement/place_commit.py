@@ -8,7 +8,6 @@ bins renamed from their ``.partial`` names, scratch removed, the directory publi
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 from moment import faults
 from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
 from moment.errors import MomentError
-from moment.outputs import Kind, Staging
+from moment.outputs import INPUTS, Kind, Staging, read_inputs
 from placement.placed import open_placed
 from placement.writer import STATE
 
@@ -48,17 +47,12 @@ def validate_placed(root: Path) -> PlacedManifest:
 PLACED = Kind("placed dataset", MANIFEST, "moment place", validate_placed, _placed_files, PlacedError)
 
 
-INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
-
-
 SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
 
 
 def inputs_key(data: Path) -> str | None:
-    try:
-        return json.loads((data / INPUTS).read_text()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The key of the inputs the partial build in ``data`` is for (None: none recorded)."""
+    return read_inputs(data).get("key")
 
 
 def intact(root: Path) -> bool:
@@ -101,11 +95,7 @@ def discard_build(stage: Staging) -> None:
     """Throw away a killed run's partial build made with other inputs: the staging directory is
     this command's (its marker and lock prove it), and outside it only ``.partial`` bins under
     this run's id, in the directories that build recorded."""
-    try:
-        recorded = json.loads((stage.data / INPUTS).read_text()).get("bin_dirs", [])
-    except (OSError, ValueError, AttributeError):
-        recorded = []
-    for d in recorded:
+    for d in read_inputs(stage.data).get("bin_dirs", []):
         for f in Path(d).glob(f"*-{stage.run_id}.bin.partial"):
             f.unlink()
     shutil.rmtree(stage.data)

@@ -58,16 +58,14 @@ from moment.contracts.inference import (
 )
 from moment.contracts.plan import read_plan
 from moment.errors import UsageError
-from moment.fileio import atomic_write_text
 from moment.options import to_argv
-from moment.outputs import Kind, Staging, check_free_space, check_out
+from moment.outputs import Kind, Staging, check_free_space, check_out, write_inputs
 from moment.progress import Progress
 from placement.writer import file_digest
 from trainer import broadcast
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_rank import Features, Rank, done_before, rank_main, stage_bar
 from trainer.infer_work import (
-    INPUTS,
     WORK,
     Layout,
     Loaded,
@@ -143,7 +141,7 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
             log(f"finishing the publication of an interrupted `moment infer` into {out}")
             stage.publish("infer")
             stage = Staging(out, KIND)
-        elif stage.data.exists() and _inputs_key(stage.data) != key:
+        elif stage.data.exists() and read_inputs(stage.data).get("key") != key:
             log(f"{stage.dir}: left by an interrupted run with other inputs: starting over")
             shutil.rmtree(stage.data)  # inside our own locked staging directory
         elif stage.data.exists():
@@ -159,17 +157,13 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         check_free_space({out: layout.nbytes()}, InferenceError)
         stage.create()
         layout.create(stage.data)
-        atomic_write_text(stage.data / WORK / INPUTS, json.dumps({"key": key, "memory": memory}) + "\n")
+        write_inputs(stage.data / WORK, key, memory=memory)
     else:  # the partitions (the chunks progress counts) were cut by the first run's budget
         first = int(read_inputs(stage.data).get("memory") or memory)
         if opts.memory and opts.memory != first:
             log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
         memory = first
     return Prepared(stage, loaded, layout, key, memory=memory)
-
-
-def _inputs_key(data: Path) -> str | None:
-    return read_inputs(data).get("key")
 
 
 def run_in_process(

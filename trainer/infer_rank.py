@@ -22,14 +22,13 @@ from moment.contracts.inference import (
 from moment.contracts.plan import read_plan
 from moment.errors import MomentError
 from moment.options import OptionParser, add_arguments
-from moment.outputs import joined
+from moment.outputs import INPUTS, joined
 from moment.progress import Progress, Reporter
 from trainer import broadcast
 from trainer.dist import DistEnv, lost_peer
 from trainer.featurestore import TieredFeatureStore
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_work import (
-    INPUTS,
     WORK,
     Layout,
     Loaded,

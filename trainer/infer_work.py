@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from moment import outputs
 from moment.contracts.checkpoint import CheckpointError, DataIdentity
 from moment.contracts.inference import (
     InferenceError,
@@ -28,7 +29,6 @@ from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
-INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -241,8 +241,4 @@ def default_memory(placed: Placed | None = None) -> int:
 
 def read_inputs(data: Path) -> dict[str, Any]:
     """What ``moment infer`` recorded in the work directory (its inputs' key, the broadcast budget)."""
-    try:
-        doc = json.loads((data / WORK / INPUTS).read_text())
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return outputs.read_inputs(data / WORK)
