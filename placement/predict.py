@@ -27,8 +27,7 @@ from moment.contracts.placed import PredictedWorkload, Prediction
 from moment.contracts.plan import PlanDoc, TierShares
 from moment.errors import MomentError
 from moment.fileio import atomic_write_text
-from moment.planner.layout import pick_devices, slot_space
-from moment.planner.scoring import bin_targets, score
+from moment.planner.scoring import bin_targets, rescore
 from moment.planner.workload import Workload
 from moment.topology.model import Machine
 from placement.dataset import Dataset
@@ -90,15 +89,7 @@ def _exact(value: float, rows: int, rows_of: Callable[[float], int]) -> float:
 def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
     """The proportional model re-solved for ``workload`` on the plan's layout of ``machine``
     (the profile the plan was made for)."""
-    layout = {s.port: s.device for s in plan.layout.slots}
-    space = slot_space(machine)
-    n_gpus = sum(s.kind == "gpu" for s in plan.layout.slots)
-    n_ssds = sum(s.kind == "nvme" for s in plan.layout.slots)
-    devices = (
-        pick_devices(space, "gpu", max(n_gpus, len(space.gpus)))  # what-if devices the plan may have added
-        + pick_devices(space, "nvme", max(n_ssds, len(space.ssds)))
-    )
-    scored = score(machine, plan.layout.name, layout, workload, devices)
+    scored = rescore(plan, machine, workload)
     shares = {t["bin"]: t["share"] for t in bin_targets(scored, workload)}
     if list(shares) != [t.bin for t in plan.bin_targets]:
         raise MomentError(

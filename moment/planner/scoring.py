@@ -8,13 +8,16 @@ load the model, not rich.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moment.planner.flow import FLOW_MODELS, PRIMARY, Prediction
-from moment.planner.layout import apply_layout, assign_devices, names_fixed_gpus
+from moment.planner.layout import apply_layout, assign_devices, names_fixed_gpus, pick_devices, slot_space
 from moment.planner.network import INF, Network, skeleton_for
 from moment.planner.workload import Workload
 from moment.topology.model import Device, Machine
+
+if TYPE_CHECKING:
+    from moment.contracts.plan import PlanDoc
 
 
 @dataclass
@@ -140,3 +143,18 @@ def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def rescore(plan: PlanDoc, machine: Machine, workload: Workload) -> Scored:
+    """The plan's layout of ``machine`` (the profile it was made for) scored again for another
+    ``workload`` (``moment place``'s measured one): the plan's devices, what-if ones included,
+    picked as the planner picks them."""
+    layout = {s.port: s.device for s in plan.layout.slots}
+    space = slot_space(machine)
+    n_gpus = sum(s.kind == "gpu" for s in plan.layout.slots)
+    n_ssds = sum(s.kind == "nvme" for s in plan.layout.slots)
+    devices = (
+        pick_devices(space, "gpu", max(n_gpus, len(space.gpus)))  # what-if devices the plan may have added
+        + pick_devices(space, "nvme", max(n_ssds, len(space.ssds)))
+    )
+    return score(machine, plan.layout.name, layout, workload, devices)
