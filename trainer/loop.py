@@ -6,12 +6,12 @@ vertices), ``TieredFeatureStore`` (their features, from GPU/CPU caches and SSD b
 set-up (ranks, devices, the process group) is :mod:`trainer.dist`; the node-shared host memory
 is :mod:`trainer.shm`; prefetching is :mod:`trainer.prefetch`.
 
-Per epoch every rank takes the same number of batches, of the same sizes (``epoch_batches``:
-one shuffled permutation, strided over ranks, the uneven remainder dropped), so DDP's
-collectives line up and each training vertex is a seed at most once per epoch. Each rank's
-feature store holds its own GPU's cache bin on the GPU (the plan names bins after GPUs); the
-other GPUs' bins are "peer" reads, served from host memory by this version of the store. A background thread samples
-and fetches the features of the next ``prefetch`` batches while the current one trains.
+Per epoch every rank takes the same number of batches, of the same sizes (:mod:`trainer.epoch`:
+its batches, steps and evaluation), so DDP's collectives line up and each training vertex is a
+seed at most once per epoch. Each rank's feature store holds the GPU cache bin (the same
+hottest rows on every GPU) on its GPU, the CPU cache bin in host memory shared by the ranks of a
+socket, and reads the rest from the SSD bins. A background thread samples and fetches the
+features of the next ``prefetch`` batches while the current one trains.
 
 Reproducibility: each epoch's neighbour samples depend only on (seed, epoch, rank), dropout on
 the torch RNG, which checkpoints save; a resumed run therefore replays what an uninterrupted
@@ -25,17 +25,14 @@ import functools
 import gc
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,108 +46,13 @@ from placement.sampler import NeighborSampler, derive_seed, num_batches
 from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
+from trainer.epoch import EVAL_STREAM, TRAIN_STREAM, epoch_batches, epoch_sampler, evaluate, make_prepare, train_epoch
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
-from trainer.prefetch import Prefetcher, Prepared, compute_stream
+from trainer.prefetch import Prefetcher, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
-
-# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
-_TRAIN_STREAM, _EVAL_STREAM = 2, 3
-
-
-# -- batches ---------------------------------------------------------------------------------
-
-
-def epoch_batches(
-    sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int, world_size: int
-) -> Iterator[torch.Tensor]:
-    """Seed batches of ``rank`` for one training epoch: all ranks run the same number of steps,
-    each id is a seed at most once per epoch across ranks (all but ``len(ids) % world_size``)."""
-    batches = sampler.batches(
-        ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size, drop_last_uneven=True
-    )
-    return islice(batches, cfg.max_batches_per_epoch)
-
-
-def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
-    """A sampler sharing ``base``'s CSR (wherever it lives) with its own seed and call count."""
-    on_gpu = isinstance(base.indptr, torch.Tensor) and base.indptr.is_cuda
-    return NeighborSampler(base.indptr, base.indices, base.fanouts, base.device, seed=seed, csr_on_device=on_gpu)
-
-
-def make_prepare(
-    sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray, device: torch.device
-) -> Callable[[torch.Tensor], Prepared]:
-    """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``."""
-
-    def prepare(seeds: torch.Tensor) -> Prepared:
-        batch = sampler.sample(seeds)
-        x = store.get(batch.nodes).to(device, torch.float32, non_blocking=True)
-        y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
-        return Prepared(batch, x, y)
-
-    return prepare
-
-
-# -- one epoch -------------------------------------------------------------------------------
-
-
-@dataclass
-class EpochResult:
-    train_s: float
-    iterations: int
-    seeds: int
-    loss_sum: float
-    data_wait_s: float
-
-
-def train_epoch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batches: Iterator[Prepared],
-    device: torch.device,
-    on_step: Callable[[], None],
-) -> EpochResult:
-    """Forward, backward and step per batch; time per iteration includes waiting for data."""
-    model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    iterations = seeds = 0
-    wait = 0.0
-    start = time.perf_counter()
-    it = iter(batches)
-    while True:
-        t = time.perf_counter()
-        item = next(it, None)
-        wait += time.perf_counter() - t
-        if item is None:
-            break
-        loss = F.cross_entropy(model(item.x, item.batch.blocks), item.y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.detach()
-        iterations += 1
-        seeds += int(item.y.numel())
-        on_step()
-    total = float(loss_sum)  # waits for the last step's kernels
-    return EpochResult(time.perf_counter() - start, iterations, seeds, total, wait)
-
-
-@torch.no_grad()
-def evaluate(module: nn.Module, batches: Iterator[Prepared]) -> tuple[int, int]:
-    """(correct, total) on this rank's share of a split."""
-    module.eval()
-    correct = total = 0
-    for item in batches:
-        pred = module(item.x, item.batch.blocks).argmax(dim=-1)
-        correct += int((pred == item.y).sum())
-        total += int(item.y.numel())
-    return correct, total
-
-
-# -- the run ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -340,7 +242,7 @@ class Run:
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
         """Accuracy on a split, sharded over ranks and summed."""
         seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
-        batches = self._batches(seeds, derive_seed(self.cfg.seed, _EVAL_STREAM, epoch, split, self.rank))
+        batches = self._batches(seeds, derive_seed(self.cfg.seed, EVAL_STREAM, epoch, split, self.rank))
         try:
             with compute_stream(self.device):
                 correct, total = evaluate(self.module, iter(batches))
@@ -358,7 +260,7 @@ class Run:
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()
-            batches = self._batches(seeds, derive_seed(cfg.seed, _TRAIN_STREAM, epoch, self.rank))
+            batches = self._batches(seeds, derive_seed(cfg.seed, TRAIN_STREAM, epoch, self.rank))
             try:
                 with self.metrics.progress(epoch, steps) as step, compute_stream(self.device):
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)

@@ -1,0 +1,114 @@
+"""One epoch of training or evaluation: each rank's seed batches (``epoch_batches``: one shuffled
+permutation, strided over ranks, the uneven remainder dropped, so DDP's collectives line up and
+each training vertex is a seed at most once per epoch), the sampler and the batch preparation the
+prefetcher runs, and the steps themselves. :mod:`trainer.loop` runs the epochs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from placement.sampler import NeighborSampler
+from trainer.config import TrainConfig
+from trainer.featurestore import TieredFeatureStore
+from trainer.prefetch import Prepared
+
+# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
+TRAIN_STREAM, EVAL_STREAM = 2, 3
+
+
+def epoch_batches(
+    sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int, world_size: int
+) -> Iterator[torch.Tensor]:
+    """Seed batches of ``rank`` for one training epoch: all ranks run the same number of steps,
+    each id is a seed at most once per epoch across ranks (all but ``len(ids) % world_size``)."""
+    batches = sampler.batches(
+        ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size, drop_last_uneven=True
+    )
+    return islice(batches, cfg.max_batches_per_epoch)
+
+
+def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
+    """A sampler sharing ``base``'s CSR (wherever it lives) with its own seed and call count."""
+    on_gpu = isinstance(base.indptr, torch.Tensor) and base.indptr.is_cuda
+    return NeighborSampler(base.indptr, base.indices, base.fanouts, base.device, seed=seed, csr_on_device=on_gpu)
+
+
+def make_prepare(
+    sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray, device: torch.device
+) -> Callable[[torch.Tensor], Prepared]:
+    """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``."""
+
+    def prepare(seeds: torch.Tensor) -> Prepared:
+        batch = sampler.sample(seeds)
+        x = store.get(batch.nodes).to(device, torch.float32, non_blocking=True)
+        y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
+        return Prepared(batch, x, y)
+
+    return prepare
+
+
+# -- one epoch -------------------------------------------------------------------------------
+
+
+@dataclass
+class EpochResult:
+    train_s: float
+    iterations: int
+    seeds: int
+    loss_sum: float
+    data_wait_s: float
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Prepared],
+    device: torch.device,
+    on_step: Callable[[], None],
+) -> EpochResult:
+    """Forward, backward and step per batch; time per iteration includes waiting for data."""
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    iterations = seeds = 0
+    wait = 0.0
+    start = time.perf_counter()
+    it = iter(batches)
+    while True:
+        t = time.perf_counter()
+        item = next(it, None)
+        wait += time.perf_counter() - t
+        if item is None:
+            break
+        loss = F.cross_entropy(model(item.x, item.batch.blocks), item.y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()
+        iterations += 1
+        seeds += int(item.y.numel())
+        on_step()
+    total = float(loss_sum)  # waits for the last step's kernels
+    return EpochResult(time.perf_counter() - start, iterations, seeds, total, wait)
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, batches: Iterator[Prepared]) -> tuple[int, int]:
+    """(correct, total) on this rank's share of a split."""
+    module.eval()
+    correct = total = 0
+    for item in batches:
+        pred = module(item.x, item.batch.blocks).argmax(dim=-1)
+        correct += int((pred == item.y).sum())
+        total += int(item.y.numel())
+    return correct, total
+
+
+# -- the run ---------------------------------------------------------------------------------
