@@ -50,6 +50,9 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     backend: str = "auto"  # auto: nccl on cuda, gloo otherwise
     max_batches_per_epoch: int | None = None  # cap for smoke runs and tests
+    # A packed placement (moment place --pack) lays SSD rows out for its K replayed epochs: epoch e
+    # then trains on epoch e mod K's batches again (the same seeds and neighbours) instead of new ones.
+    reuse_samples: bool = False
     eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
     deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
     shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
@@ -172,6 +175,12 @@ def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argp
     )
     p.add_argument("--metrics-json", metavar="FILE", help="write per-epoch and summary metrics there")
     p.add_argument("--prefetch", type=_positive, default=d.prefetch, help="batches prepared ahead (default 2)")
+    p.add_argument(
+        "--reuse-samples",
+        action="store_true",
+        help="on a packed placement (moment place --pack --pack-epochs K), train epoch e on epoch e mod K's batches, "
+        "the ones its SSD rows are laid out for (default: sample new batches every epoch)",
+    )
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda (default auto)")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default=d.backend)
     p.add_argument("--max-batches-per-epoch", type=_positive, help="stop each epoch after this many steps (smoke runs)")

@@ -39,6 +39,7 @@ PHASES = {
     "ddak": "placement (DDAK or hash)",
     "write_bins": "writing the bins",
     "relabel": "relabelling: topology, labels, splits, id maps",
+    "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
     "checksums": "checksums (SHA-256)",
     "fsync": "fsync",
     "total": "total",
@@ -145,6 +146,29 @@ class Prediction(Strict):
     workload: PredictedWorkload
 
 
+class PackSummary(Strict):
+    """A packed placement (``moment place --pack``, :mod:`placement.pack`): SSD rows laid out in
+    the order the replayed training batches first read them, and what those batches move."""
+
+    epochs: int = Field(ge=1)  # training epochs replayed (the trainer's first ones)
+    ranks: int = Field(ge=1)  # training ranks replayed (the trainer's world size)
+    seed: int  # the trainer's --seed the batches are replayed with
+    batch_size: int = Field(ge=1)
+    fanouts: list[int]
+    batches: int = Field(ge=0)
+    # SSD bin name → key in ``files`` of its slot map (the file row of each of its rows, in id order)
+    slots: dict[str, str]
+    useful_bytes: int = Field(ge=0)  # feature bytes of the SSD rows the replayed batches read
+    unpacked_bytes: int = Field(ge=0)  # pages those reads would move with rows in id order
+    packed_bytes: int = Field(ge=0)  # ... and move in the packed layout
+    reads: int = Field(ge=0)  # runs of consecutive file rows those reads form, packed
+
+    @property
+    def amplification(self) -> float | None:
+        """Bytes moved per feature byte read, packed (None: the batches read no SSD row)."""
+        return self.packed_bytes / self.useful_bytes if self.useful_bytes else None
+
+
 class PlacedManifest(Contract):
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a placed dataset's manifest"
@@ -169,6 +193,7 @@ class PlacedManifest(Contract):
     bins: list[BinEntry]
     files: dict[str, FileEntry]
     timings_s: dict[str, float] = {}
+    pack: PackSummary | None = None  # None: SSD rows lie in id order
 
     @field_validator("files")
     @classmethod
@@ -194,4 +219,11 @@ class PlacedManifest(Contract):
             raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
         if self.prediction.bin_shares != {b.name: b.target for b in self.bins}:
             raise ValueError("prediction.bin_shares: must name every bin once, with the bin's target share")
+        if self.pack is not None:
+            ssd = {b.name for b in self.bins if b.tier == "ssd"}
+            if set(self.pack.slots) != ssd:
+                raise ValueError("pack.slots: must name every SSD bin once")
+            missing = [k for k in self.pack.slots.values() if k not in self.files]
+            if missing:
+                raise ValueError(f"pack.slots: {', '.join(missing)} not in files")
         return self
