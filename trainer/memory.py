@@ -394,13 +394,26 @@ def largest_batch(shape: RunShape, capacity: int) -> int | None:
     return lo
 
 
-def measured(device: torch.device) -> dict[str, int | None]:
+def resident_bytes() -> int | None:
+    """This process's resident set now (``/proc/self/statm``; None where there is none): taken
+    once the device is up, it is the part of the peak that torch, CUDA and the libraries hold
+    themselves, which :func:`budget` does not count."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def measured(device: torch.device, base_rss: int | None = None) -> dict[str, int | None]:
     """This process's peaks so far (:class:`moment.contracts.metrics.MeasuredMemory`): what the
     budget of :func:`budget` predicts, measured — GPU bytes torch allocated and reserved on
-    ``device`` (None on a CPU one) and the peak resident set (Linux reports ``ru_maxrss`` in KiB)."""
+    ``device`` (None on a CPU one), the peak resident set (Linux reports ``ru_maxrss`` in KiB)
+    and ``base_rss``, the resident set before the run opened its data (:func:`resident_bytes`)."""
     cuda = device.type == "cuda"
     return {
         "gpu_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None,
         "gpu_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if cuda else None,
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_base_rss_bytes": base_rss,
     }
