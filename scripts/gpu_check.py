@@ -117,9 +117,9 @@ def steps(work: Path, dev: str, ngpu: int, bench_dir: Path, small: bool = False)
         ),
         # The training variants last: each is a full start of torchrun, torch and CUDA (30 s on the
         # first GPU run), worth less than the checks above when the budget runs short.
-        run("train-uva-sampling", 1, "--sampling", "uva"),  # on the CPU: samples there, with a note
+        # Every --sampling and every --host-gather at least once: gpu+uva above, uva+stage, cpu+uva.
+        run("train-uva-sampling", 1, "--sampling", "uva", "--host-gather", "stage"),  # CPU: samples there, a note
         run("train-cpu-sampling", 1, "--sampling", "cpu"),
-        run("train-stage", 1, "--host-gather", "stage"),
         Step(
             "train-cpu-rank",
             [*train, "--nproc", "1", "--metrics-json", str(work / "train-cpu-rank.json"), "--", "--hidden", "128"]
@@ -288,7 +288,7 @@ def budget_figures(log: str, measured: Path) -> dict[str, Any]:
         fig["rss_peak_over_budget"] = round(got.host_peak_rss_bytes / mem["host_bytes_per_node"], 3)
         base = got.host_base_rss_bytes
         grown = "" if base is None else f", {(got.host_peak_rss_bytes - base) / 2**20:,.1f} MiB above the base "
-        if base is not None:  # the base: torch, CUDA and the libraries, which the budget leaves out
+        if base is not None:  # the base: torch and CUDA up, before the data (the budget's "runtime" holds it)
             fig["rss_growth_over_budget"] = round((got.host_peak_rss_bytes - base) / mem["host_bytes_per_node"], 3)
             grown += f"(ratio {fig['rss_growth_over_budget']}) of {base / 2**20:,.1f} MiB with torch and the device up"
         lines.append(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validate moment's GPU path on a GPU server in one command, within about six minutes, and
+# Validate moment's GPU path on a GPU server in one command, within about five minutes, and
 # write OUT/report.md, OUT/report.json and OUT/steps.log (default OUT: ./gpu-check):
 #   scripts/gpu_check.sh --offline DIR [OUT]              on the GPU server, no network
 #   scripts/gpu_check.sh --offline DIR --self-test [OUT]  on any machine, CPU only (CI runs it)
@@ -15,7 +15,7 @@
 # build, constraints-cpu.txt), and runs every step with the CPU device. The exit status is the
 # number of steps that were not ok. Scratch data goes to $TMPDIR (the read-engine file to
 # $BENCH_DIR: point it at an NVMe mount to measure it). $GPU_CHECK_SECONDS: the whole check's
-# budget (default 360; 1800 for the self-test).
+# budget (default 300; 1800 for the self-test).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +42,7 @@ if ! mkdir -p "$OUT" || ! OUT=$(cd "$OUT" && pwd) || ! [ -w "$OUT" ]; then
     echo "gpu_check: cannot write the report folder $OUT (give a writable OUT outside a read-only checkout)" >&2
     exit 1
 fi
-BUDGET=${GPU_CHECK_SECONDS:-$([ "$SELF_TEST" = 1 ] && echo 1800 || echo 360)}
+BUDGET=${GPU_CHECK_SECONDS:-$([ "$SELF_TEST" = 1 ] && echo 1800 || echo 300)}
 DEADLINE=$(($(date +%s) + BUDGET))
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/moment-gpu-check.XXXXXX") || exit 1
 HELPER=$REPO/scripts/gpu_check.py

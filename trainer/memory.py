@@ -18,7 +18,8 @@ GPU, per rank (``device`` cuda):
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
 * ``csr``: the graph, when sampling runs on the GPU with the CSR there (``sampling`` gpu).
 
-Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
+Host, per node: ``runtime``, what each rank's process holds whatever the data (Python, torch,
+CUDA's host side, the libraries: :data:`RANK_RUNTIME`, measured); the GPU and CPU cache bins once per socket (the shared copy each socket maps,
 see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
 two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
@@ -47,6 +48,11 @@ from placement.sampler import csr_bytes, fits_on_gpu
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
+# Host memory a rank holds whatever the data: Python, torch, CUDA's host side, PyG, numba's
+# compiler and the kernels loaded on first use. The first GPU run's peak RSS on the demo (whose
+# data is a few MiB): 2,214 MiB on a CUDA rank (1,034 MiB of it before the data opened), 944 MiB
+# on a CPU rank (H200, Python 3.12, torch 2.11+cu130; scripts/gpu_check.sh, 2026-11-27).
+RANK_RUNTIME = {"cuda": 2200 << 20, "cpu": 950 << 20}
 GB = 1e9
 
 
@@ -185,7 +191,10 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
         "model": 4 * 4 * params,
         "activations": activation_bytes(shape),
     }
-    host = {"host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes}
+    host = {
+        "host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes,
+        "runtime": shape.ranks_per_node * RANK_RUNTIME["cuda" if cuda else "cpu"],
+    }
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
         host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
