@@ -13,8 +13,8 @@ GPU, per rank (``device`` cuda):
 * ``staging``: the device-side copy of one batch's host and SSD rows before they are gathered.
 * ``model``: parameters, gradients and Adam's two moments (4 × parameters × 4 bytes).
 * ``activations``: an estimate for the model, fan-outs and batch: every layer's saved outputs
-  plus its largest per-edge tensor (SAGE's gathered ``x_j`` is [edges, input width]; GAT's
-  projected messages and attention coefficients).
+  plus its largest per-edge tensor, as the registered model says (``Layer.activations``: SAGE's
+  gathered ``x_j`` is [edges, input width]; GAT's projected messages and attention coefficients).
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
 * ``csr``: the graph, when sampling runs on the GPU with the CSR there (``sampling`` gpu).
 
@@ -45,6 +45,7 @@ import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
 from placement.sampler import csr_bytes, fits_on_gpu
+from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
@@ -66,7 +67,7 @@ class RunShape:
     fanouts: tuple[int, ...]
     batch_size: int
     unique_per_batch: float  # distinct rows one batch reads
-    model: str  # sage | gat
+    model: str  # a name in trainer.models.LAYERS
     hidden: int
     heads: int
     classes: int
@@ -152,24 +153,25 @@ def _hops(shape: RunShape) -> list[float]:
 
 def activation_bytes(shape: RunShape) -> int:
     """Saved outputs of every layer plus the largest per-edge tensor of one layer (float32)."""
+    estimate = activations_of(shape.model)  # the registered model's own (trainer.models.LAYERS)
     hops = _hops(shape)
     layers = len(shape.fanouts)
     saved, edge_peak, width = 0.0, 0.0, shape.feature_dim
     for i in range(layers):  # layer i consumes hop layers - i: the outermost first
         n_dst = hops[layers - 1 - i]
-        edges = n_dst * shape.fanouts[layers - 1 - i]
         last = i == layers - 1
-        out = shape.classes if last else shape.hidden
-        if shape.model == "gat":
-            heads = 1 if last else shape.heads
-            n_src = hops[layers - i]
-            saved += n_src * heads * out + edges * heads * 3 + n_dst * heads * out * 3
-            edge_peak = max(edge_peak, 2 * edges * heads * out)
-            width = heads * out
-        else:
-            saved += n_dst * (width + 4 * out)
-            edge_peak = max(edge_peak, edges * width)
-            width = out
+        size = LayerSize(
+            n_src=hops[layers - i],
+            n_dst=n_dst,
+            edges=n_dst * shape.fanouts[layers - 1 - i],
+            width=width,
+            out=shape.classes if last else shape.hidden,
+            heads=shape.heads,
+            last=last,
+        )
+        layer_saved, layer_peak, width = estimate(size)
+        saved += layer_saved
+        edge_peak = max(edge_peak, layer_peak)
     return int(4 * (saved + edge_peak))
 
 
@@ -266,7 +268,10 @@ def shape_of_workload(
     w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2, heads: int = 8
 ) -> RunShape:
     """The run a planner workload describes (the profiles' paper workloads: IGB has 19 classes)."""
-    model = "gat" if w.model.lower().startswith("gat") else "sage"
+    from trainer.config import TrainConfig
+
+    # the registered model the workload names (GraphSAGE: sage), else the trainer's default
+    model = next((name for name in LAYERS if name in w.model.lower()), TrainConfig(data="").model)
     return RunShape(
         nodes=w.nodes,
         feature_dim=w.feature_dim,
