@@ -47,7 +47,7 @@ import torch
 from moment.contracts.tiers import TIERS
 from placement.placed import Placed, PlacedBin, PlacedError
 from trainer.readers import Reader, ReadRequest, make_reader
-from trainer.shm import map_shared
+from trainer.shm import map_shared, not_in_memory
 from trainer.staging import Staging
 from trainer.uva import HostMapping, UvaError
 
@@ -173,7 +173,8 @@ class TieredFeatureStore:
             flat = reg.view(0, self.cpu.numel(), np.dtype(self.placed.feature_dtype))
         except UvaError as exc:
             reg.close()
-            self.host_gather_note = f"{exc}: CPU-tier rows are gathered on the host"
+            why = not_in_memory(self.host_shm.parent) if self.host_shm is not None else None
+            self.host_gather_note = f"{exc}: CPU-tier rows are gathered on the host" + (f" ({why})" if why else "")
             return
         self._cpu_reg, self._cpu_view = reg, flat.view(-1, self.dim)
 

@@ -313,6 +313,9 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
+        if device.type == "cuda":
+            torch.zeros(1, device=device)  # the CUDA context's host memory belongs to the base, not the budget
+        self.base_rss = memory.resident_bytes()
         shape = memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1)
         stage = memory.stage_reserve(shape)  # the figure the budget counts, allocated once
         self.store, self.host_tiers = open_store(
@@ -343,9 +346,13 @@ class Run:
                 self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
         self.model: nn.Module = self.module
+        # One compute stream for the run: DDP makes the gradient accumulators on it, and every
+        # epoch's backward runs on it too (no cross-stream synchronisation, no autograd warning).
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if dist.is_initialized():
             ids = [device.index] if device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.module, device_ids=ids)
+            with compute_stream(device, self.stream):
+                self.model = DistributedDataParallel(self.module, device_ids=ids)
         self.metrics = Metrics(cfg, data.placed.manifest.prediction, history, enabled=self.rank == 0)
         self.metrics.sampling = self.sampling
 
@@ -366,7 +373,7 @@ class Run:
         seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
         batches = self._batches(seeds, derive_seed(self.cfg.seed, EVAL_STREAM, epoch, split, self.rank))
         try:
-            with compute_stream(self.device):
+            with compute_stream(self.device, self.stream):
                 correct, total = evaluate(self.module, iter(batches))
         finally:
             batches.close()
@@ -386,7 +393,7 @@ class Run:
             self.store.reset_stats()
             batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank))
             try:
-                with self.metrics.progress(epoch, steps) as step, compute_stream(self.device):
+                with self.metrics.progress(epoch, steps) as step, compute_stream(self.device, self.stream):
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)
             finally:
                 batches.close()
@@ -407,7 +414,7 @@ class Run:
                 data_wait_s=wait / self.world,
                 stats=stats,
             )
-            self.metrics.memory = memory.measured(self.device)
+            self.metrics.memory = memory.measured(self.device, self.base_rss)
             together(functools.partial(self.metrics.add_epoch, record), f"epoch {epoch + 1}'s metrics not written")
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())

@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from moment.contracts import Contract, Strict
+from moment.contracts import Contract, Registered, Strict
+from moment.contracts.dataset import FeatureDtype
 from moment.contracts.plan import Share, TierShares
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
@@ -36,7 +37,7 @@ PHASES = {
     "check": "checking the dataset (a full scan)",
     "presample": "pre-sampling hotness",
     "predict": "re-solving the plan's model",
-    "ddak": "placement (DDAK or hash)",
+    "ddak": "placement (the --policy: DDAK or another)",
     "write_bins": "writing the bins",
     "relabel": "relabelling: topology, labels, splits, id maps",
     "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
@@ -180,13 +181,16 @@ class PlacedManifest(Contract):
     key: str = Field(pattern=r"^[0-9a-f]{16}$")  # digest of the inputs: an identical re-run has nothing to do
     source: Source
     plan: PlanRef
-    policy: Literal["ddak", "hash"]
+    # The placement policy's registered name (placement.policies) and DDAK's priority, where the
+    # policy reads one: names, checked against the registries when a run is asked for, not here,
+    # so a registered policy needs no change to this contract.
+    policy: Registered
     pool: int = Field(ge=1)
-    priority: Literal["projected", "paper"] | None
+    priority: Registered | None
     num_nodes: int = Field(ge=1)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=1)
-    feature_dtype: Literal["float32", "float16"]
+    feature_dtype: FeatureDtype
     num_classes: int = Field(ge=1)
     hotness: HotnessSummary
     prediction: Prediction
@@ -219,6 +223,14 @@ class PlacedManifest(Contract):
             raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
         if self.prediction.bin_shares != {b.name: b.target for b in self.bins}:
             raise ValueError("prediction.bin_shares: must name every bin once, with the bin's target share")
+        w = self.prediction.workload
+        for tier, rows in (("gpu", w.gpu_cache_rows), ("cpu", w.cpu_cache_rows)):
+            held = sum(b.capacity for b in self.bins if b.tier == tier)
+            if self.prediction.source == "dataset" and held != rows:  # re-solved for these very caches
+                raise ValueError(
+                    f"prediction.workload.{tier}_cache_rows: {rows}, but the {tier} bins' capacity is {held} rows "
+                    "(the cache size is recorded twice: the two must agree)"
+                )
         if self.pack is not None:
             ssd = {b.name for b in self.bins if b.tier == "ssd"}
             if set(self.pack.slots) != ssd:
