@@ -65,6 +65,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]
     from placement.place import PlaceOptions, place
     from placement.synth import synthesize
 
+    work.mkdir(parents=True, exist_ok=True)
     ds = work / f"ds-{args.nodes}-{args.dim}"
     synthesize(ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0)
     machine = resolve_profile("moment-machine-b")
@@ -105,7 +106,6 @@ def main() -> None:
         Path(args.out_json).write_text(json.dumps(worker(args)))
         return
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
     ds, placed = prepare(args, work)
     limit = parse_size(args.mem_limit)
     try:
