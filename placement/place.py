@@ -31,6 +31,7 @@ from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
+from placement import pack as pk
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
@@ -43,6 +44,7 @@ from placement.place_commit import (
     intact,
     validate_placed,
 )
+from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
 from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
@@ -97,8 +99,11 @@ class PlaceOptions:
     tolerance: float = TOLERANCE  # the split-half gap at which pre-sampling stops (epochs=None)
     pool: int = 100
     priority: str = "projected"  # DDAK priority: projected (matches targets) or paper
-    seed: int = 0
+    seed: int = 0  # pre-sampling's, and with --pack the trainer's --seed whose batches are replayed
     profile: Machine | None = None  # the plan's profile where not bundled; another profile's plan is refused
+    pack: bool = False  # lay SSD rows out in the order the trainer's first batches read them (placement.pack)
+    pack_epochs: int = 1  # training epochs replayed for --pack
+    pack_ranks: int | None = None  # training ranks replayed for --pack (None: the plan's GPUs)
 
 
 def _cache_rows(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> tuple[int, int]:
@@ -183,9 +188,15 @@ def place(
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
     _preflight(run, specs, placed, log)
     _begin(run, stage, hot, placed)
-    written = write_placed_bins(run, stage, specs, placed, phases, progress)
+    packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
+    written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
     files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
-    manifest = build_manifest(run, stage, hot, prediction, specs, placed, written, files, phases)
+    summary = None
+    if run.opts.pack:
+        written, summary = packed or pack_bins(run, stage, hot, specs, placed, written, phases, progress)
+        remove_unpacked(run, stage, specs)
+        prediction = packed_prediction(run, workload, prediction, summary, stage.data)
+    manifest = build_manifest(run, stage, hot, prediction, specs, placed, written, files, phases, summary)
     manifest.write(stage.data / MANIFEST)
     faults.point("place:manifest-staged")
     return commit(stage, run.dirs, log).model_dump(mode="json")
@@ -199,6 +210,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         raise UsageError(f"--pool {opts.pool}: must be at least 1")
     if not 0 < opts.tolerance < 1:
         raise UsageError(f"--tolerance {opts.tolerance}: a share of reads, between 0 and 1")
+    if opts.pack_epochs < 1 or (opts.pack_ranks is not None and opts.pack_ranks < 1):
+        raise UsageError("--pack-epochs and --pack-ranks: must be at least 1")
     get_policy(opts.policy)
     plan = read_plan(plan_path)
     try:
@@ -216,6 +229,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
     scanned = sum(file_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
     opts = replace(opts, ssd_dirs=dirs)
+    if opts.pack and opts.pack_ranks is None:  # the trainer's world: one rank per planned GPU
+        opts = replace(opts, pack_ranks=max(1, sum(s.kind == "gpu" for s in plan.layout.slots)))
     had_output = check_out(out, PLACED)
     caches = _cache_rows(plan, ds, opts)
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
@@ -237,6 +252,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         hot_given,
         {k: str(v) for k, v in dirs.items()},
         str(Path(dataset_path).resolve()),
+        *([("pack", opts.pack_epochs, opts.pack_ranks)] if opts.pack else []),
     )
     rate = scanned / max(time.perf_counter() - t0, 1e-6)
     run = PlaceRun(
@@ -360,7 +376,8 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int]) -> dict[Path, int]:
     needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
     for t in run.plan.bin_targets:
         d = run.dirs.get(t.bin, run.out)
-        needs[d] = needs.get(d, 0) + bin_rows.get(t.bin, 0) * ds.row_bytes
+        copies = 2 if run.opts.pack and t.tier == "ssd" else 1  # packing writes from an unpacked copy
+        needs[d] = needs.get(d, 0) + copies * bin_rows.get(t.bin, 0) * ds.row_bytes
     return needs
 
 

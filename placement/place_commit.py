@@ -16,6 +16,7 @@ from moment import faults
 from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_file_name
 from moment.errors import MomentError
 from moment.outputs import INPUTS, Kind, Staging, read_inputs
+from placement import pack as pk
 from placement.placed import open_placed
 from placement.writer import STATE
 
@@ -47,7 +48,7 @@ def validate_placed(root: Path) -> PlacedManifest:
 PLACED = Kind("placed dataset", MANIFEST, "moment place", validate_placed, _placed_files, PlacedError)
 
 
-SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
+SCRATCH = (INPUTS, "bin_of.npy", STATE, pk.STATE)  # build state, removed before publishing
 
 
 def inputs_key(data: Path) -> str | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import MANIFEST, PHASES, PlacedManifest, Prediction, bin_file_name
+from moment.contracts.placed import MANIFEST, PHASES, PackSummary, PlacedManifest, Prediction, bin_file_name
 from moment.contracts.plan import PlanDoc
 from moment.outputs import Staging
 from moment.planner.workload import Workload
@@ -97,12 +97,28 @@ class Phases:
         return {k: round(seconds[k], 3) for k in PHASES if k in seconds}
 
 
-def _bin_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
+def bin_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
     """Where a bin's file goes: its --ssd-dir, else inside the placed directory."""
     where = run.dirs.get(spec.name) or (
         stage.data / ("cache" if spec.tier != "ssd" else f"bins/{spec.name.replace(':', '-')}")
     )
     return where / bin_file_name(spec.name, stage.run_id)
+
+
+def packed(run: PlaceRun, spec: BinSpec) -> bool:
+    """Whether ``spec``'s bin is packed (``--pack``: SSD bins), i.e. first written unpacked."""
+    return run.opts.pack and spec.tier == "ssd"
+
+
+def partial(final: Path) -> Path:
+    """A bin's name until the commit."""
+    return final.with_name(final.name + ".partial")
+
+
+def unpacked_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
+    """Where the bin writer puts a bin that is then packed (beside it, under this run's id, so
+    that a run with other inputs finds and removes it: ``discard_build``)."""
+    return partial(bin_path(run, stage, spec).with_name(bin_file_name(f"{spec.name}-unpacked", stage.run_id)))
 
 
 def write_placed_bins(
@@ -111,8 +127,8 @@ def write_placed_bins(
     """The bins, one sequential pass over the source features (.partial names until the commit)."""
     files = []
     for b, s in enumerate(specs):
-        final = _bin_path(run, stage, s)
-        files.append(BinFile(s.name, final.with_name(final.name + ".partial"), int(placed.used[b])))
+        path = unpacked_path(run, stage, s) if packed(run, s) else partial(bin_path(run, stage, s))
+        files.append(BinFile(s.name, path, int(placed.used[b])))
     t0 = time.perf_counter()
     result = write_bins(
         run.ds.features(), placed.bin_of, files, stage.data, run.key, progress=stage_update(progress, "writing bins")
@@ -179,6 +195,7 @@ def build_manifest(
     written: list[Written],
     files: dict[str, NpyWriter],
     phases: Phases,
+    pack: PackSummary | None = None,
 ) -> PlacedManifest:
     """placed.json: final bin names, sizes and checksums (taken while writing), the prediction."""
     data, ds, opts = stage.data, run.ds, run.opts
@@ -187,7 +204,7 @@ def build_manifest(
     shares = placed.shares()
     bins_meta = []
     for i, idx in enumerate(r_order):
-        spec, w, final = specs[idx], written[idx], _bin_path(run, stage, specs[idx])
+        spec, w, final = specs[idx], written[idx], bin_path(run, stage, specs[idx])
         bins_meta.append(
             {
                 "name": spec.name,
@@ -203,9 +220,11 @@ def build_manifest(
             }
         )
     entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
-    for k in ("hotness_counts", "hotness_meta", "workload"):  # written by their own modules
-        path = data / PLACED_FILES[k]
-        entries[k] = {"path": PLACED_FILES[k], "bytes": path.stat().st_size, "digest": file_digest(path)}
+    written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
+    written_apart.update({key: f"{key}.npy" for key in (pack.slots.values() if pack else ())})  # slot maps
+    for k, name in written_apart.items():
+        path = data / name
+        entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}
     doc = {
         "format": PlacedManifest.FORMAT,
         "run_id": stage.run_id,
@@ -238,5 +257,6 @@ def build_manifest(
         "bins": bins_meta,
         "files": entries,
         "timings_s": phases.rounded(),
+        "pack": pack.model_dump() if pack else None,
     }
     return PlacedManifest.parse(doc, data / MANIFEST)  # a bug here is one line naming the field, not a traceback

@@ -20,9 +20,6 @@ from trainer.config import TrainConfig
 from trainer.featurestore import TieredFeatureStore
 from trainer.prefetch import Prepared
 
-# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
-TRAIN_STREAM, EVAL_STREAM = 2, 3
-
 
 def epoch_batches(
     sampler: NeighborSampler, ids: np.ndarray, cfg: TrainConfig, epoch: int, rank: int, world_size: int

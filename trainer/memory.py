@@ -18,11 +18,13 @@ GPU, per rank (``device`` cuda):
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
 * ``csr``: the graph, when sampling runs on the GPU with the CSR there (``sampling`` gpu).
 
-Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
+Host, per node: ``runtime``, what each rank's process holds whatever the data (Python, torch,
+CUDA's host side, the libraries: :data:`RANK_RUNTIME`, measured); the GPU and CPU cache bins once per socket (the shared copy each socket maps,
 see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
 two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
-(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank).
+(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank);
+a packed placement's slot maps once per rank (``slot_maps``: 4 B per SSD row).
 Which of gpu, uva or cpu ``--sampling auto`` takes is predicted (:func:`predict_sampling`) as
 the rank will decide it (:mod:`trainer.sampling`). A CPU-sampled graph stays a memory map of
 its file: page cache, not counted.
@@ -48,6 +50,11 @@ from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
+# Host memory a rank holds whatever the data: Python, torch, CUDA's host side, PyG, numba's
+# compiler and the kernels loaded on first use. The first GPU run's peak RSS on the demo (whose
+# data is a few MiB): 2,214 MiB on a CUDA rank (1,034 MiB of it before the data opened), 944 MiB
+# on a CPU rank (H200, Python 3.12, torch 2.11+cu130; scripts/gpu_check.sh, 2026-11-27).
+RANK_RUNTIME = {"cuda": 2200 << 20, "cpu": 950 << 20}
 GB = 1e9
 
 
@@ -73,6 +80,7 @@ class RunShape:
     csr_bytes: int = 0  # the graph as sampling holds it (indptr int64 + indices)
     sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
     csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
+    slot_map_bytes: int = 0  # a packed placement's slot maps, which every rank holds (moment place --pack)
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -187,7 +195,12 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
         "model": 4 * 4 * params,
         "activations": activation_bytes(shape),
     }
-    host = {"host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes}
+    host = {
+        "host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes,
+        "runtime": shape.ranks_per_node * RANK_RUNTIME["cuda" if cuda else "cpu"],
+    }
+    if shape.slot_map_bytes:
+        host["slot_maps"] = shape.ranks_per_node * shape.slot_map_bytes
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
         host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
@@ -249,6 +262,7 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gp
         base,
         csr_bytes=csr_bytes(placed.array("indptr"), placed.array("indices")),
         csr_copies=base.sockets if shared else ranks_per_node,
+        slot_map_bytes=sum(b.slots.stat().st_size for b in placed.bins if getattr(b, "slots", None) is not None),
     )
     cuda = cfg.resolved_device().startswith("cuda")
     base = replace(base, sampling=predict_sampling(base, getattr(cfg, "sampling", "auto"), cuda, gpu_free))
@@ -399,13 +413,26 @@ def largest_batch(shape: RunShape, capacity: int) -> int | None:
     return lo
 
 
-def measured(device: torch.device) -> dict[str, int | None]:
+def resident_bytes() -> int | None:
+    """This process's resident set now (``/proc/self/statm``; None where there is none): taken
+    once the device is up, it is the part of the peak that torch, CUDA and the libraries hold
+    themselves, which :func:`budget` does not count."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def measured(device: torch.device, base_rss: int | None = None) -> dict[str, int | None]:
     """This process's peaks so far (:class:`moment.contracts.metrics.MeasuredMemory`): what the
     budget of :func:`budget` predicts, measured — GPU bytes torch allocated and reserved on
-    ``device`` (None on a CPU one) and the peak resident set (Linux reports ``ru_maxrss`` in KiB)."""
+    ``device`` (None on a CPU one), the peak resident set (Linux reports ``ru_maxrss`` in KiB)
+    and ``base_rss``, the resident set before the run opened its data (:func:`resident_bytes`)."""
     cuda = device.type == "cuda"
     return {
         "gpu_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None,
         "gpu_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if cuda else None,
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_base_rss_bytes": base_rss,
     }
