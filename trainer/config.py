@@ -107,6 +107,13 @@ class TrainConfig:
     max_batches_per_epoch: int | None = option(
         None, type=_positive, help="stop each epoch after this many steps (smoke runs)"
     )
+    # A packed placement (moment place --pack) lays SSD rows out for its K replayed epochs: epoch e
+    # then trains on epoch e mod K's batches again (the same seeds and neighbours) instead of new ones.
+    reuse_samples: bool = option(
+        False,
+        help="on a packed placement (moment place --pack --pack-epochs K), train epoch e on epoch e mod K's batches, "
+        "the ones its SSD rows are laid out for (default: sample new batches every epoch)",
+    )
     eval_every: int = option(1, type=_positive, help="epochs between validation passes (the last is always evaluated)")
     deterministic: bool = option(
         False, help="deterministic kernels (torch.use_deterministic_algorithms: reproducible, slower)"

@@ -23,7 +23,8 @@ CUDA's host side, the libraries: :data:`RANK_RUNTIME`, measured); the GPU and CP
 see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
 two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
-(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank).
+(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank);
+a packed placement's slot maps once per rank (``slot_maps``: 4 B per SSD row).
 Which of gpu, uva or cpu ``--sampling auto`` takes is predicted (:func:`predict_sampling`) as
 the rank will decide it (:mod:`trainer.sampling`). A CPU-sampled graph stays a memory map of
 its file: page cache, not counted.
@@ -79,6 +80,7 @@ class RunShape:
     csr_bytes: int = 0  # the graph as sampling holds it (indptr int64 + indices)
     sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
     csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
+    slot_map_bytes: int = 0  # a packed placement's slot maps, which every rank holds (moment place --pack)
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -200,6 +202,8 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
         "host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes,
         "runtime": shape.ranks_per_node * RANK_RUNTIME["cuda" if cuda else "cpu"],
     }
+    if shape.slot_map_bytes:
+        host["slot_maps"] = shape.ranks_per_node * shape.slot_map_bytes
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
         host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
@@ -261,6 +265,7 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gp
         base,
         csr_bytes=csr_bytes(placed.array("indptr"), placed.array("indices")),
         csr_copies=base.sockets if shared else ranks_per_node,
+        slot_map_bytes=sum(b.slots.stat().st_size for b in placed.bins if getattr(b, "slots", None) is not None),
     )
     cuda = cfg.resolved_device().startswith("cuda")
     base = replace(base, sampling=predict_sampling(base, getattr(cfg, "sampling", "auto"), cuda, gpu_free))

@@ -148,6 +148,19 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         help="pre-sampling stops when the caches' read share, ranked on one half of the sample, differs by at most "
         "this between the halves (default 0.005)",
     )
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="lay each SSD bin's rows out in the order the trainer's first batches read them (replayed with "
+        "--seed, the pre-sampling's fan-outs and batch size, --pack-ranks ranks): rows a batch reads share pages, "
+        "so rows smaller than a page move fewer bytes; train with the same --seed, ranks and CPU sampling",
+    )
+    p.add_argument(
+        "--pack-epochs", type=positive, default=1, help="training epochs --pack replays and packs for (default 1)"
+    )
+    p.add_argument(
+        "--pack-ranks", type=positive, help="training ranks --pack replays (default: the plan's GPUs, one rank each)"
+    )
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
     priority = p.add_argument(
         "--priority",
@@ -161,7 +174,12 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         help="the plan's profile (bundled name or YAML file) where it is not bundled; "
         "a plan made for another profile is refused",
     )
-    p.add_argument("--seed", type=int, default=0, help="pre-sampling seed (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="pre-sampling seed, and the training --seed whose batches --pack replays (default 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_place)
     what = "re-check a placed dataset: checksums, counts, features against the source"
@@ -256,6 +274,9 @@ def cmd_place(args: argparse.Namespace) -> int:
         priority=args.priority,
         seed=args.seed,
         profile=profile,
+        pack=args.pack,
+        pack_epochs=args.pack_epochs,
+        pack_ranks=args.pack_ranks,
     )
     with Reporter(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)
