@@ -11,6 +11,11 @@ the measured hotness and unique rows per batch, the cache sizes used) on the pla
 shares DDAK balanced to (every bin's ``target`` is its ``bin_shares`` entry) and the tier shares
 to compare the achieved ones with. Where the plan's profile could not be found it is the plan's
 own prediction (``source: plan``).
+
+``pack`` (``moment place --pack``, :mod:`placement.pack`): SSD rows lie in the order the replayed
+training batches read them; each SSD bin's slot map (a ``files`` entry: the file row of each of
+its rows) is what the readers go through, and ``prediction.ssd_amplification`` is the replay's
+page count of those batches.
 """
 
 from __future__ import annotations
