@@ -30,7 +30,7 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
         metavar="CK",
         help="checkpoint directory of `moment train` (or its checkpoint.pt)",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--out", metavar="DIR", help="output directory (required unless --dry-run)")
     p.add_argument(
         "--nproc",
         type=positive,
@@ -68,6 +68,12 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
         "fit, the destinations are cut into partitions, each streaming the input once (default: three quarters of the "
         "memory available, within its memory cgroup)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: print per layer the engine, passes over its input, bytes read, memory and the "
+        "predicted time (reads at the sequential rates of the plan's machine, compute timed here)",
+    )
     p.set_defaults(func=cmd_infer)
 
 
@@ -80,10 +86,12 @@ def cmd_infer(args: argparse.Namespace) -> int:
         memory = parse_memory(args.memory) if args.memory is not None else None
     except ValueError as exc:
         raise UsageError(f"--memory: {exc}") from None
+    if args.out is None and not args.dry_run:
+        raise UsageError("--out: required (the output directory), unless --dry-run")
     opts = infer.InferOptions(
         data=Path(args.data),
         checkpoint=Path(args.checkpoint),
-        out=Path(args.out),
+        out=Path(args.out or "."),
         plan=Path(args.plan) if args.plan else None,
         nproc=args.nproc,
         layers=args.layers,
@@ -92,7 +100,12 @@ def cmd_infer(args: argparse.Namespace) -> int:
         device=args.device,
         engine=args.engine,
         memory=memory,
+        rates=plan_rates(Path(args.plan)) if args.plan else None,
     )
+    if args.dry_run:
+        for line in infer.dry_run(opts):
+            out.print(line)
+        return 0
 
     def run_ranks(cmd: list[str]) -> int:
         err.print(f"running: {launch.format_command(cmd)}")
@@ -102,6 +115,28 @@ def cmd_infer(args: argparse.Namespace) -> int:
         manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
     print_inference(args.out, manifest)
     return 0
+
+
+def plan_rates(path: Path):  # -> trainer.infer_predict.Rates | None
+    """The sequential read rates of the plan's machine (its profile, bundled and unchanged since
+    the plan was made): each SSD's ``read_gbps`` and the sockets' memory; None (said) where the
+    profile is not at hand or gives no SSD rate."""
+    from moment.contracts.plan import read_plan
+    from moment.planner.planfile import plan_profile
+    from trainer.infer_predict import Rates
+
+    machine, why = plan_profile(read_plan(path))
+    if machine is None:
+        err.print(f"note: {why}: no predicted inference time")
+        return None
+    ssd = {d.id: float(d.read_gbps) for d in machine.devices() if d.kind == "nvme" and d.read_gbps}
+    if not ssd:
+        err.print(
+            f"note: profile {machine.name!r} gives no SSD read rate (moment bench measures them): no predicted time"
+        )
+        return None
+    dram = [float(s.dram_gbps) for s in machine.sockets if s.dram_gbps]
+    return Rates(machine.name, ssd, min(dram) if dram else None)
 
 
 def print_inference(out_dir: str | Path, manifest) -> None:
