@@ -138,8 +138,13 @@ def test_partitions_fit_the_budget_and_cover_the_range() -> None:
     assert broadcast.edges_in_memory(b - a, edges, 8, 8, BLOCK, memory + 8 * edges + (1 << 20))
 
 
-@pytest.mark.parametrize("hold", [0, 12_000])
-def test_spilled_edges_are_the_same_edges(tmp_path: Path, hold: int) -> None:
+@pytest.mark.parametrize(("hold", "chunk"), [(0, 4096), (12_000, 4096), (0, 7), (0, 250)])
+def test_spilled_edges_are_the_same_edges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hold: int, chunk: int
+) -> None:
+    """Edges held, spilled, read back in chunks smaller than a block's run (7) or straddling runs (250): the same."""
+    monkeypatch.setattr(broadcast, "READ_CHUNK_MIN", chunk)
+    monkeypatch.setattr(broadcast, "READ_BUFFER", 0)
     rng = np.random.default_rng(5)
     indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 30, 900))])
     indices = rng.integers(0, 1000, int(indptr[-1])).astype(np.int32)

@@ -51,6 +51,8 @@ from trainer.models import Scatter
 
 SLAB_EDGES = 1 << 22  # in-edges bucketed at a time (bounds the sort's scratch memory)
 MIN_SLAB_EDGES = 1 << 14  # the fewest (a smaller budget is refused)
+READ_BUFFER = 1 << 23  # bytes of buffers reading spilled edges back (shared by their arrays)
+READ_CHUNK_MIN = 1 << 12  # elements: the smallest read of a spilled array
 EDGE_BYTES = 8  # a bucketed edge: its source's row in its block and its destination's row, int32 each
 SCRATCH_PER_SLAB_EDGE = 30  # bytes per edge while a slab is bucketed (ids, keys, the sort order)
 
@@ -112,8 +114,9 @@ def row_bytes(width: int) -> int:
 
 def fixed_bytes(block: int, in_width: int, width: int) -> int:
     """Memory a pass needs beside its partition's sums whatever the partition's size: two source
-    blocks' input and messages (one computed, one read ahead), the output slices written."""
-    return 2 * block * 4 * (in_width + 2 * width) + 2 * WRITE_ROWS * 4 * width
+    blocks' input and messages (one computed, one read ahead), the output slices written, the
+    buffers reading spilled edges back."""
+    return 2 * block * 4 * (in_width + 2 * width) + 2 * WRITE_ROWS * 4 * width + READ_BUFFER
 
 
 def slab_edges(memory: int) -> int:
@@ -179,10 +182,13 @@ class Buckets:
     ) -> None:
         slab = slab or SLAB_EDGES
         self.block, self.blocks = block, -(-num_nodes // block)
-        self.pieces: list[tuple[np.ndarray | int, np.ndarray | int, np.ndarray]] = []
+        self.pieces: list[tuple[np.ndarray | _Region, np.ndarray | _Region, np.ndarray]] = []
         self.spill, self._fd = spill, None
         if spill is not None:
             self._fd = os.open(spill, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            # read back in large sequential chunks of our own: no readahead the cgroup evicts unread
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        spilled: list[tuple[int, int, int]] = []  # (piece, offset, edges) of the spilled slabs
         ptr = np.asarray(indptr[a : b + 1], dtype=np.int64)
         at, held = 0, 0
         for s, t in slabs(ptr, slab):
@@ -193,11 +199,19 @@ class Buckets:
                 if self._fd is not None and held + size > hold:  # local then dst, int32 each, appended
                     _write_all(self._fd, local, at)
                     _write_all(self._fd, dst, at + local.nbytes)
-                    self.pieces.append((at, at + local.nbytes, starts))
+                    spilled.append((len(self.pieces), at, local.size))
+                    self.pieces.append((local[:0], dst[:0], starts))  # a place holder, in slab order
                     at += local.nbytes + dst.nbytes
                 else:
                     self.pieces.append((local, dst, starts))
                     held += size
+        if spilled:  # the read buffers share READ_BUFFER
+            chunk = max(READ_CHUNK_MIN, READ_BUFFER // (2 * len(spilled)) // 4)
+            fd = self._fd
+            assert fd is not None
+            for i, off, size in spilled:
+                starts = self.pieces[i][2]
+                self.pieces[i] = (_Region(fd, off, size, chunk), _Region(fd, off + 4 * size, size, chunk), starts)
         counts = sum((p[2][1:] - p[2][:-1] for p in self.pieces), np.zeros(self.blocks, dtype=np.int64))
         self.counts = counts
         self.spilled = at  # bytes written to ``spill``
@@ -209,12 +223,10 @@ class Buckets:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def _run(self, where: np.ndarray | int, starts: np.ndarray, k: int) -> np.ndarray:
+    def _run(self, where: np.ndarray | _Region, starts: np.ndarray, k: int) -> np.ndarray:
         if isinstance(where, np.ndarray):
             return where[starts[k] : starts[k + 1]]
-        out = np.empty(int(starts[k + 1] - starts[k]), dtype=np.int32)
-        _read_all(self._fd, out, where + 4 * int(starts[k]))  # type: ignore[arg-type]
-        return out
+        return where.take(int(starts[k]), int(starts[k + 1]))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -247,6 +259,26 @@ def spilled_bytes(indptr: np.ndarray, a: int, b: int, slab: int, hold: int) -> i
         else:
             held += size
     return spilled
+
+
+class _Region:
+    """One spilled int32 array in the scratch file, read back front to back (blocks ascend) in
+    chunks of at least ``chunk`` elements: each byte read from the disk once."""
+
+    def __init__(self, fd: int, offset: int, size: int, chunk: int) -> None:
+        self.fd, self.offset, self.size, self.chunk = fd, offset, size, chunk
+        self.buf, self.first = np.empty(0, dtype=np.int32), 0  # elements [first, first + buf.size)
+
+    def take(self, i: int, j: int) -> np.ndarray:
+        """Elements ``[i, j)`` (``i`` never below an earlier call's)."""
+        if j > self.first + self.buf.size:
+            end = min(max(j, i + self.chunk), self.size)
+            keep = self.buf[i - self.first :] if i < self.first + self.buf.size else self.buf[:0]
+            fresh = np.empty(end - i, dtype=np.int32)
+            fresh[: keep.size] = keep
+            _read_all(self.fd, fresh[keep.size :], self.offset + 4 * (i + keep.size))
+            self.buf, self.first = fresh, i
+        return self.buf[i - self.first : j - self.first]
 
 
 def _write_all(fd: int, a: np.ndarray, offset: int) -> None:
