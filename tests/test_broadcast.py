@@ -62,6 +62,8 @@ def test_broadcast_agrees_with_gather_and_records_its_partitions(data: dict[str,
     assert b.engine == "broadcast" and b.memory == small_memory(2)
     assert [t.engine for t in b.throughput[:2]] == ["broadcast", "broadcast"]
     assert b.throughput[0].partitions > 2 and b.throughput[1].partitions >= 2  # layer 1: the budget cut them
+    first = b.throughput[0]  # 24 → 16 wide: each rank streams the input once, then its relayed messages
+    assert first.predicted.input_streams == 2 and first.read_bytes < first.partitions * first.predicted.input_bytes
     assert b.accuracy == pytest.approx(g.accuracy, abs=1 / 200)
 
 
@@ -262,7 +264,7 @@ def test_inference_json_holds_the_prediction_beside_what_was_measured(
         pr = t.predicted
         assert pr is not None and pr.engine == "broadcast" and pr.passes == t.partitions
         assert t.read_bytes == pr.read_bytes and t.disk_read_bytes is not None
-        assert pr.read_bytes >= pr.passes * pr.input_bytes and pr.memory_bytes <= memory // ranks
+        assert pr.read_bytes >= pr.input_streams * pr.input_bytes and pr.memory_bytes <= memory // ranks
         assert pr.seconds is not None and pr.seconds >= max(pr.read_s, pr.compute_s) > 0
         assert pr.machine == "moment-machine-b"
     first = m.throughput[0].predicted
@@ -283,7 +285,9 @@ def test_the_dry_run_prints_the_prediction_and_writes_nothing(
     m = run(data, tmp_path / "o", memory=small_memory())  # the same figures as the run records
     for k, t in enumerate(m.throughput[:2], 1):
         pr = t.predicted
-        plural = "es" if pr.passes != 1 else ""
-        assert f"layer {k}: broadcast, {pr.passes} pass{plural}, reads {pr.read_bytes / 1e9:.3g} GB" in text
+        passes = f"{pr.passes} pass{'es' if pr.passes != 1 else ''}"
+        assert f"layer {k}: broadcast, {passes}" in text and f"reads {pr.read_bytes / 1e9:.3g} GB" in text
+    assert m.throughput[0].predicted.input_streams == 1  # layer 1 (24 → 16 wide) relays its messages
+    assert "1 over the input, the others over its relayed messages" in text
     assert main(args) == 2  # without --dry-run, --out is required
     assert "--out: required" in capsys.readouterr().err

@@ -23,7 +23,8 @@ rest are written to a scratch file as they are bucketed and read back block by b
 read-ahead thread (:class:`Buckets`), so the input is still streamed once: edges cost 8 bytes
 written and read back, not another pass. Only when a rank's *sums* do not fit its share of
 ``--memory`` are its destinations cut into several partitions (:func:`partitions`), each
-streaming the sources once: the count is recorded in inference.json. Every rank streams every
+streaming the sources once: the count is recorded in inference.json. The first streams the input
+and relays the messages (:class:`Relay`) which the later ones stream instead, where narrower. Every rank streams every
 source block its destinations need: with ``N`` ranks the input is read about ``N`` times. The
 bytes do not depend on the partitions, the ranks, the budget or where the edges were held: every
 destination's sum is added in the same order (source blocks ascending, then CSR order), messages
@@ -314,6 +315,28 @@ def _bucket(
     return local, dst, starts
 
 
+def relays(parts: int, width: int, in_row_bytes: int) -> bool:
+    """Whether a rank whose destinations take ``parts`` partitions relays its layer's messages
+    (:class:`Relay`): where its later passes would otherwise re-read an input wider than the
+    messages they need."""
+    return parts > 1 and 4 * width < in_row_bytes
+
+
+@dataclass
+class Relay:
+    """A layer's messages of every source and root terms of rows ``[r0, r1)`` (a rank's rows
+    after its first partition), written by the rank's first pass as it streams the input and
+    streamed by its later passes in their place: the input is read once whatever the partitions,
+    the later passes read ``width`` floats a source instead of the input's row. The values are
+    the ones those passes would compute from the input (the same blocks through the same
+    weights), so the bytes of the output do not change."""
+
+    messages: np.ndarray  # num_nodes × width float32 (a memory map)
+    roots: np.ndarray  # (r1 - r0) × width float32
+    r0: int
+    writing: bool  # the first pass (writes), else a later one (reads)
+
+
 @dataclass
 class Pass:
     """What one partition's pass did (the bytes of input it asked for, its blocks read)."""
@@ -321,6 +344,8 @@ class Pass:
     blocks_read: int = 0
     input_bytes: int = 0  # as the engine holds them (float32)
     input_rows: int = 0
+    message_rows: int = 0  # relayed messages read in place of input rows
+    root_rows: int = 0  # relayed root terms read
     spilled_bytes: int = 0  # bucketed edges written to the scratch file (and read back once)
     edges_on_disk: bool = False  # its bucketed in-edges went through a scratch file
 
@@ -342,19 +367,21 @@ def run_partition(
     memory: int = 0,
     in_width: int = 0,
     scratch: Path | None = None,
+    relay: Relay | None = None,
 ) -> Pass:
     """The layer's output rows of destinations ``[a, b)``, from one stream of its input's source
     blocks, handed to ``write`` in ascending slices after ``after`` (the activation). ``update``:
     told the partition's vertices in steps as the stream advances (``b - a`` in all). ``memory``:
     the pass's budget (0: none; ``in_width``: the input's width, for its buffers); where the
-    bucketed edges do not fit it beside the sums they go to the file ``scratch`` (removed after)."""
+    bucketed edges do not fit it beside the sums they go to the file ``scratch`` (removed after).
+    ``relay``: the messages this pass writes (the rank's first) or streams instead of the input."""
     edges = int(indptr[b]) - int(indptr[a])
     in_memory = not memory or edges_in_memory(b - a, edges, width, in_width, block, memory)
     spill = None if in_memory or scratch is None else scratch
     hold = edge_room(b - a, edges, width, in_width, block, memory) if memory else 0
     buckets = Buckets(indptr, indices, a, b, block, num_nodes, slab_edges(memory) if memory else 0, spill, hold)
     with contextlib.closing(buckets):
-        h, done = _stream(form, buckets, indptr, (a, b), rows, num_nodes, width, device, update)
+        h, done = _stream(form, buckets, indptr, (a, b), rows, num_nodes, width, device, update, relay)
     done.edges_on_disk = spill is not None
     done.spilled_bytes = buckets.spilled
     for i in range(0, b - a, WRITE_ROWS):
@@ -372,6 +399,7 @@ def _stream(
     width: int,
     device: torch.device,
     update: Callable[[int], None] | None,
+    relay: Relay | None = None,
 ) -> tuple[torch.Tensor, Pass]:
     """The finished rows of destinations ``dests`` from one stream of the source blocks, and what
     the stream read."""
@@ -383,34 +411,60 @@ def _stream(
     add = _scatter_add(device)
     done = Pass()
     spans = [(k * block, min((k + 1) * block, num_nodes)) for k in range(buckets.blocks)]
-    # a block with nothing reaching the partition (no edge, no row of it) is not read
-    todo = [k for k, (s0, s1) in enumerate(spans) if buckets.counts[k] or max(s0, a) < min(s1, b)]
+    writing = relay is not None and relay.writing
+    # a block with nothing reaching the partition (no edge, no row of it) is not read (unless relayed)
+    todo = [k for k, (s0, s1) in enumerate(spans) if writing or buckets.counts[k] or max(s0, a) < min(s1, b)]
 
-    def fetch(k: int) -> tuple[torch.Tensor, tuple[np.ndarray, np.ndarray] | None]:
-        """Block ``k``'s input rows and its edges into the partition (read back where spilled)."""
-        return rows(*spans[k]), buckets.of(k) if buckets.counts[k] else None
+    def fetch(k: int) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, Any]:
+        """Block ``k``'s input rows — or, from a relay, its messages and the partition's root
+        terms in it — and its edges into the partition (read back where spilled)."""
+        s0, s1 = spans[k]
+        edges = buckets.of(k) if buckets.counts[k] else None
+        if relay is None or writing:
+            return rows(s0, s1), None, None, edges
+        lo, hi = max(s0, a), min(s1, b)
+        msg = torch.from_numpy(np.array(relay.messages[s0:s1])).to(device) if edges is not None else None
+        root = torch.from_numpy(np.array(relay.roots[lo - relay.r0 : hi - relay.r0])).to(device) if lo < hi else None
+        return None, msg, root, edges
 
     with ThreadPoolExecutor(1, thread_name_prefix="broadcast-read") as pool:
         ahead = pool.submit(fetch, todo[0]) if todo else None
         for i, k in enumerate(todo):
-            x, edges = ahead.result()  # type: ignore[union-attr]
+            x, msg, root, edges = ahead.result()  # type: ignore[union-attr]
             if i + 1 < len(todo):  # the next block is read while this one is computed
                 ahead = pool.submit(fetch, todo[i + 1])
             s0, s1 = spans[k]
             lo, hi = max(s0, a), min(s1, b)
             done.blocks_read += 1
-            done.input_bytes += x.numel() * x.element_size()
-            done.input_rows += s1 - s0
+            if x is not None:
+                done.input_bytes += x.numel() * x.element_size()
+                done.input_rows += s1 - s0
+                msg = form.message(x).contiguous() if edges is not None or writing else None
+                full = form.root(x) if lo < hi or writing else None
+                root = full[lo - s0 : hi - s0] if full is not None and lo < hi else None
+                if writing:
+                    _relay_block(relay, s0, s1, msg, full)  # type: ignore[arg-type]
+            else:
+                done.message_rows += s1 - s0 if msg is not None else 0
+                done.root_rows += hi - lo if root is not None else 0
             if edges is not None:
                 src, dst = edges
-                add(acc, dst, src, form.message(x).contiguous())
+                add(acc, dst, src, msg)
             if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
-                acc[lo - a : hi - a] += c[lo - a : hi - a] * form.root(x)[lo - s0 : hi - s0]
+                acc[lo - a : hi - a] += c[lo - a : hi - a] * root
             if update is not None:  # the stream's share of the partition's vertices
                 step = (b - a) * (i + 1) // len(todo) - (b - a) * i // len(todo)
                 if step:
                     update(step)
     return form.finish(acc, c), done
+
+
+def _relay_block(relay: Relay, s0: int, s1: int, msg: torch.Tensor, root: torch.Tensor) -> None:
+    """Block ``[s0, s1)``'s messages and its root terms of the relayed rows, into the relay."""
+    relay.messages[s0:s1] = msg.cpu().numpy()
+    w0, w1 = max(s0, relay.r0), min(s1, relay.r0 + relay.roots.shape[0])
+    if w0 < w1:
+        relay.roots[w0 - relay.r0 : w1 - relay.r0] = root[w0 - s0 : w1 - s0].cpu().numpy()
 
 
 def _scatter_add(device: torch.device) -> Callable[[torch.Tensor, np.ndarray, np.ndarray, torch.Tensor], None]:

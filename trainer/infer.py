@@ -17,8 +17,9 @@ memory:
   ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
 
 Two engines compute a layer (``--engine``): ``broadcast`` (:mod:`trainer.broadcast`, the default
-where the layer has a scatter form: SAGE) streams the layer's input once per partition of the
-destinations and scatters messages into them; ``gather`` (above, the reference; GAT, whose
+where the layer has a scatter form: SAGE) streams the layer's input once (a rank whose
+destinations' sums do not fit ``--memory`` takes several partitions: the later ones stream the
+messages the first relayed) and scatters messages into the destinations; ``gather`` (above, the reference; GAT, whose
 attention needs each destination's in-edges together) gathers each chunk's in-neighbours. For
 a broadcast layer a "chunk" below is a destination partition, sized from ``--memory``.
 
@@ -237,6 +238,8 @@ def layer_line(layer: int, pr: LayerPrediction) -> str:
     """One layer's prediction for people."""
     ratio = pr.read_bytes / pr.input_bytes if pr.input_bytes else 0.0
     how = f"{pr.passes} pass{'es' if pr.passes != 1 else ''}" if pr.passes is not None else "gathered"
+    if pr.passes is not None and pr.input_streams is not None and pr.input_streams < pr.passes:
+        how += f" ({pr.input_streams} over the input, the others over its relayed messages)"
     spilled = f", {pr.spilled_edge_bytes / 1e9:.3g} GB of edges spilled" if pr.spilled_edge_bytes else ""
     when = (
         f"{pr.seconds:.1f} s ({'reads' if (pr.read_s or 0) >= (pr.compute_s or 0) else 'compute'} bound: "
@@ -467,13 +470,41 @@ class Rank:
             x = torch.from_numpy(np.asarray(prev[src]))
         return x.to(self.device, torch.float32)
 
+    def relay_paths(self, layer: int) -> tuple[Path, Path]:
+        """The files of this rank's relay of layer ``layer`` (messages, root terms)."""
+        return (
+            self.data / WORK / f"relay-{self.rank}-h{layer}-messages.npy",
+            self.data / WORK / f"relay-{self.rank}-h{layer}-roots.npy",
+        )
+
+    def relay(self, layer: int, c: int) -> broadcast.Relay | None:
+        """The relay partition ``c`` of layer ``layer`` writes (the first) or reads (a later
+        one), where this rank's partitions relay their messages (:func:`trainer.broadcast.relays`)."""
+        parts, width = self.chunks_of(layer - 1), self.m.widths[layer - 1]
+        if not broadcast.relays(len(parts), width, self._in_row_bytes(layer)):
+            return None
+        (messages, roots), r0 = self.relay_paths(layer), parts[0][1]
+        if c == 0:
+            for path, rows in ((messages, self.layout.num_nodes), (roots, parts[-1][1] - r0)):
+                np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, width)).flush()
+                reserve(path)  # a full disk now, not SIGBUS later
+            return broadcast.Relay(np.load(messages, mmap_mode="r+"), np.load(roots, mmap_mode="r+"), r0, True)
+        if not (messages.is_file() and roots.is_file()):
+            raise InferenceError(
+                f"{messages}: missing (the messages layer {layer}'s first partition relays to the others); "
+                f"remove {self.data.parent} to start over"
+            )
+        return broadcast.Relay(np.load(messages, mmap_mode="r"), np.load(roots, mmap_mode="r"), r0, False)
+
     def run_layer_chunk(
-        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
+        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None, index: int = 0
     ) -> int:
-        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
-        reported to ``update`` (a broadcast partition reports as its stream advances)."""
+        """Layer ``layer``'s rows of destinations ``[a, b)`` (chunk ``index`` of this rank) into
+        ``out``; the vertices it already reported to ``update`` (a broadcast partition reports as
+        its stream advances)."""
         form = self.form(layer)
         if form is not None:
+            relay = self.relay(layer, index)
 
             def write(row: int, h: torch.Tensor) -> None:
                 out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
@@ -496,8 +527,14 @@ class Rank:
                     memory=rank_budget(self.memory, self.world),
                     in_width=self._in_width(layer),
                     scratch=self.data / WORK / f"edges-{self.rank}.bin",
+                    relay=relay,
                 )
-            self.asked += done.input_rows * self._in_row_bytes(layer) + self._csr_bytes(a, b) + done.spilled_bytes
+            if relay is not None and relay.writing:  # complete before the partition is recorded
+                relay.messages.flush()
+                relay.roots.flush()
+            relayed = (done.message_rows + done.root_rows) * 4 * self.m.widths[layer - 1]
+            self.asked += done.input_rows * self._in_row_bytes(layer) + relayed
+            self.asked += self._csr_bytes(a, b) + done.spilled_bytes
             return b - a if update else 0
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
         self.asked += src.size * self._in_row_bytes(layer) + self._csr_bytes(a, b)
@@ -542,7 +579,7 @@ class Rank:
             start, shown, disk = time.perf_counter(), 0, disk_read_bytes()
             self.asked = 0
             if out is not None:
-                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
+                shown = self.run_layer_chunk(stage + 1, a, b, out, update, c)
                 out.flush()
             else:
                 self.run_export_chunk(a, b, arrays, works)
@@ -561,6 +598,9 @@ class Rank:
                 update(b - a - shown)
         progress.stage, progress.chunks = stage + 1, 0
         progress.write(self.data, self.rank)
+        if stage < depth:  # the layer's relay, if it had one, has served every partition
+            for path in self.relay_paths(stage + 1):
+                path.unlink(missing_ok=True)
 
 
 # -- the whole run ------------------------------------------------------------------------------

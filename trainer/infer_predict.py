@@ -3,8 +3,9 @@
 memory of its largest pass and its time on the plan's machine.
 
 The model follows the engines' own arithmetic, so the bytes are exact where the engine's work
-is fixed by the inputs (the broadcast engine: every pass streams every source block, reads its
-partition's CSR slice and reads back its spilled edges) and an upper bound where it is not (the
+is fixed by the inputs (the broadcast engine: every pass streams every source block — the
+input, or the messages a rank's first pass relayed —, reads its partition's CSR slice and reads
+back its spilled edges) and an upper bound where it is not (the
 gather engine: every in-edge's source row once per chunk, as if no two edges of a chunk shared
 a source). Time: the broadcast engine reads one block ahead while it computes one, so a layer
 takes the longer of its reads — at the plan's sequential rates: cache bins from memory, each
@@ -118,9 +119,17 @@ def predict_broadcast(
     """A broadcast layer: ``ranges`` the ranks' destinations, ``budget`` a rank's ``--memory``;
     ``bins`` (layer 1): (name, tier, bytes) of the placed bins in new-id order."""
     n, e = len(indptr) - 1, int(indptr[-1])
-    parts = [
-        p for lo, hi in ranges for p in broadcast.partitions(indptr, lo, hi, shape.width, shape.in_width, block, budget)
-    ]
+    ranks = [broadcast.partitions(indptr, lo, hi, shape.width, shape.in_width, block, budget) for lo, hi in ranges]
+    parts = [p for rank in ranks for p in rank]
+    streams, relayed, written = 0, 0, 0  # input passes; relayed bytes read back; and written
+    for rank in ranks:
+        if broadcast.relays(len(rank), shape.width, shape.row_bytes):  # one input pass, then the messages
+            roots = (rank[-1][1] - rank[0][1]) * 4 * shape.width
+            streams += 1
+            relayed += (len(rank) - 1) * n * 4 * shape.width + roots
+            written += n * 4 * shape.width + roots
+        else:
+            streams += len(rank)
     spilled, memory = 0, 0
     for a, b in parts:
         edges = int(indptr[b] - indptr[a])
@@ -135,7 +144,7 @@ def predict_broadcast(
     passes = len(parts)
     input_bytes = n * shape.row_bytes
     csr = (n + passes) * indptr.dtype.itemsize + e * index_bytes
-    read_bytes = passes * input_bytes + csr + spilled
+    read_bytes = streams * input_bytes + relayed + csr + spilled
     read_s = None
     if rates is not None and rates.ssd() is not None:
         disk = rates.ssd()
@@ -144,12 +153,14 @@ def predict_broadcast(
             stream = sum(size / _bin_rate(name, tier, rates) for name, tier, size in bins)
         else:
             stream = input_bytes / (disk * 1e9)
-        read_s = passes * stream + (csr + 2 * spilled) / (disk * 1e9)  # spilled: written, then read back
-    compute_s = passes * n * compute.per_row + e * compute.per_edge if compute is not None else None
+        # spilled edges and relayed messages: written, then read back
+        read_s = streams * stream + (csr + 2 * spilled + relayed + written) / (disk * 1e9)
+    compute_s = streams * n * compute.per_row + e * compute.per_edge if compute is not None else None
     seconds = max(read_s or 0.0, compute_s or 0.0) if read_s is not None or compute_s is not None else None
     return LayerPrediction(
         engine="broadcast",
         passes=passes,
+        input_streams=streams,
         input_bytes=input_bytes,
         read_bytes=read_bytes,
         spilled_edge_bytes=spilled,

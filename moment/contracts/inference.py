@@ -50,7 +50,8 @@ class LayerPrediction(Strict):
     largest pass (one rank), seconds on the plan's machine (None: no plan, or not modelled)."""
 
     engine: Literal["broadcast", "gather"]
-    passes: int | None = Field(default=None, ge=0)  # broadcast: times the input is streamed (partitions, all ranks)
+    passes: int | None = Field(default=None, ge=0)  # broadcast: streams over the sources (partitions, all ranks)
+    input_streams: int | None = Field(default=None, ge=0)  # of those, over the input (the others: relayed messages)
     input_bytes: int = Field(ge=0)  # the layer's input: every vertex's row as stored
     read_bytes: int = Field(ge=0)  # input rows, CSR, spilled edges read back (gather: an upper bound)
     spilled_edge_bytes: int = Field(default=0, ge=0)  # bucketed edges written to disk (and read back)
