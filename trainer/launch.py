@@ -21,6 +21,7 @@ from moment.errors import UsageError
 from moment.procs import supervise
 from placement.placed import open_placed
 from trainer.config import TrainConfig, from_args
+from trainer.dist import NODE_RANK
 from trainer.models import LAYERS
 
 CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
@@ -99,11 +100,14 @@ def build_torchrun_command(
     resume: bool = False,
     overwrite: bool = False,
     python: str = sys.executable,
+    node_rank: int | None = None,
 ) -> list[str]:
     """``python -m trainer.torchrun ... -m trainer ...`` as an argument list (no shell).
 
     Single node (no ``nnodes``/``rdzv_endpoint``): ``--standalone`` picks a free port. Several
-    nodes with ``max_restarts``: run under ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. With
+    nodes with ``max_restarts``: run under ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``; with
+    ``node_rank`` under ``env MOMENT_NODE_RANK=R`` (torchrun's c10d rendezvous ignores
+    ``--node-rank``; the ranks number themselves from it, :mod:`trainer.dist`). With
     ``max_restarts`` and a ``checkpoint_dir`` the trainer gets ``--resume``, so a restarted
     worker group continues from the last epoch instead of starting over (with ``overwrite`` the
     caller removes the old checkpoint first: :func:`trainer.preflight.start_over`). ``extra`` goes
@@ -118,11 +122,14 @@ def build_torchrun_command(
     if nnodes is None and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
+        env = [f"{NODE_RANK}={int(node_rank)}"] if node_rank is not None else []
         if max_restarts:
             # A store of its own for each attempt: torchrun would keep its agent's store, whose
             # keys a restarted group cannot tell from the killed group's across nodes (see
             # trainer.dist.attempt_prefix).
-            cmd = ["env", f"{SHARE_STORE_OFF}=1", *cmd]
+            env.insert(0, f"{SHARE_STORE_OFF}=1")
+        if env:
+            cmd = ["env", *env, *cmd]
         cmd += ["--nnodes", str(nnodes or 1)]
         cmd += ["--rdzv-backend", rdzv_backend or "c10d"]
         if rdzv_endpoint is not None:

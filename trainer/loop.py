@@ -52,6 +52,7 @@ from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, l
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
+from trainer.nodes import check_same_data, resumed, source_order
 from trainer.prefetch import Prefetcher, Prepared, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
@@ -192,7 +193,7 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
             "run: pass --resume to continue it or --overwrite to start over"
         )
     meta = checkpoint.read_meta(cfg.checkpoint_dir)
-    why = meta.refusal(cfg.to_dict(), data.identity) if meta else None
+    why = meta.refusal(cfg.to_dict(), data.identity, placement=env.node_rank == 0) if meta else None
     if why is not None:
         raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: cannot resume: {why}")
 
@@ -314,7 +315,7 @@ class Run:
                 raise MomentError(why)
         self.start_epoch, history = 0, []
         if cfg.resume and cfg.checkpoint_dir:
-            body = checkpoint.load(cfg.checkpoint_dir, cfg, data.identity)
+            body = resumed(cfg, data.identity, env, device)
             if body is not None:
                 self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
@@ -422,6 +423,12 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
     try:
         device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
+        notes, reorder = check_same_data(env, data.placed, cfg)  # several nodes: one placement each, one dataset
+        if env.rank == 0:
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
+        if reorder:
+            data.train, data.val, data.test = (source_order(data.placed, s) for s in (data.train, data.val, data.test))
         run = Run(cfg, env, data, plan, device)
         entry = plan.rank(env.local_rank) if plan else None
         on_plan_gpu = device.type == "cuda" and entry is not None and hw.cuda_index_of(entry.bdf) == device.index
