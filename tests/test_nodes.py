@@ -5,13 +5,17 @@ size; a node with other data is refused by name; the command line and the rank n
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
 from moment.cli import main
@@ -23,7 +27,7 @@ from placement.synth import synthesize
 from trainer import checkpoint, launch
 from trainer.config import TrainConfig
 from trainer.dist import NODE_RANK, DistEnv, check_numbering
-from trainer.nodes import NodeData, config_difference, shared_config, source_order
+from trainer.nodes import NodeData, config_difference, per_node, shared_config, source_order, straggler
 
 TRAINER = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01", "--device", "cpu"]
 
@@ -56,12 +60,13 @@ def _moment(*args: str) -> list[str]:
     return [sys.executable, "-m", "moment", *args]
 
 
-def two_nodes(
-    plan: Path, data: tuple[Path, Path], work: Path, epochs: int = 2, again: tuple[str, ...] = ()
-) -> tuple[list[subprocess.CompletedProcess[str]], Path]:
+def start_two_nodes(
+    plan: Path, data: tuple[Path, Path], work: Path, epochs: int, again: tuple[str, ...], trainer: tuple[str, ...]
+) -> list[subprocess.Popen[str]]:
     """`moment train` on two nodes of one CPU rank each (torchrun agents meeting on 127.0.0.1),
     each with its own placed dataset, --shm-dir and --checkpoint-dir; node 0 writes the metrics.
-    ``again``: launcher options of a second run in ``work`` (``--resume``)."""
+    ``again``: launcher options (``--resume``, ``--max-restarts 1``); ``trainer``: the ranks'.
+    Node 1's launcher, then node 0's."""
     endpoint, job = f"127.0.0.1:{_port()}", f"test-{work.name}-{len(again)}"
     procs = []
     for node in (1, 0):
@@ -72,13 +77,30 @@ def two_nodes(
         argv += ["--checkpoint-dir", str(work / f"ck{node}")]
         if node == 0:
             argv += ["--metrics-json", str(work / "metrics.json")]
-        cmd = _moment(*argv, "--", *TRAINER, "--shm-dir", str(shm))
+        cmd = _moment(*argv, "--", *TRAINER, *trainer, "--shm-dir", str(shm))
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Node 0's and node 1's outcome."""
     done = []
-    for p in reversed(procs):  # node 0, node 1
+    for p in reversed(procs):
         out, err = p.communicate(timeout=600)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return done, work / "metrics.json"
+    return done
+
+
+def two_nodes(
+    plan: Path,
+    data: tuple[Path, Path],
+    work: Path,
+    epochs: int = 2,
+    again: tuple[str, ...] = (),
+    trainer: tuple[str, ...] = (),
+) -> tuple[list[subprocess.CompletedProcess[str]], Path]:
+    """Both nodes to the end (:func:`start_two_nodes`); and node 0's metrics file."""
+    return finish(start_two_nodes(plan, data, work, epochs, again, trainer)), work / "metrics.json"
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +131,12 @@ def test_two_nodes_train_as_one_node_of_two_ranks(plan_file: Path, nodes: Path, 
     assert len(set(two["rank_param_digests"])) == 1
     assert [e["seeds"] for e in two["epochs"]] == [e["seeds"] for e in one_node["epochs"]]
     assert [e["loss"] for e in two["epochs"]] == [e["loss"] for e in one_node["epochs"]]
+    # Each node's part of every epoch, beside its own placement's prediction.
+    assert [(n["node"], n["data"]) for n in two["nodes"]] == [(0, str(nodes / "node0")), (1, str(nodes / "node1"))]
+    for e in two["epochs"]:
+        assert [n["node"] for n in e["nodes"]] == [0, 1] and sum(n["seeds"] for n in e["nodes"]) == e["seeds"]
+        assert all(abs(sum(n["read_share_per_tier"].values()) - 1) < 1e-9 for n in e["nodes"])
+    assert "one_node" not in two and one_node.get("nodes") is None and one_node["epochs"][0].get("nodes") is None
     # Global rank 0 (node 0's local rank 0) wrote the checkpoint, in node 0's directory only.
     assert checkpoint.path_in(tmp_path / "ck0").exists() and not checkpoint.path_in(tmp_path / "ck1").exists()
     assert all(not any((tmp_path / f"shm{n}").iterdir()) for n in (0, 1))
@@ -187,15 +215,9 @@ def test_two_nodes_claiming_one_node_rank_are_refused() -> None:
     """Before any process group: two nodes both given --node-rank 0 would claim the same ranks."""
     store = dist.HashStore()
     a = DistEnv(0, 2, 0, True, node_rank=0, nodes=2)
-    store.set(f"moment/numbering/{_attempt()}/1", json.dumps([0, 0, "hostB", 2]))
+    store.set("moment/numbering/1", json.dumps([0, 0, "hostB", 2]))
     with pytest.raises(MomentError, match="--node-rank 0 is given to two nodes"):
         check_numbering(store, a, 0, 2)
-
-
-def _attempt() -> str:
-    from trainer.dist import attempt
-
-    return attempt()
 
 
 @pytest.mark.parametrize(
@@ -223,3 +245,77 @@ def test_each_node_runs_torchrun_with_its_node_rank() -> None:
     )
     assert cmd[:3] == ["env", f"{launch.SHARE_STORE_OFF}=1", f"{NODE_RANK}=1"]
     assert cmd[cmd.index("--rdzv-id") + 1] == "job" and "--node-rank" not in cmd
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return kids + [d for k in kids for d in _descendants(k)]
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    env = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+    return env.get("LOCAL_RANK")
+
+
+@pytest.mark.slow
+def test_a_killed_node_rank_is_restarted_and_the_run_ends_as_if_never_killed(
+    plan_file: Path, nodes: Path, tmp_path: Path
+) -> None:
+    """--max-restarts 1 on both nodes: node 1's rank is killed (SIGKILL) after the first
+    checkpoint; node 0's rank loses its peer, both worker groups restart, resume from node 0's
+    checkpoint (node 1's directory has none) and end with the parameters and losses of a
+    two-node run never killed (every rank's RNG comes back: dropout draws differ per rank)."""
+    data, epochs = (nodes / "node0", nodes / "node1"), 4
+    trainer = ("--dropout", "0.3", "--deterministic", "--eval-every", "4")
+    (s0, s1), straight = two_nodes(plan_file, data, tmp_path / "straight", epochs, trainer=trainer)
+    assert s0.returncode == 0 and s1.returncode == 0, s0.stderr[-3000:] + s1.stderr[-3000:]
+    work = tmp_path / "killed"
+    procs = start_two_nodes(plan_file, data, work, epochs, ("--max-restarts", "1"), trainer)
+    ckpt, deadline = checkpoint.path_in(work / "ck0"), time.monotonic() + 300
+    while not ckpt.exists():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    victim = next(p for p in _descendants(procs[0].pid) if _rank_of(p) == "0")  # node 1's launcher came first
+    done_at_kill = torch.load(ckpt, weights_only=True)["epoch"]
+    os.kill(victim, signal.SIGKILL)
+    n0, n1 = finish(procs)
+    assert done_at_kill < epochs
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "exitcode: -9" in n1.stderr  # node 1's torchrun saw the kill and restarted its group
+    a, b = (MetricsDoc.read(p).model_dump(mode="json") for p in (straight, work / "metrics.json"))
+    assert [e["epoch"] for e in b["epochs"]] == list(range(1, epochs + 1))
+    assert [e["loss"] for e in b["epochs"]] == [e["loss"] for e in a["epochs"]]
+    assert b["rank_param_digests"] == a["rank_param_digests"] and b["test_acc"] == a["test_acc"]
+    assert not checkpoint.path_in(work / "ck1").exists()
+
+
+def _stats(rows: dict[str, int]) -> dict:
+    tiers = {t: {"rows": n, "bytes": n * 64, "seconds": 0.0} for t, n in rows.items()}
+    return {
+        "asked": sum(rows.values()),
+        "seconds": 0.1,
+        "tiers": tiers,
+        "ssd_bins": {},
+        "bin_rows": {"gpu0": rows["gpu"]},
+    }
+
+
+def test_each_nodes_part_of_an_epoch_and_its_straggler() -> None:
+    """Ranks grouped by node: seeds summed, data wait averaged, read shares from the node's own
+    stats; the node whose ranks waited for data far longer than the others' is named."""
+    timing = [(0, "a", 10.0, 1000, 0.5), (0, "a", 10.0, 1000, 0.7), (1, "b", 10.0, 1000, 4.0), (1, "b", 9.0, 1000, 5.0)]
+    stats = [_stats({"gpu": 30, "cpu": 50, "ssd": 20})] * 2 + [_stats({"gpu": 10, "cpu": 10, "ssd": 80})] * 2
+    got = per_node(timing, stats, 10.0)
+    a, b = got["nodes"]
+    assert (a["node"], a["ranks"], a["seeds"], a["seeds_per_s"]) == (0, 2, 2000, 200.0)
+    assert a["data_wait_s"] == pytest.approx(0.6) and b["data_wait_s"] == pytest.approx(4.5)
+    assert a["read_share_per_tier"] == {"gpu": 0.3, "cpu": 0.5, "ssd": 0.2} and b["read_share_per_tier"]["ssd"] == 0.8
+    assert got["straggler"] is not None and got["straggler"].startswith("node 1 (b)")
+    # Waits alike, or a difference too small for the epoch: nobody named.
+    even = [dict(a, data_wait_s=1.0), dict(b, data_wait_s=1.1)]
+    assert straggler(even, 10.0) is None
+    assert straggler([dict(a, data_wait_s=0.01), dict(b, data_wait_s=0.05)], 10.0) is None

@@ -65,12 +65,6 @@ class DistEnv:
             out.launch_rank = rank if out.rank != rank else None
         return out
 
-    @property
-    def where(self) -> str:
-        """This process in words, for messages: its node and host where there are several nodes."""
-        node = f"node {self.node_rank} ({socket.gethostname()}), " if self.nodes > 1 else ""
-        return f"{node}rank {self.rank}"
-
 
 def select_device(requested: str, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
     """This rank's device (and socket pinning on CUDA); a line saying what was chosen and why.
@@ -125,8 +119,10 @@ def check_numbering(store: dist.Store, env: DistEnv, launch_rank: int, world: in
     """Every process's global rank from ``--node-rank``, checked to be a numbering of the world
     before any process group uses it: two nodes given one ``--node-rank``, or nodes running
     different ``--nproc``, would make two processes claim one rank (a hang, not an error).
-    One key per process in the rendezvous store, then every process reads all of them."""
-    key = f"moment/numbering/{attempt()}/"
+    One key per process in the rendezvous store, then every process reads all of them (not
+    scoped to the attempt: nodes count their restarts differently, pytorch#108158, and across
+    nodes ``moment train`` gives every attempt a store of its own)."""
+    key = "moment/numbering/"
     host = socket.gethostname()
     store.set(key + str(launch_rank), json.dumps([env.rank, env.node_rank, host, env.world_size]))
     claims = [json.loads(store.get(key + str(r))) for r in range(world)]

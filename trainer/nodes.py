@@ -18,6 +18,12 @@ vertex on every node and each training vertex is still a seed once per epoch.
 One collective (``all_gather`` of each rank's :class:`NodeData`) compares every node with node 0;
 a node that differs is named in one line (on rank 0 and on that node's local rank 0).
 
+Metrics are node 0's too (``--metrics-json`` on rank 0), with each node's part of every epoch
+(:func:`per_node`: its seeds/s, its ranks' wait for data, the read shares of its own tiers and
+bins beside its own placement's prediction) and the straggler named: DDP's all-reduce makes
+every node wait for the slowest, so the slow node is the one whose ranks wait for data while the
+others wait in the all-reduce (:func:`straggler`).
+
 Checkpoints are node 0's: global rank 0 writes them, and a resumed run (``--resume``, or a
 restarted worker group) takes the one rank 0 reads, sent to every rank (:func:`resumed`), so
 ``--checkpoint-dir`` may be shared storage or node 0's own disk.
@@ -28,7 +34,8 @@ from __future__ import annotations
 import hashlib
 import io
 import socket
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,8 +46,12 @@ from placement.placed import Placed
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, PeerFailedError, all_gather, broadcast_bytes, together
+from trainer.metrics import merge_stats, read_shares
 
 SPLITS = ("train", "val", "test")
+# A straggler: a node whose ranks waited for data this many times as long as the other nodes'
+# (median), and at least this share of the epoch longer.
+STRAGGLER_RATIO, STRAGGLER_SHARE = 2.0, 0.10
 # Options that are each node's own: its files, its memory file system, its devices and readers.
 PER_NODE = ("data", "plan", "shm_dir", "io", "metrics_json", "checkpoint_dir", "overwrite", "prefetch", "device")
 PER_NODE += ("sampling", "host_gather")
@@ -129,22 +140,41 @@ def config_difference(mine: dict[str, object], node0: dict[str, object]) -> str 
     return None
 
 
-def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> tuple[list[str], bool]:
+@dataclass
+class Nodes:
+    """What the start-up check found: notes to print, whether to put the splits in the source's
+    order, and each node's own prediction (for the metrics)."""
+
+    notes: list[str] = field(default_factory=list)
+    reorder: bool = False
+    predictions: list[dict[str, Any]] | None = None
+
+
+def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
     """Refuse to train when any node's placed dataset holds other data than node 0's, or runs
-    another configuration (one collective). Else the notes to print, and whether the nodes
-    number the vertices differently (then each puts its splits in :func:`source_order`). A lone
-    node checks nothing."""
+    another configuration (one collective, which also brings every node's prediction). Nodes
+    whose placements number the vertices otherwise put their splits in :func:`source_order`. A
+    lone node checks nothing."""
     if env.nodes <= 1:
-        return [], False
-    mine = (env.node_rank, socket.gethostname(), str(placed.root), NodeData.of(placed), shared_config(cfg))
-    everyone = all_gather(mine)
-    node0, config0 = everyone[0][3], everyone[0][4]
+        return Nodes()
+    host, pred = socket.gethostname(), placed.manifest.prediction
+    mine = {
+        "node": env.node_rank,
+        "host": host,
+        "data": str(placed.root),
+        "iteration_s": pred.iteration_s,
+        "tier_shares": pred.tier_shares.model_dump(),
+        "bin_shares": dict(pred.bin_shares),
+    }
+    everyone = all_gather((mine, NodeData.of(placed), shared_config(cfg)))
+    node0, config0 = everyone[0][1], everyone[0][2]
     problems = {}
-    for node, host, root, data, config in everyone:
+    for info, data, config in everyone:
+        node, host = info["node"], info["host"]
         if node in problems:
             continue
         if (why := data.difference(node0)) is not None:
-            problems[node] = f"node {node} ({host}, --data {root}) holds other data than node 0: {why}"
+            problems[node] = f"node {node} ({host}, --data {info['data']}) holds other data than node 0: {why}"
         elif (why := config_difference(config, config0)) is not None:
             problems[node] = f"node {node} ({host}) runs other options than node 0: {why} (give every node the same)"
     if problems:
@@ -152,14 +182,55 @@ def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> tuple[lis
         if env.rank == 0 or (env.local_rank == 0 and env.node_rank in problems):
             raise NodeDataError(problems.get(env.node_rank, first))
         raise PeerFailedError(first)
-    relabelled = sorted({node for node, _, _, data, _ in everyone if data.relabel != node0.relabel})
+    predictions = sorted({info["node"]: info for info, _, _ in everyone}.values(), key=lambda i: i["node"])
+    relabelled = sorted({info["node"] for info, data, _ in everyone if data.relabel != node0.relabel})
     if not relabelled:
-        return [], False
+        return Nodes(predictions=predictions)
     note = (
         f"node(s) {', '.join(map(str, relabelled))} number the vertices otherwise than node 0 (another layout or "
         "cache size): every node takes its seeds in the source's order; samples differ from a one-node run's"
     )
-    return [note], True
+    return Nodes([note], True, predictions)
+
+
+def per_node(timing: list[tuple[int, str, float, int, float]], stats: list[dict[str, Any]], train_s: float) -> dict:
+    """Each node's part of an epoch, from every rank's ``(node, host, train_s, seeds, data_wait_s)``
+    and feature-store stats (rank order), and the straggler among them (metrics.json)."""
+    groups: dict[tuple[int, str], list[tuple[int, float, dict[str, Any]]]] = {}
+    for (node, host, _, seeds, wait), s in zip(timing, stats):
+        groups.setdefault((node, host), []).append((seeds, wait, s))
+    nodes = []
+    for (node, host), members in sorted(groups.items()):
+        seeds = sum(m[0] for m in members)
+        nodes.append(
+            {
+                "node": node,
+                "host": host,
+                "ranks": len(members),
+                "seeds": seeds,
+                "seeds_per_s": seeds / max(train_s, 1e-12),
+                "data_wait_s": statistics.mean(m[1] for m in members),
+                **read_shares(merge_stats([m[2] for m in members])),
+            }
+        )
+    return {"nodes": nodes, "straggler": straggler(nodes, train_s)}
+
+
+def straggler(nodes: list[dict[str, Any]], train_s: float) -> str | None:
+    """The node the others waited for, in words (None: none stood out): the one whose ranks
+    waited longest for data, when that is :data:`STRAGGLER_RATIO` times the other nodes' median
+    and :data:`STRAGGLER_SHARE` of the epoch more."""
+    if len(nodes) < 2:
+        return None
+    worst = max(nodes, key=lambda n: n["data_wait_s"])
+    typical = statistics.median(n["data_wait_s"] for n in nodes if n is not worst)
+    wait = worst["data_wait_s"]
+    if wait < STRAGGLER_RATIO * typical or wait - typical < STRAGGLER_SHARE * train_s:
+        return None
+    return (
+        f"node {worst['node']} ({worst['host']}): its ranks waited {wait:.2f} s for data, the other nodes' "
+        f"{typical:.2f} s, of a {train_s:.2f} s epoch: DDP's all-reduce makes every node wait for it"
+    )
 
 
 def resumed(
