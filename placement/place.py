@@ -25,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import MANIFEST, PHASES, PlacedError, PlacedManifest, Prediction, bin_file_name
+from moment.contracts.placed import (
+    MANIFEST,
+    PHASES,
+    PackSummary,
+    PlacedError,
+    PlacedManifest,
+    Prediction,
+    bin_file_name,
+)
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text
@@ -34,6 +42,7 @@ from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
+from placement import pack as pk
 from placement import relabel as rl
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
@@ -92,8 +101,11 @@ class PlaceOptions:
     tolerance: float = TOLERANCE  # the split-half gap at which pre-sampling stops (epochs=None)
     pool: int = 100
     priority: str = "projected"  # DDAK priority: projected (matches targets) or paper
-    seed: int = 0
+    seed: int = 0  # pre-sampling's, and with --pack the trainer's --seed whose batches are replayed
     profile: Machine | None = None  # the plan's profile where not bundled; another profile's plan is refused
+    pack: bool = False  # lay SSD rows out in the order the trainer's first batches read them (placement.pack)
+    pack_epochs: int = 1  # training epochs replayed for --pack
+    pack_ranks: int | None = None  # training ranks replayed for --pack (None: the plan's GPUs)
 
 
 def _cache_rows(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> tuple[int, int]:
@@ -160,7 +172,7 @@ def _size(path: Path) -> int:
 
 PLACED = Kind("placed dataset", MANIFEST, "moment place", _validate_placed, _placed_files, PlacedError)
 INPUTS = "inputs.json"  # in the staging data dir: the key of the inputs a partial build is for
-SCRATCH = (INPUTS, "bin_of.npy", STATE)  # build state, removed before publishing
+SCRATCH = (INPUTS, "bin_of.npy", STATE, pk.STATE)  # build state, removed before publishing
 # Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
 # in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
 PLACED_FILES = {
@@ -328,9 +340,15 @@ def place(
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
     _preflight(run, specs, placed, log)
     _begin(run, stage, hot, placed)
-    written = _write_bins(run, stage, specs, placed, phases, progress)
+    packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
+    written = packed[0] if packed else _write_bins(run, stage, specs, placed, phases, progress)
     files = _write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
-    manifest = _manifest(run, stage, hot, prediction, specs, placed, written, files, phases)
+    summary = None
+    if run.opts.pack:
+        written, summary = packed or _pack(run, stage, hot, specs, placed, written, phases, progress)
+        _remove_unpacked(run, stage, specs)
+        prediction = _packed_prediction(run, workload, prediction, summary, stage.data)
+    manifest = _manifest(run, stage, hot, prediction, specs, placed, written, files, phases, summary)
     manifest.write(stage.data / MANIFEST)
     faults.point("place:manifest-staged")
     return _commit(stage, run.dirs, log).model_dump(mode="json")
@@ -344,6 +362,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         raise UsageError(f"--pool {opts.pool}: must be at least 1")
     if not 0 < opts.tolerance < 1:
         raise UsageError(f"--tolerance {opts.tolerance}: a share of reads, between 0 and 1")
+    if opts.pack_epochs < 1 or (opts.pack_ranks is not None and opts.pack_ranks < 1):
+        raise UsageError("--pack-epochs and --pack-ranks: must be at least 1")
     get_policy(opts.policy)
     plan = read_plan(plan_path)
     try:
@@ -361,6 +381,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
     scanned = sum(_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
     opts = replace(opts, ssd_dirs=dirs)
+    if opts.pack and opts.pack_ranks is None:  # the trainer's world: one rank per planned GPU
+        opts = replace(opts, pack_ranks=max(1, sum(s.kind == "gpu" for s in plan.layout.slots)))
     had_output = check_out(out, PLACED)
     caches = _cache_rows(plan, ds, opts)
     hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
@@ -382,6 +404,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         hot_given,
         {k: str(v) for k, v in dirs.items()},
         str(Path(dataset_path).resolve()),
+        *([("pack", opts.pack_epochs, opts.pack_ranks)] if opts.pack else []),
     )
     rate = scanned / max(time.perf_counter() - t0, 1e-6)
     run = _Run(
@@ -505,7 +528,8 @@ def _space_needed(run: _Run, bin_rows: dict[str, int]) -> dict[Path, int]:
     needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
     for t in run.plan.bin_targets:
         d = run.dirs.get(t.bin, run.out)
-        needs[d] = needs.get(d, 0) + bin_rows.get(t.bin, 0) * ds.row_bytes
+        copies = 2 if run.opts.pack and t.tier == "ssd" else 1  # packing writes from an unpacked copy
+        needs[d] = needs.get(d, 0) + copies * bin_rows.get(t.bin, 0) * ds.row_bytes
     return needs
 
 
@@ -566,8 +590,8 @@ def _write_bins(
     """The bins, one sequential pass over the source features (.partial names until the commit)."""
     files = []
     for b, s in enumerate(specs):
-        final = _bin_path(run, stage, s)
-        files.append(BinFile(s.name, final.with_name(final.name + ".partial"), int(placed.used[b])))
+        path = _unpacked_path(run, stage, s) if _packed(run, s) else _partial(_bin_path(run, stage, s))
+        files.append(BinFile(s.name, path, int(placed.used[b])))
     t0 = time.perf_counter()
     result = write_bins(
         run.ds.features(), placed.bin_of, files, stage.data, run.key, progress=stage_update(progress, "writing bins")
@@ -577,6 +601,107 @@ def _write_bins(
     phases.add("fsync", result.fsync)
     faults.point("place:bins-written")
     return result.files
+
+
+def _packed(run: _Run, spec: BinSpec) -> bool:
+    return run.opts.pack and spec.tier == "ssd"
+
+
+def _partial(final: Path) -> Path:
+    return final.with_name(final.name + ".partial")
+
+
+def _unpacked_path(run: _Run, stage: Staging, spec: BinSpec) -> Path:
+    """Where the bin writer puts a bin that is then packed (beside it, under this run's id, so
+    that a run with other inputs finds and removes it: ``_discard_build``)."""
+    return _partial(_bin_path(run, stage, spec).with_name(bin_file_name(f"{spec.name}-unpacked", stage.run_id)))
+
+
+def _slot_file(name: str) -> str:
+    return f"pack_{name.replace(':', '-')}.npy"
+
+
+def _pack(
+    run: _Run,
+    stage: Staging,
+    hot: Hotness,
+    specs: list[BinSpec],
+    placed: Placement,
+    written: list[Written],
+    phases: Phases,
+    progress: Progress | None,
+) -> tuple[list[Written], PackSummary]:
+    """Replay the trainer's first batches over the relabelled graph, save each SSD bin's slot
+    map, write the packed bins from their unpacked copies, and record that all of it is done."""
+    data, opts = stage.data, run.opts
+    with phases("pack"):
+        order = rl.bin_order([s.tier for s in specs])
+        starts = dict(zip(order, np.cumsum([0] + [int(placed.used[b]) for b in order]).tolist()))
+        ssd = [b for b in order if specs[b].tier == "ssd"]
+        arrays = {k: np.load(data / PLACED_FILES[k], mmap_mode="r") for k in ("indptr", "indices", "train")}
+        ranks, epochs = opts.pack_ranks or 1, opts.pack_epochs
+        fanouts, batch = list(hot.fanouts), hot.batch_size
+        plan = pk.plan_pack(
+            lambda: pk.replay(
+                arrays["indptr"], arrays["indices"], arrays["train"], fanouts, batch, opts.seed, epochs, ranks
+            ),
+            [starts[b] for b in ssd],
+            [int(placed.used[b]) for b in ssd],
+            run.ds.row_bytes,
+            stage_update(progress, "replaying the training batches"),
+            pk.replay_batches(len(arrays["train"]), batch, epochs, ranks),
+        )
+        slots = {}
+        for b, slot in zip(ssd, plan.slots):
+            save_npy(data / _slot_file(specs[b].name), slot, rl.id_type(max(slot.size, 1))).close()
+            slots[specs[b].name] = _slot_file(specs[b].name).removesuffix(".npy")
+        faults.point("place:pack-planned")
+        summary = PackSummary(
+            epochs=epochs,
+            ranks=ranks,
+            seed=opts.seed,
+            batch_size=batch,
+            fanouts=fanouts,
+            batches=plan.batches,
+            slots=slots,
+            useful_bytes=plan.useful_bytes,
+            unpacked_bytes=plan.unpacked_bytes,
+            packed_bytes=plan.packed_bytes,
+            reads=plan.reads,
+        )
+        done = list(written)
+        for b, slot in zip(ssd, plan.slots):
+            final = _partial(_bin_path(run, stage, specs[b]))
+            done[b] = pk.write_packed(written[b].path, final, specs[b].name, slot, run.ds.row_bytes)
+        pk.save_state(data, run.key, done, summary)
+    faults.point("place:packed")
+    return done, summary
+
+
+def _remove_unpacked(run: _Run, stage: Staging, specs: list[BinSpec]) -> None:
+    """The unpacked copies, once the packed bins and the state recording them are on disk."""
+    for s in specs:
+        if _packed(run, s):
+            _unpacked_path(run, stage, s).unlink(missing_ok=True)
+
+
+def _packed_prediction(
+    run: _Run, workload: Workload, prediction: Prediction, summary: PackSummary, data: Path
+) -> Prediction:
+    """The prediction for the packed layout: the workload's SSD reads are the replay's (mean
+    bytes moved per read, pages per feature byte), the model re-solved with them for the
+    iteration time. DDAK's targets (``bin_shares``) stay those it placed by: packing comes after."""
+    amp = summary.amplification
+    if amp is None or summary.reads == 0:  # the replayed batches read no SSD row: nothing to pack for
+        return prediction
+    packed = workload.model_copy(
+        update={"ssd_pack_bytes": max(1, round(summary.packed_bytes / summary.reads)), "ssd_pack_amplification": amp}
+    )
+    write_workload(data / PLACED_FILES["workload"], packed)
+    update: dict[str, Any] = {"ssd_amplification": amp}
+    if run.machine is not None:
+        update["iteration_s"] = predict(run.plan, run.machine, packed).iteration_s
+    return prediction.model_copy(update=update)
 
 
 def _write_arrays(
@@ -634,6 +759,7 @@ def _manifest(
     written: list[Written],
     files: dict[str, NpyWriter],
     phases: Phases,
+    pack: PackSummary | None = None,
 ) -> PlacedManifest:
     """placed.json: final bin names, sizes and checksums (taken while writing), the prediction."""
     data, ds, opts = stage.data, run.ds, run.opts
@@ -658,27 +784,30 @@ def _manifest(
             }
         )
     entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
-    for k in ("hotness_counts", "hotness_meta", "workload"):  # written by their own modules
-        path = data / PLACED_FILES[k]
-        entries[k] = {"path": PLACED_FILES[k], "bytes": path.stat().st_size, "digest": file_digest(path)}
-    return PlacedManifest(
-        run_id=stage.run_id,
-        key=run.key,
-        source={"path": str(run.dataset_path.resolve()), "name": ds.meta.get("name")},
-        plan={
+    written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
+    written_apart.update({key: f"{key}.npy" for key in (pack.slots.values() if pack else ())})  # slot maps
+    for k, name in written_apart.items():
+        path = data / name
+        entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}
+    doc = {
+        "format": PlacedManifest.FORMAT,
+        "run_id": stage.run_id,
+        "key": run.key,
+        "source": {"path": str(run.dataset_path.resolve()), "name": ds.meta.get("name")},
+        "plan": {
             "path": str(run.plan_path.resolve()),
             "profile": run.plan.profile.model_dump(),
             "layout": run.plan.layout.name,
         },
-        policy=opts.policy,
-        pool=opts.pool,
-        priority=opts.priority if opts.policy == "ddak" else None,
-        num_nodes=ds.num_nodes,
-        num_edges=ds.num_edges,
-        feature_dim=ds.feature_dim,
-        feature_dtype=ds.meta["feature_dtype"],
-        num_classes=ds.num_classes,
-        hotness={
+        "policy": opts.policy,
+        "pool": opts.pool,
+        "priority": opts.priority if "priority" in get_policy(opts.policy).reads else None,
+        "num_nodes": ds.num_nodes,
+        "num_edges": ds.num_edges,
+        "feature_dim": ds.feature_dim,
+        "feature_dtype": ds.meta["feature_dtype"],
+        "num_classes": ds.num_classes,
+        "hotness": {
             "batches": hot.batches,
             "epochs": hot.epochs,
             "fanouts": list(hot.fanouts),
@@ -688,8 +817,10 @@ def _manifest(
             "bound": hot.bound,
             "tolerance": hot.tolerance,
         },
-        prediction=prediction,
-        bins=bins_meta,
-        files=entries,
-        timings_s=phases.rounded(),
-    )
+        "prediction": prediction.model_dump(),
+        "bins": bins_meta,
+        "files": entries,
+        "timings_s": phases.rounded(),
+        "pack": pack.model_dump() if pack else None,
+    }
+    return PlacedManifest.parse(doc, data / MANIFEST)  # a bug here is one line naming the field, not a traceback

@@ -5,7 +5,9 @@ what makes the directory a placed dataset), the topology, labels and splits in n
 old↔new id maps, the hotness it was placed by, and the GPU/CPU cache bins; SSD bins live in the
 directory of their SSD (or ``bins/`` inside). Every file has its size and SHA-256 checksum in
 the manifest. New ids are ranges: bin ``b`` holds ids ``[start, start + count)`` in a raw
-row-major file, so a vertex's location is a range lookup.
+row-major file, so a vertex's location is a range lookup. In a packed placement (``moment place
+--pack``: :mod:`placement.pack`) an SSD bin's rows lie in the order training batches read them,
+and its slot map gives the file row of each: ``file row = slots[id - start]``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ class PlacedBin:
     digest: str
     target: float
     achieved: float
+    slots: Path | None = None  # packed: the .npy of each row's file row (None: rows in id order)
+
+    def file_rows(self, local: np.ndarray) -> np.ndarray:
+        """File rows of the bin's rows ``local`` (ids minus ``start``)."""
+        if self.slots is None:
+            return local
+        return np.asarray(np.load(self.slots, mmap_mode="r")[local], dtype=np.int64)
 
 
 @dataclass
@@ -64,7 +73,7 @@ class Placed(FeatureShape):
             pb = self.bins[b]
             mask = which == b
             rows = np.memmap(pb.path, dtype=self.feature_dtype, mode="r", shape=(pb.count, self.feature_dim))
-            out[mask] = rows[new_ids[mask] - pb.start]
+            out[mask] = rows[pb.file_rows(new_ids[mask] - pb.start)]
         return out
 
 
@@ -84,8 +93,20 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         hint = f" (an interrupted `moment place` left {partial}: re-run it to resume)" if partial.exists() else ""
         raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
     m = PlacedManifest.read(manifest)
+    slots = {name: root / m.files[key].path for name, key in m.pack.slots.items()} if m.pack else {}
     bins = [
-        PlacedBin(b.name, b.tier, b.start, b.count, _abs(root, b.path), b.bytes, b.digest, b.target, b.achieved)
+        PlacedBin(
+            b.name,
+            b.tier,
+            b.start,
+            b.count,
+            _abs(root, b.path),
+            b.bytes,
+            b.digest,
+            b.target,
+            b.achieved,
+            slots.get(b.name),
+        )
         for b in m.bins
     ]
     placed = Placed(root, m.model_dump(mode="json"), bins, m)

@@ -67,6 +67,18 @@ def derive_seed(*parts: int) -> int:
     return int(state >> np.uint64(1))
 
 
+# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws; training's
+# neighbour draws and evaluation's each have their own (the trainer's, replayed by ``moment place
+# --pack``: placement.pack).
+TRAIN_STREAM, EVAL_STREAM = 2, 3
+
+
+def train_draw_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of ``rank``'s neighbour draws in training epoch ``epoch``: the trainer samples
+    with it, and a packed placement replays the same batches to lay their rows out together."""
+    return derive_seed(seed, TRAIN_STREAM, epoch, rank)
+
+
 def num_batches(n: int, batch_size: int, world_size: int = 1, rank: int = 0, drop_last_uneven: bool = False) -> int:
     """Batches ``rank`` gets from ``NeighborSampler.batches`` over ``n`` ids.
 

@@ -63,6 +63,7 @@ def main() -> None:
         f"bin {ssd.name}: {ssd.count:,} rows of {rb} B ({ssd.path}); {args.batch:,} random ids per call; "
         f"{type(reader).__name__} into {store.device}"
     )
+    calls, parts = 0, np.zeros(3)  # the store's seconds in get, in its SSD reads, in assembling the batch
     for r in range(args.rounds):
         raw = random_read(str(ssd.path), read_size=rb, queue_depth=args.threads, seconds=args.seconds)
         raw_bytes += raw.gbps * 1e9 * args.seconds  # random_read runs for `seconds`
@@ -72,7 +73,10 @@ def main() -> None:
             store.get(torch.from_numpy(rng.integers(ssd.start, ssd.start + ssd.count, args.batch)))
             if cuda:
                 torch.cuda.synchronize()
-            rows += store.stats()["tiers"]["ssd"]["unique_rows"]
+            st = store.stats()
+            rows += st["tiers"]["ssd"]["unique_rows"]
+            calls += 1
+            parts += (st["seconds"], st["tiers"]["ssd"]["seconds"], st["assemble_seconds"])
             store.reset_stats()
         elapsed = time.perf_counter() - t0
         store_bytes += rows * rb
@@ -85,6 +89,13 @@ def main() -> None:
     print(f"raw random reads  : {raw_gbps:.3f} GB/s ({args.threads} in flight)")
     print(f"feature store get : {store_gbps:.3f} GB/s of distinct rows")
     print(f"ratio             : {store_gbps / raw_gbps:.2f}  (target >= 0.8)")
+    per_call = dict(zip(("get_ms", "ssd_read_ms", "assemble_ms"), (1e3 * parts / max(calls, 1)).round(3).tolist()))
+    per_call["wall_ms"] = round(1e3 * store_s / max(calls, 1), 3)  # with the id draw and the device sync
+    print(
+        f"per call          : {per_call['wall_ms']:.2f} ms wall, {per_call['get_ms']:.2f} ms in get: "
+        f"{per_call['ssd_read_ms']:.2f} SSD reads, {per_call['assemble_ms']:.2f} assembling, "
+        f"{per_call['get_ms'] - per_call['ssd_read_ms'] - per_call['assemble_ms']:.2f} the rest"
+    )
     io = store.stats()["io"]
     print(f"reader            : {json.dumps(io)}")
     if args.json:
@@ -96,6 +107,7 @@ def main() -> None:
             "ratio": store_gbps / raw_gbps,
             "row_bytes": rb,
             "batch": args.batch,
+            "per_call": per_call,
             **io,
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.readers import ENGINES, FileReader, engine_refusal
+from trainer.readers import READ_ENGINES, FileReader, engine_refusal
 
 C_PROGRAM = r"""
 #define _GNU_SOURCE
@@ -127,8 +127,8 @@ def main() -> None:
     nrows = args.size_mb * (1 << 20) // rb
     if args.reads * 2 > nrows:
         ap.error(f"--reads {args.reads}: the file has {nrows} rows; at most {nrows // 2} reads fit without adjacency")
-    engines = [e for e in ENGINES if engine_refusal(e) is None]
-    for e in ENGINES:
+    engines = [e for e in READ_ENGINES if engine_refusal(e) is None]
+    for e in READ_ENGINES:
         if e not in engines:
             print(f"{e}: not measured: {engine_refusal(e)}")
     work = Path(tempfile.mkdtemp(prefix="moment-bench-readers-", dir=args.dir))

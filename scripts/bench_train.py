@@ -190,9 +190,12 @@ def worker_pyg(args: argparse.Namespace) -> dict:
 # -- driver -------------------------------------------------------------------------------------
 
 
-def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path) -> dict:
+def run_worker(
+    kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path, script: str = __file__
+) -> dict:
+    """``script --worker KIND`` in a fresh process inside ``cgroup``, ``files``' pages dropped first."""
     drop_cached(files)
-    cmd = [sys.executable, __file__, "--worker", kind, "--out-json", str(out), *extra]
+    cmd = [sys.executable, script, "--worker", kind, "--out-json", str(out), *extra]
     procs = cgroup / "cgroup.procs" if cgroup else None
 
     def enter() -> None:

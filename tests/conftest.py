@@ -28,6 +28,28 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic dataset (6,000 vertices, 16 float32 features, a 20% train split): what a
+    test runs a stage on when the graph's size does not matter. Read only: copy it to change it."""
+    from placement.synth import synthesize
+
+    out = tmp_path_factory.mktemp("small") / "ds"
+    synthesize(out, nodes=6_000, avg_degree=8, dim=16, dtype="float32", seed=1, train_fraction=0.2)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_placed(plan_file: Path, small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`small_dataset` placed per :func:`plan_file` (GPU cache 3%, CPU cache 4%, DDAK): what
+    a trainer or inference test runs on when the placement's details do not matter. Read only."""
+    from placement.place import PlaceOptions, place
+
+    out = tmp_path_factory.mktemp("small-placed") / "placed"
+    place(plan_file, small_dataset, out, PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
+    return out
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``gpu`` tests need CUDA: skipped, in this one place, where torch sees none (a test adds its
     own skipif only for more than that, e.g. two GPUs)."""

@@ -64,5 +64,5 @@ def test_redirect_sends_peer_reads_through_the_uplink() -> None:
     assert prop.iteration_s == pytest.approx(2 / 6, rel=1e-6)
     assert {"up:rp0", "down:rp0"} <= set(prop.bottleneck)
     assert any("ACS" in n for n in redirected.notes) and not any("ACS" in n for n in free.notes)
-    for engine in flow.ENGINES:  # the paper's edge model has no routes: ACS does not change it
+    for engine in flow.MAX_FLOW_ENGINES:  # the paper's edge model has no routes: ACS does not change it
         assert flow.paper(redirected, engine).iteration_s == pytest.approx(2 / 12, rel=1e-5)

@@ -28,6 +28,7 @@ from placement.synth import synthesize
 from trainer import checkpoint, loop, preflight
 from trainer.config import TrainConfig
 from trainer.infer import InferenceError, InferOptions, infer
+from trainer.launch import check_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ["--device", "cpu"]
@@ -352,7 +353,7 @@ def test_resume_of_a_run_whose_fanouts_came_from_the_placement(data: dict[str, P
     ck.mkdir()
     (ck / checkpoint.FILENAME).write_bytes(checkpoint.path_in(data["ck"]).read_bytes())
     argv = ["--data", str(data["placed"]), *TINY, "--epochs", "2", "--checkpoint-dir", str(ck), "--resume"]
-    preflight.preflight(argv, 2, resume=True)  # no "cannot resume: made with fanouts=[...], this run has None"
+    preflight.preflight(check_command(argv), 2)  # no "cannot resume: made with fanouts=[...], this run has None"
     assert main(_with(_train_args(data, ck, epochs=2), "--resume", "--dry-run")) == 0
     assert loop.main(argv) == 0
     assert torch.load(checkpoint.path_in(ck), weights_only=True)["epoch"] == 2

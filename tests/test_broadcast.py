@@ -114,8 +114,9 @@ def test_a_budget_too_small_or_not_a_size_is_one_line(
     data: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["sage"]), "--out", str(tmp_path / "o")]
-    assert main([*base, *CPU, "--memory", "lots"]) == 2
-    assert "--memory: 'lots' is not a size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # a usage error, as argparse reports every bad value
+        main([*base, *CPU, "--memory", "lots"])
+    assert stop.value.code == 2 and "--memory: 'lots' is not a size" in capsys.readouterr().err
     with pytest.raises(InferenceError, match="too small for the broadcast engine"):
         broadcast.partitions(np.zeros(11, dtype=np.int64), 0, 10, 16, 24, BLOCK, 1000)
 

@@ -55,22 +55,23 @@ def test_building_the_parser_loads_neither_torch_nor_numba() -> None:
 
 
 def test_a_registered_max_flow_engine_is_a_choice_of_plan_and_score(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moment.planner.flow.engines import ENGINES
+    from moment.planner.flow.engines import MAX_FLOW_ENGINES
 
-    monkeypatch.setitem(ENGINES, "mine", ENGINES["networkx"])
+    monkeypatch.setitem(MAX_FLOW_ENGINES, "mine", MAX_FLOW_ENGINES["networkx"])
     for verb in ("plan", "score"):
         assert build_parser().parse_args([verb, "--profile", "p", "--engine", "mine"]).engine == "mine"
 
 
-def test_train_epochs_help_states_the_configs_default() -> None:
-    """`moment train --epochs`'s help shows the default the trainer uses (one value, not a copy)."""
-    from trainer.config import TrainConfig
+def test_train_options_are_the_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`moment train` offers every trainer option with the trainer's default (one declaration:
+    trainer.config.TrainConfig), and hands the ranks what parses back to the same config."""
+    from moment.options import to_argv
+    from trainer.config import TrainConfig, from_args
 
-    train = next(
-        parser
-        for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
-        for name, parser in action.choices.items()
-        if name == "train"
-    )
-    (epochs,) = [a for a in train._actions if "--epochs" in a.option_strings]
-    assert f"(default {TrainConfig(data='d').epochs})" in epochs.help
+    args = build_parser().parse_args(["train", "--data", "d", "--fanouts", "5,3", "--device", "cpu"])
+    cfg = TrainConfig(data="d", fanouts=(5, 3), device="cpu")
+    assert from_args(to_argv(args, TrainConfig)) == cfg == from_args(to_argv(cfg))
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {TrainConfig(data='d').epochs})" in text

@@ -30,7 +30,7 @@ from placement.synth import synthesize
 from trainer import readers
 from trainer.featurestore import TieredFeatureStore
 from trainer.pyg import PygFeatureStore
-from trainer.readers import ENGINES, FileReader, KvikioReader, coalesce, engine_refusal, kvikio_mode, make_reader
+from trainer.readers import READ_ENGINES, FileReader, KvikioReader, coalesce, engine_refusal, kvikio_mode, make_reader
 from trainer.shm import SharedMemoryFullError
 
 DIM = 128  # float32: 512-byte rows, so the SSD bins are eligible for O_DIRECT
@@ -118,7 +118,7 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
     assert all(0 <= r <= 1 for r in s["hit_rate"].values())
     assert s["hit_rate"]["gpu"] == tiers["gpu"]["rows"] / len(ids) > 0
     assert s["io"]["preads"] > 0 and set(s["io"]["modes"].values()) <= {"direct", "buffered"}
-    assert s["io"]["engine"] in ENGINES
+    assert s["io"]["engine"] in READ_ENGINES
     store.reset_stats()
     assert store.stats()["asked"] == 0 and store.stats()["tiers"]["ssd"]["bytes"] == 0
 
@@ -293,7 +293,7 @@ def test_o_direct_when_aligned_buffered_otherwise(raw_file: tuple[Path, np.ndarr
         assert np.array_equal(skewed, data[rows]) and reader.modes[str(path)] == "buffered"
 
 
-@pytest.mark.parametrize("engine", [e for e in ENGINES if engine_refusal(e) is None])
+@pytest.mark.parametrize("engine", [e for e in READ_ENGINES if engine_refusal(e) is None])
 def test_o_direct_refused_at_read_falls_back(raw_file: tuple[Path, np.ndarray], monkeypatch, engine: str) -> None:
     """A device with a larger logical block than 512 refuses the read (EINVAL): read buffered.
     The compiled loops stop at a refused read (without its errno); Python redoes it and learns why."""

@@ -152,7 +152,7 @@ def test_bad_csr_and_split_relations_are_refused(tmp_path: Path, inputs: dict[st
 
 
 def test_usage_and_existing_output(tmp_path: Path, inputs: dict[str, Path]) -> None:
-    with pytest.raises(UsageError, match="either an edge list, or indptr with indices"):
+    with pytest.raises(UsageError, match="either --edges \\(an edge list\\), or --indptr with --indices"):
         import_arrays(tmp_path / "ds", **inputs, indptr=inputs["edges"], indices=inputs["edges"])
     with pytest.raises(UsageError, match="feature_dtype"):
         import_arrays(tmp_path / "ds", **inputs, feature_dtype="int8")

@@ -18,6 +18,7 @@ from moment.topology.profile_io import resolve_profile
 from placement.place import PlaceOptions, place
 from placement.synth import synthesize
 from trainer import memory, preflight
+from trainer.launch import check_command
 
 GB = 1e9
 
@@ -113,7 +114,7 @@ def test_a_run_that_does_not_fit_is_refused_before_launch(
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "GPU memory" in err and "nvidia-smi" in err, err
     with pytest.raises(Exception, match="memory: a rank needs"):
-        preflight.preflight(["--data", str(placed), "--plan", str(plan_file)], 4, ranks_per_node=4)
+        preflight.preflight(check_command(["--data", str(placed), "--plan", str(plan_file)]), 4, ranks_per_node=4)
 
 
 def test_a_rank_with_too_little_free_memory_after_loading_says_what_to_shrink(placed: Path) -> None:

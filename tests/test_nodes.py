@@ -240,9 +240,8 @@ def test_node_options_misused_are_usage_errors(extra: list[str], message: str, c
 def test_each_node_runs_torchrun_with_its_node_rank() -> None:
     """The node rank reaches the ranks through the environment (torchrun's c10d ignores
     --node-rank); restarts get a store per attempt as before."""
-    cmd = launch.build_torchrun_command(
-        None, "d", nproc=1, nnodes="2", rdzv_endpoint="h:29400", rdzv_id="job", node_rank=1, max_restarts=1
-    )
+    rdzv = launch.Rendezvous(nnodes="2", endpoint="h:29400", id="job", max_restarts=1, node_rank=1)
+    cmd = launch.build_torchrun_command(TrainConfig(data="d"), nproc=1, rdzv=rdzv)
     assert cmd[:3] == ["env", f"{launch.SHARE_STORE_OFF}=1", f"{NODE_RANK}=1"]
     assert cmd[cmd.index("--rdzv-id") + 1] == "job" and "--node-rank" not in cmd
 

@@ -24,7 +24,7 @@ def test_one_switch_by_hand() -> None:
     assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
     assert set(prop.bottleneck) == {"read:nvme0", "read:nvme1"}
     assert prop.bin_share["nvme0"] == pytest.approx(0.5)
-    for engine in flow.ENGINES:
+    for engine in flow.MAX_FLOW_ENGINES:
         assert flow.paper(net, engine).iteration_s == pytest.approx(0.5, rel=1e-5)
     # Each GPU's link carries 1 GB in 0.5 s: 2 GB/s of 24.
     assert prop.utilisation["down:g0"] == pytest.approx(2.0 / 24.0, rel=1e-6)
@@ -44,7 +44,7 @@ def test_two_sockets_by_hand() -> None:
     prop = flow.proportional(net)
     assert prop.iteration_s == pytest.approx(0.5, rel=1e-6)
     assert set(prop.bottleneck) == {"upi:cpu0>cpu1", "upi:cpu1>cpu0"}
-    for engine in flow.ENGINES:
+    for engine in flow.MAX_FLOW_ENGINES:
         assert flow.paper(net, engine).iteration_s == pytest.approx(0.2, rel=1e-5)
     why = flow.explain_difference(net, flow.paper(net), prop)
     assert why is not None and "every GPU read every bin" in why and "cpu0→cpu1" in why

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.readers import ENGINES, FileReader, ReadRequest, engine_refusal
+from trainer.readers import READ_ENGINES, FileReader, ReadRequest, engine_refusal
 
 # Each engine that can run here; io_uring is refused where seccomp blocks it (Docker's default).
 RUNNABLE = [
-    pytest.param(e, marks=pytest.mark.skipif(bool(engine_refusal(e)), reason=str(engine_refusal(e)))) for e in ENGINES
+    pytest.param(e, marks=pytest.mark.skipif(bool(engine_refusal(e)), reason=str(engine_refusal(e))))
+    for e in READ_ENGINES
 ]
 
 
@@ -52,7 +53,7 @@ def test_compiled_engines_make_no_python_call_per_read(tmp_path: Path) -> None:
     (the Python loop calls it once per run, holding the GIL each time)."""
     path, data = _file(tmp_path, "bin", 8_000, 512, 0)
     rows = np.arange(0, 8_000, 2)  # 4,000 one-row runs
-    calls = {e: 0 for e in ENGINES if engine_refusal(e) is None}
+    calls = {e: 0 for e in READ_ENGINES if engine_refusal(e) is None}
     assert "python" in calls and "pread" in calls
     for engine in calls:
 

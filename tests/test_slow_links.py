@@ -31,7 +31,7 @@ def test_a_slow_uplink_is_a_slow_prediction_on_both_engines(gbps: float) -> None
     need = net.demand_gb * len(net.gpus)
     # Every byte of every GPU crosses the one slow uplink, the other way round for nothing.
     expected = need / gbps
-    times = {engine: flow.paper(net, engine=engine).iteration_s for engine in flow.ENGINES}
+    times = {engine: flow.paper(net, engine=engine).iteration_s for engine in flow.MAX_FLOW_ENGINES}
     for engine, t in times.items():
         assert t == pytest.approx(expected, rel=1e-4), engine
     assert flow.proportional(net).iteration_s == pytest.approx(expected, rel=1e-4)
@@ -51,7 +51,7 @@ def test_plan_uses_the_engine_it_is_given(monkeypatch: pytest.MonkeyPatch, capsy
         calls.append(1)
         return flow.networkx_max_flow(arcs, source, sink)
 
-    monkeypatch.setitem(flow.ENGINES, "networkx", counting)
+    monkeypatch.setitem(flow.MAX_FLOW_ENGINES, "networkx", counting)
     assert main(["plan", "--profile", "moment-machine-b", "--engine", "networkx", "--top", "1", "--json"]) == 0
     assert calls
 

@@ -74,7 +74,7 @@ def test_4k_rows_are_iops_bound_on_a_p5510() -> None:
     prop = flow.proportional(net)
     assert prop.iteration_s == pytest.approx(2 / (2 * 2.8672), rel=1e-6)
     assert set(prop.bottleneck) == {"read:nvme0", "read:nvme1"}
-    for engine in flow.ENGINES:
+    for engine in flow.MAX_FLOW_ENGINES:
         assert flow.paper(net, engine).iteration_s == pytest.approx(prop.iteration_s, rel=1e-5)
     assert any("bound by random-read IOPS" in n for n in net.notes)
 
@@ -93,7 +93,7 @@ def test_512_byte_rows_move_8x_over_the_ssds_and_links() -> None:
     assert prop.edge_load_gb["down:g0"] == pytest.approx(0.125 * moved, rel=1e-6)  # pages cross the link
     assert prop.bin_share["nvme0"] == pytest.approx(0.5)  # of the feature bytes
     assert prop.gbps_per_gpu(net)[0] == pytest.approx(0.125 / t, rel=1e-6)  # feature GB/s
-    for engine in flow.ENGINES:
+    for engine in flow.MAX_FLOW_ENGINES:
         paper = flow.paper(net, engine)
         assert paper.iteration_s == pytest.approx(t, rel=1e-5)
         assert sum(paper.bin_share.values()) == pytest.approx(1.0, rel=1e-5)

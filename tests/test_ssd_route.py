@@ -11,7 +11,7 @@ from kvikio_fake import FakeKvikio
 from prediction_fixture import prediction
 from trainer.config import TrainConfig
 from trainer.metrics import Metrics
-from trainer.readers import ENGINES, FileReader, KvikioReader
+from trainer.readers import READ_ENGINES, FileReader, KvikioReader
 
 PREDICTION = prediction({"gpu": 0.2})
 
@@ -32,7 +32,7 @@ def test_posix_reads_against_a_direct_plan_are_noted_once() -> None:
         "reader": "FileReader",
         "engine": reader.engine,
     }
-    assert reader.engine in ENGINES
+    assert reader.engine in READ_ENGINES
     assert "ssd_reads: direct" in m.predicted["note"] and "through host memory (FileReader)" in m.predicted["note"]
     assert out.getvalue().count("note:") == 1
 

@@ -120,8 +120,8 @@ def test_training_and_evaluation_run_inside_compute_stream(
     real = loop.compute_stream
 
     class Counting:
-        def __init__(self, device: torch.device) -> None:
-            self._cm = real(device)
+        def __init__(self, device: torch.device, stream: Any = None) -> None:
+            self._cm = real(device, stream)
 
         def __enter__(self) -> Any:
             depth[0] += 1

@@ -65,6 +65,11 @@ def identity(placed: Path) -> checkpoint.DataIdentity:
     return checkpoint.DataIdentity.of(placed, open_placed(placed).manifest)
 
 
+def _cfg(placed: Path | str, plan: Path | None, *argv: object) -> TrainConfig:
+    """The trainer's options as ``moment train`` parses them and hands them to the ranks."""
+    return launch.check_command(["--data", str(placed), *(["--plan", str(plan)] if plan else []), *map(str, argv)])
+
+
 def read_json(path: Path) -> dict:
     """A metrics file, read through its contract (as JSON types)."""
     return MetricsDoc.read(path).model_dump(mode="json")
@@ -75,13 +80,21 @@ def test_two_gloo_ranks_learn_and_stay_in_step(plan_file: Path, placed: Path, tm
     metrics, ckpt, shm = tmp_path / "metrics.json", tmp_path / "ckpt", tmp_path / "shm"
     shm.mkdir()
     cmd = launch.build_torchrun_command(
-        plan_file,
-        placed,
+        _cfg(
+            placed,
+            plan_file,
+            "--epochs",
+            3,
+            "--metrics-json",
+            metrics,
+            "--checkpoint-dir",
+            ckpt,
+            *SMALL,
+            *CPU,
+            "--shm-dir",
+            shm,
+        ),
         nproc=2,
-        epochs=3,
-        metrics_json=metrics,
-        checkpoint_dir=ckpt,
-        extra=[*SMALL, *CPU, "--shm-dir", str(shm)],
     )
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -170,22 +183,22 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint_and_ends_as_if_never_kil
     shm.mkdir()
     extra = [*SMALL, *CPU, "--dropout", "0.3", "--deterministic", "--eval-every", "4", "--shm-dir", str(shm)]
 
-    def command(name: str, **kw: int) -> list[str]:
-        return launch.build_torchrun_command(
-            plan_file,
-            placed,
-            nproc=2,
-            epochs=epochs,
-            extra=extra,
-            **kw,
-            metrics_json=tmp_path / f"{name}.json",
-            checkpoint_dir=tmp_path / name,
-        )
+    def command(name: str, **kw: launch.Rendezvous) -> list[str]:
+        argv = [
+            "--epochs",
+            epochs,
+            *extra,
+            "--metrics-json",
+            tmp_path / f"{name}.json",
+            "--checkpoint-dir",
+            tmp_path / name,
+        ]
+        return launch.build_torchrun_command(_cfg(placed, plan_file, *argv), nproc=2, **kw)
 
     with _torchrun(command("straight"), env) as straight:
         _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err[-3000:]
-    with _torchrun(command("killed", max_restarts=1), env) as proc:
+    with _torchrun(command("killed", rdzv=launch.Rendezvous(max_restarts=1)), env) as proc:
         ckpt, deadline = checkpoint.path_in(tmp_path / "killed"), time.monotonic() + 240
         while not ckpt.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
@@ -298,7 +311,10 @@ def test_metrics_without_plan_carry_the_placements_prediction(placed: Path, tmp_
     assert run_main(args) == 0
     doc = read_json(metrics)
     # Measured peaks, for the memory budget: an in-process run's RSS holds at least torch itself.
-    assert doc["memory"]["gpu_peak_allocated_bytes"] is None and doc["memory"]["host_peak_rss_bytes"] > 100 << 20
+    mem = doc["memory"]
+    assert mem["gpu_peak_allocated_bytes"] is None and mem["host_peak_rss_bytes"] > 100 << 20
+    # The base (torch up, before the data) is part of the peak: a run of this size adds little to it.
+    assert 100 << 20 < mem["host_base_rss_bytes"] <= mem["host_peak_rss_bytes"]
     pred = doc["prediction"]
     assert doc["predicted_iteration_s"] == pred["iteration_s"] == open_placed(placed).manifest.prediction.iteration_s
     assert "fanouts [25, 10] (this run [10, 5])" in pred["note"] and "read shares will differ" in pred["note"]
@@ -482,28 +498,23 @@ def test_prefetcher_raises_worker_errors_and_stops_early() -> None:
 
 
 def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
-    cmd = launch.build_torchrun_command(plan_file, tmp_path, epochs=2, metrics_json="m.json", extra=["--seed", "3"])
+    cfg = _cfg(tmp_path, plan_file, "--epochs", 2, "--metrics-json", "m.json", "--seed", 3)
+    cmd = launch.build_torchrun_command(cfg)
     n = str(launch.default_nproc(plan_file))
     assert cmd[:6] == [sys.executable, "-m", "trainer.torchrun", "--nproc-per-node", n, "--standalone"]
-    assert cmd[6:] == [
-        "-m",
-        "trainer",
-        "--data",
-        str(tmp_path),
-        "--model",
-        "sage",
-        "--plan",
-        str(plan_file),
-        "--epochs",
-        "2",
-        "--metrics-json",
-        "m.json",
+    assert cmd[6:8] == ["-m", "trainer"]
+    assert from_args(cmd[8:]) == cfg  # the ranks parse back what the launcher parsed, option for option
+    assert cmd[8:] == ["--data", str(tmp_path), "--plan", str(plan_file), "--hidden", "256", "--epochs", "2"] + [
         "--seed",
         "3",
-    ]
+        "--metrics-json",
+        "m.json",
+    ]  # the options that differ from their defaults, in TrainConfig's order
     assert n == str(min(4, torch.cuda.device_count()) if torch.cuda.is_available() else 2)  # the plan's 4 GPUs, as seen
     multi = launch.build_torchrun_command(
-        None, "d", nproc=4, model="gat", nnodes="2", rdzv_endpoint="host:29400", max_restarts=3, checkpoint_dir="ck"
+        _cfg("d", None, "--model", "gat", "--checkpoint-dir", "ck"),
+        nproc=4,
+        rdzv=launch.Rendezvous(nnodes="2", endpoint="host:29400", max_restarts=3),
     )
     assert multi[:2] == ["env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]  # a fresh store per attempt, on every node
     assert multi[5:15] == [
@@ -518,7 +529,7 @@ def test_torchrun_command(plan_file: Path, tmp_path: Path) -> None:
         "--max-restarts",
         "3",
     ]
-    assert multi[-3:] == ["--checkpoint-dir", "ck", "--resume"]  # a restarted group continues
+    assert from_args(multi[17:]).resume  # a restarted group continues
     assert shlex.split(launch.format_command(cmd)) == cmd
 
 
@@ -577,14 +588,8 @@ def test_single_gpu_run(placed: Path, plan_file: Path, tmp_path: Path, restored_
 @pytest.mark.slow
 def test_missing_shm_dir_falls_back_to_private_copies(placed: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.json"
-    cmd = launch.build_torchrun_command(
-        None,
-        placed,
-        nproc=2,
-        epochs=1,
-        metrics_json=metrics,
-        extra=[*SMALL, *CPU, "--max-batches-per-epoch", "1", "--shm-dir", str(tmp_path / "nope")],
-    )
+    argv = ["--epochs", 1, "--metrics-json", metrics, *SMALL, *CPU, "--max-batches-per-epoch", 1]
+    cmd = launch.build_torchrun_command(_cfg(placed, None, *argv, "--shm-dir", tmp_path / "nope"), nproc=2)
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"--shm-dir {tmp_path / 'nope'}: no such directory" in done.stderr
@@ -605,14 +610,8 @@ def test_cpu_tests_stay_gloo_where_cuda_is_visible(monkeypatch: pytest.MonkeyPat
 def test_two_nccl_ranks_train(placed: Path, tmp_path: Path) -> None:
     """Two ranks on two GPUs with nccl (the gloo test above, on the GPU path)."""
     metrics = tmp_path / "metrics.json"
-    cmd = launch.build_torchrun_command(
-        None,
-        placed,
-        nproc=2,
-        epochs=1,
-        metrics_json=metrics,
-        extra=[*SMALL, "--device", "cuda", "--max-batches-per-epoch", "2"],
-    )
+    argv = ["--epochs", 1, "--metrics-json", metrics, *SMALL, "--device", "cuda", "--max-batches-per-epoch", 2]
+    cmd = launch.build_torchrun_command(_cfg(placed, None, *argv), nproc=2)
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = read_json(metrics)

@@ -19,6 +19,7 @@ from placement.sampler import CSR_GPU_SHARE, NeighborSampler
 from trainer import memory, sampling, uva
 from trainer.config import TrainConfig, from_args
 from trainer.sampling import Choice
+from trainer.shm import MEMORY_FILE_SYSTEMS, file_system, not_in_memory
 
 GiB = 2**30
 CUDA = torch.device("cuda", 0)
@@ -368,6 +369,40 @@ def test_a_cpu_tier_that_cannot_be_registered_is_staged_and_says_why(
     assert [c[0] for c in fake.calls] == ["register"]
 
 
+MOUNTS = """proc /proc proc rw,relatime 0 0
+devtmpfs /dev devtmpfs rw,relatime,size=12334460k,mode=755 0 0
+tmpfs /dev/shm tmpfs rw,relatime,size=24684084k 0 0
+/dev/vda / ext4 rw,relatime,discard 0 0
+/dev/nvme0n1 /mnt/my\\040data xfs rw,noatime 0 0
+tmpfs /dev/shm tmpfs rw,relatime,size=24684084k 0 0
+"""  # a capture of /proc/self/mounts (a mount point with a space, as the kernel escapes it)
+
+
+def test_the_file_system_of_a_path_is_its_longest_mount_point() -> None:
+    assert file_system("/dev/shm/moment-host-1", MOUNTS) == "tmpfs"
+    assert file_system("/dev/shm", MOUNTS) == "tmpfs"
+    assert file_system("/dev/shmx", MOUNTS) == "devtmpfs"  # a prefix of the name is not the mount
+    assert file_system("/mnt/my data/cache", MOUNTS) == "xfs"
+    assert file_system("/var/tmp", MOUNTS) == "ext4"
+    assert file_system("/x", "") is None
+
+
+def test_a_shared_cpu_tier_on_disk_that_cannot_be_registered_says_to_use_a_memory_file_system(
+    placed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux (since 6.x) refuses to pin the pages of a file on disk for a device, as the first GPU
+    run saw (cudaErrorInvalidValue for a --shm-dir under /tmp): the note says where to put it."""
+    from placement.placed import open_placed
+    from trainer.featurestore import TieredFeatureStore
+
+    uva_fake.install(monkeypatch, limit=4096)
+    with TieredFeatureStore(open_placed(placed), device="cpu", uva=True, host_shm=tmp_path / "moment-host-x") as store:
+        assert store.host_gather == "stage"
+        on_disk = file_system(tmp_path) not in MEMORY_FILE_SYSTEMS
+        assert ("not a memory file system" in (store.host_gather_note or "")) == on_disk
+        assert ("use a tmpfs such as /dev/shm" in (store.host_gather_note or "")) == on_disk
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shared", [False, True])
 def test_cpu_tier_rows_gathered_on_a_gpu_from_registered_memory_match_the_staged_path(
@@ -380,11 +415,18 @@ def test_cpu_tier_rows_gathered_on_a_gpu_from_registered_memory_match_the_staged
     ids = torch.from_numpy(np.random.default_rng(6).integers(0, p.num_nodes, size=5000)).cuda()
     with TieredFeatureStore(p, device="cuda", uva=False) as staged:
         want = staged.get(ids)
-    shm = tmp_path / "moment-host-x" if shared else None
-    with TieredFeatureStore(p, device="cuda", host_shm=shm) as store:  # uva by default on CUDA
-        assert store.host_gather == "uva", store.host_gather_note
-        got = store.get(ids)
-        torch.cuda.synchronize()
-        assert got.is_cuda and torch.equal(got, want) and store.stats()["tiers"]["cpu"]["rows"] > 0
+    # Shared as --shm-dir shares it: in a memory file system (a GPU cannot pin file pages on disk).
+    if shared and not_in_memory("/dev/shm") is not None or shared and not Path("/dev/shm").is_dir():
+        pytest.skip("/dev/shm is not a memory file system here")
+    shm = Path("/dev/shm") / f"moment-host-test-{os.getpid()}-{tmp_path.name}" if shared else None
+    try:
+        with TieredFeatureStore(p, device="cuda", host_shm=shm) as store:  # uva by default on CUDA
+            assert store.host_gather == "uva", store.host_gather_note
+            got = store.get(ids)
+            torch.cuda.synchronize()
+            assert got.is_cuda and torch.equal(got, want) and store.stats()["tiers"]["cpu"]["rows"] > 0
+    finally:
+        if shm is not None:
+            shm.unlink(missing_ok=True)
     torch.zeros(1, device="cuda").add_(1)  # no CUDA error left behind
     torch.cuda.synchronize()

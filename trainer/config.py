@@ -1,11 +1,15 @@
-"""One configuration object for a training run (torchtitan style).
+"""One configuration object for a training run (torchtitan style), declared once.
 
 Everything a run depends on lives in :class:`TrainConfig`: the loop reads it, rank 0 prints it at
 start, and every checkpoint stores it (as a dict of primitives, so ``torch.load(weights_only=True)``
-can read it back). ``from_args`` is the command line of ``python -m trainer``; a bad value exits 2
-with argparse's one-line message. ``moment train`` parses the same command line with
-``from_args(..., raising=True)`` before it starts torchrun, so a bad trainer argument is one
-usage line there, not one per rank.
+can read it back). Each field is also its command-line option (:mod:`moment.options`): the
+parser of ``python -m trainer`` (:func:`parser`), the options of ``moment train`` and the argv
+``moment train`` hands the ranks (:func:`moment.options.to_argv`) are generated from the fields,
+so an option's name, default and help are written here only. ``from_args`` is the command line
+of ``python -m trainer``; a bad value exits 2 with argparse's one-line message. ``moment train``
+parses the same command line with ``from_args(..., raising=True)`` before it starts torchrun, so
+a bad trainer argument is one usage line there, not one per rank. Importing this module loads no
+torch (``moment``'s parser is built from it); the checks that need torch import it when they run.
 """
 
 from __future__ import annotations
@@ -17,84 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from moment.errors import UsageError
-from trainer.defaults import EPOCHS
-from trainer.models import LAYERS, default_hidden
-from trainer.readers import IO_CHOICES, io_help, io_refusal
+from moment.options import OptionParser, Registry, add_arguments, ints, option, values
 
 SAMPLING_CHOICES = ("auto", "gpu", "uva", "cpu")  # --sampling: what each means is trainer.sampling's docstring
-
-
-@dataclass
-class TrainConfig:
-    data: str  # placed dataset directory (`moment place` output)
-    plan: str | None = None  # plan.json: rank → GPU/socket map and the predicted iteration time
-    model: str = "sage"
-    hidden: int | None = None  # None: 256 for sage, 64 (per head) for gat
-    heads: int = 8  # gat only
-    # Sampling: None takes what the placement pre-sampled with (placed.json ``hotness``), so
-    # the run reads the tiers as the placement was balanced for (see ``with_sampling``).
-    fanouts: tuple[int, ...] | None = None  # first hop first; the model has one layer per hop
-    batch_size: int | None = None  # seeds per rank per step
-    epochs: int = EPOCHS  # total epochs, counting those a resumed checkpoint already did
-    lr: float = 3e-3
-    dropout: float = 0.5
-    seed: int = 0
-    checkpoint_dir: str | None = None
-    resume: bool = False  # continue from checkpoint_dir's checkpoint when there is one
-    overwrite: bool = False  # start over although checkpoint_dir holds a checkpoint (else refused)
-    metrics_json: str | None = None
-    prefetch: int = 2  # batches sampled and fetched ahead of the one training
-    device: str = "auto"  # auto: cuda when available, else cpu
-    backend: str = "auto"  # auto: nccl on cuda, gloo otherwise
-    max_batches_per_epoch: int | None = None  # cap for smoke runs and tests
-    eval_every: int = 1  # epochs between validation passes (the last epoch is always evaluated)
-    deterministic: bool = False  # torch.use_deterministic_algorithms (reproducible, slower)
-    shm_dir: str = "/dev/shm"  # memory file system for the node-shared host-memory cache bins; "": a copy per rank
-    sampling: str = "auto"  # where sampling runs: auto, gpu, uva (CSR in pinned host memory), cpu (trainer.sampling)
-    host_gather: str = "auto"  # CPU-tier rows on CUDA: auto/uva (a GPU gather reading them in place), stage
-    io: str = "auto"  # SSD reads: auto (whichever a short probe measured faster on CUDA; else posix), posix, kvikio
-
-    def __post_init__(self) -> None:
-        if self.fanouts is not None:
-            self.fanouts = tuple(int(f) for f in self.fanouts)
-        if self.hidden is None:
-            self.hidden = default_hidden(self.model)
-
-    @property
-    def layers(self) -> int:
-        if self.fanouts is None:
-            raise ValueError("fanouts not resolved yet (with_sampling)")
-        return len(self.fanouts)
-
-    def with_sampling(self, fanouts: Sequence[int], batch_size: int) -> TrainConfig:
-        """This config with unset fan-outs and batch size taken from the placement's pre-sampling."""
-        return dataclasses.replace(
-            self, fanouts=tuple(self.fanouts or fanouts), batch_size=self.batch_size or batch_size
-        )
-
-    def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
-
-    def resolved_backend(self) -> str:
-        if self.backend == "auto":
-            return "nccl" if self.resolved_device().startswith("cuda") else "gloo"
-        return self.backend
-
-    def to_dict(self) -> dict[str, Any]:
-        """Primitives only (lists for tuples): safe for JSON and for weights_only checkpoints."""
-        out = dataclasses.asdict(self)
-        out["fanouts"] = None if self.fanouts is None else list(self.fanouts)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
@@ -127,7 +57,136 @@ def _fanouts(text: str) -> tuple[int, ...]:
     return values
 
 
-class _RaisingParser(argparse.ArgumentParser):
+@dataclass
+class TrainConfig:
+    data: str = option(metavar="DIR", help="placed dataset directory (`moment place` output)")
+    plan: str | None = option(
+        None, metavar="plan.json", help="the plan: rank → GPU/socket map, predicted iteration time"
+    )
+    model: str = option("sage", choices=Registry("trainer.models", "LAYERS"), help="the GNN (trainer.models.LAYERS)")
+    hidden: int | None = option(
+        None,
+        type=_positive,
+        help="hidden width (default: the model's registered one, 256 for sage, 64 per head for gat)",
+    )
+    heads: int = option(8, type=_positive, help="attention heads (gat)")
+    # Sampling: None takes what the placement pre-sampled with (placed.json ``hotness``), so
+    # the run reads the tiers as the placement was balanced for (see ``with_sampling``).
+    fanouts: tuple[int, ...] | None = option(
+        None,
+        type=_fanouts,
+        to_text=ints,
+        help="neighbours per hop, first hop first; the model has one layer per hop (default: those the placement "
+        "pre-sampled with, placed.json hotness.fanouts)",
+    )
+    batch_size: int | None = option(
+        None, type=_positive, help="seeds per rank per step (default: the placement's pre-sampling batch size)"
+    )
+    epochs: int = option(
+        3, type=_positive, help="total epochs, counting those a resumed checkpoint did (default %(default)s)"
+    )
+    lr: float = option(3e-3, type=_positive_float, help="learning rate (Adam)")
+    dropout: float = option(0.5, type=_fraction, help="dropout between layers")
+    seed: int = option(0, type=int, help="seed of the model, the batches and the sampling")
+    checkpoint_dir: str | None = option(None, metavar="DIR", help="save a checkpoint there after every epoch")
+    resume: bool = option(
+        False, help="continue from --checkpoint-dir's checkpoint if there is one (same data and model)"
+    )
+    overwrite: bool = option(
+        False,
+        help="start over and replace --checkpoint-dir's checkpoint (without it or --resume, an existing one is refused)",
+    )
+    metrics_json: str | None = option(
+        None, metavar="FILE", help="write per-epoch and summary metrics there, measured vs predicted (JSON)"
+    )
+    prefetch: int = option(
+        2, type=_positive, help="batches sampled and fetched ahead of the one training (default %(default)s)"
+    )
+    device: str = option("auto", help="auto (cuda when available, else cpu), cpu, cuda (default auto)")
+    backend: str = option("auto", choices=("auto", "nccl", "gloo"), help="auto: nccl on cuda, gloo otherwise")
+    max_batches_per_epoch: int | None = option(
+        None, type=_positive, help="stop each epoch after this many steps (smoke runs)"
+    )
+    # A packed placement (moment place --pack) lays SSD rows out for its K replayed epochs: epoch e
+    # then trains on epoch e mod K's batches again (the same seeds and neighbours) instead of new ones.
+    reuse_samples: bool = option(
+        False,
+        help="on a packed placement (moment place --pack --pack-epochs K), train epoch e on epoch e mod K's batches, "
+        "the ones its SSD rows are laid out for (default: sample new batches every epoch)",
+    )
+    eval_every: int = option(1, type=_positive, help="epochs between validation passes (the last is always evaluated)")
+    deterministic: bool = option(
+        False, help="deterministic kernels (torch.use_deterministic_algorithms: reproducible, slower)"
+    )
+    shm_dir: str = option(
+        "/dev/shm",
+        metavar="DIR",
+        help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
+        "(default /dev/shm; '' for a copy per rank)",
+    )
+    sampling: str = option(
+        "auto",
+        choices=SAMPLING_CHOICES,
+        help="where neighbour sampling runs: gpu (the graph in GPU memory), uva (on the GPU, the graph in pinned "
+        "host memory read zero-copy), cpu; auto (default): gpu when the graph takes at most a quarter of the "
+        "free GPU memory, else uva on CUDA when the host has room, else cpu",
+    )
+    host_gather: str = option(
+        "auto",
+        choices=("auto", "uva", "stage"),
+        help="how rows of the CPU cache reach the GPU: uva (a GPU gather reading the cache in place, registered "
+        "with CUDA), stage (gathered on the host into a pinned buffer, then one copy); auto (default): uva on CUDA, "
+        "stage when registration fails",
+    )
+    io: str = option(
+        "auto", choices=Registry("trainer.readers", "IO_CHOICES", about="io_help"), help="how SSD bins are read"
+    )
+
+    def __post_init__(self) -> None:
+        if self.fanouts is not None:
+            self.fanouts = tuple(int(f) for f in self.fanouts)
+        if self.hidden is None:
+            from trainer.models import default_hidden
+
+            self.hidden = default_hidden(self.model)
+
+    @property
+    def layers(self) -> int:
+        if self.fanouts is None:
+            raise ValueError("fanouts not resolved yet (with_sampling)")
+        return len(self.fanouts)
+
+    def with_sampling(self, fanouts: Sequence[int], batch_size: int) -> TrainConfig:
+        """This config with unset fan-outs and batch size taken from the placement's pre-sampling."""
+        return dataclasses.replace(
+            self, fanouts=tuple(self.fanouts or fanouts), batch_size=self.batch_size or batch_size
+        )
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_backend(self) -> str:
+        if self.backend == "auto":
+            return "nccl" if self.resolved_device().startswith("cuda") else "gloo"
+        return self.backend
+
+    def to_dict(self) -> dict[str, Any]:
+        """Primitives only (lists for tuples): safe for JSON and for weights_only checkpoints."""
+        out = dataclasses.asdict(self)
+        out["fanouts"] = None if self.fanouts is None else list(self.fanouts)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class _RaisingParser(OptionParser):
     """The trainer's parser as ``moment train`` uses it: a bad value raises a UsageError (one
     line, exit 2, printed once by the CLI) instead of printing usage and exiting."""
 
@@ -135,95 +194,48 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UsageError(f"trainer argument: {message}")
 
 
-def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
-    d = TrainConfig(data="")
+def parser(cls: type[argparse.ArgumentParser] = OptionParser) -> argparse.ArgumentParser:
+    """``python -m trainer``'s command line: every option of :class:`TrainConfig`."""
     p = cls(
         prog="python -m trainer",
         description="Train a GNN on a placed dataset (run under torchrun for several GPUs/processes).",
     )
-    p.add_argument("--data", required=True, metavar="DIR", help="placed dataset directory (`moment place` output)")
-    p.add_argument("--plan", metavar="plan.json", help="the plan: rank → GPU/socket map, predicted iteration time")
-    p.add_argument("--model", choices=tuple(LAYERS), default=d.model)
-    p.add_argument("--hidden", type=_positive, help="hidden width (default 256 for sage, 64 per head for gat)")
-    p.add_argument("--heads", type=_positive, default=d.heads, help="attention heads (gat)")
-    p.add_argument(
-        "--fanouts",
-        type=_fanouts,
-        help="neighbours per hop, first hop first (default: those the placement "
-        "pre-sampled with, placed.json hotness.fanouts)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive,
-        help="seeds per rank per step (default: the placement's pre-sampling batch size)",
-    )
-    p.add_argument(
-        "--epochs", type=_positive, default=d.epochs, help="total epochs (a resumed run counts the done ones)"
-    )
-    p.add_argument("--lr", type=_positive_float, default=d.lr)
-    p.add_argument("--dropout", type=_fraction, default=d.dropout)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint there after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint if there is one")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start over and replace --checkpoint-dir's checkpoint (without it or --resume, an existing one is refused)",
-    )
-    p.add_argument("--metrics-json", metavar="FILE", help="write per-epoch and summary metrics there")
-    p.add_argument("--prefetch", type=_positive, default=d.prefetch, help="batches prepared ahead (default 2)")
-    p.add_argument("--device", default=d.device, help="auto, cpu, cuda (default auto)")
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default=d.backend)
-    p.add_argument("--max-batches-per-epoch", type=_positive, help="stop each epoch after this many steps (smoke runs)")
-    p.add_argument("--eval-every", type=_positive, default=d.eval_every, help="epochs between validation passes")
-    p.add_argument("--deterministic", action="store_true", help="deterministic kernels (reproducible, slower)")
-    p.add_argument(
-        "--shm-dir",
-        default=d.shm_dir,
-        metavar="DIR",
-        help="memory file system where the ranks of a node share one copy of the cache bins held in host memory "
-        "(default /dev/shm; '' for a copy per rank)",
-    )
-    p.add_argument(
-        "--sampling",
-        choices=SAMPLING_CHOICES,
-        default=d.sampling,
-        help="where neighbour sampling runs: gpu (the graph in GPU memory), uva (on the GPU, the graph in pinned "
-        "host memory read zero-copy), cpu; auto (default): gpu when the graph takes at most a quarter of the "
-        "free GPU memory, else uva on CUDA when the host has room, else cpu",
-    )
-    p.add_argument(
-        "--host-gather",
-        choices=("auto", "uva", "stage"),
-        default=d.host_gather,
-        help="how rows of the CPU cache reach the GPU: uva (a GPU gather reading the cache in place, registered "
-        "with CUDA), stage (gathered on the host into a pinned buffer, then one copy); auto (default): uva on CUDA, "
-        "stage when registration fails",
-    )
-    p.add_argument("--io", choices=IO_CHOICES, default=d.io, help=io_help())
+    add_arguments(p, TrainConfig)
     return p
 
 
 def from_args(argv: Sequence[str] | None = None, raising: bool = False) -> TrainConfig:
     """Parse the command line; argparse exits 2 with a one-line message on a bad value
     (``raising``: a UsageError instead, for ``moment train`` to report before torchrun)."""
-    p = parser(_RaisingParser if raising else argparse.ArgumentParser)
+    p = parser(_RaisingParser if raising else OptionParser)
     args = p.parse_args(argv)
+    if (why := refusal(args)) is not None:
+        p.error(why)
+    return TrainConfig(**{k: v for k, v in values(TrainConfig, args).items() if v is not None})
+
+
+def refusal(args: Any) -> str | None:
+    """Why these options cannot run here (one line), or None: what argparse's types cannot see."""
+    import torch
+
+    from trainer.readers import io_refusal
+
     if args.resume and not args.checkpoint_dir:
-        p.error("--resume needs --checkpoint-dir")
+        return "--resume needs --checkpoint-dir"
+    if args.overwrite and not args.checkpoint_dir:
+        return "--overwrite needs --checkpoint-dir"
     if args.resume and args.overwrite:
-        p.error("--resume and --overwrite exclude each other: continue the checkpoint, or replace it")
+        return "--resume and --overwrite exclude each other: continue the checkpoint, or replace it"
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
-        p.error(f"--device {args.device!r}: expected auto, cpu or cuda")
+        return f"--device {args.device!r}: expected auto, cpu or cuda"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available on this machine")
+        return f"--device {args.device}: CUDA is not available on this machine"
     if args.device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
-        p.error(
+        return (
             f"--device {args.device}: every rank of the node would use that one GPU; "
             "use --device cuda (each rank takes the GPU the plan gives it)"
         )
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     if (why := io_refusal(args.io, cuda)) is not None:
-        p.error(f"--io {why}")
-    values = {k: v for k, v in vars(args).items() if v is not None}
-    return TrainConfig(**values)
+        return f"--io {why}"
+    return None

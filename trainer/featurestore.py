@@ -18,7 +18,10 @@ process that names the same path uses one copy: the first to come writes it, the
 * ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
   the device is CUDA, so the host→device copy is asynchronous; in GPU memory when the reader is
-  kvikio (``io``: see :func:`trainer.readers.make_reader`).
+  kvikio (``io``: see :func:`trainer.readers.make_reader`). In a packed placement (``moment place
+  --pack``) a bin's rows lie in the order training batches read them: the bin's slot map gives
+  each row's file row, and the reader gets those, sorted (the rows one batch reads are then
+  mostly consecutive: few, long reads, few pages each).
 
 Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
 final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
@@ -44,7 +47,7 @@ import torch
 from moment.contracts.tiers import TIERS
 from placement.placed import Placed, PlacedBin, PlacedError
 from trainer.readers import Reader, ReadRequest, make_reader
-from trainer.shm import map_shared
+from trainer.shm import map_shared, not_in_memory
 from trainer.staging import Staging
 from trainer.uva import HostMapping, UvaError
 
@@ -107,6 +110,9 @@ class TieredFeatureStore:
             self._map_cpu_tier()
         self._ssd = self._bins(SSD)
         self._ssd_starts = np.array([b.start for b in self._ssd], dtype=np.int64)
+        # packed bins: each row's file row, in memory (4 B per row; a mapping read at random would
+        # fault its pages in, with readahead, again and again under memory pressure)
+        self._slots = [None if b.slots is None else np.load(b.slots) for b in self._ssd]
         cuda = self.device if self.device.type == "cuda" else None
         self._host_stage = Staging(torch.device("cpu"), self.pin, cuda, stage_reserve)
         self._dev_stage = Staging(self.device, False, cuda, stage_reserve) if self.reader.on_device else None
@@ -167,7 +173,8 @@ class TieredFeatureStore:
             flat = reg.view(0, self.cpu.numel(), np.dtype(self.placed.feature_dtype))
         except UvaError as exc:
             reg.close()
-            self.host_gather_note = f"{exc}: CPU-tier rows are gathered on the host"
+            why = not_in_memory(self.host_shm.parent) if self.host_shm is not None else None
+            self.host_gather_note = f"{exc}: CPU-tier rows are gathered on the host" + (f" ({why})" if why else "")
             return
         self._cpu_reg, self._cpu_view = reg, flat.view(-1, self.dim)
 
@@ -203,8 +210,8 @@ class TieredFeatureStore:
             self._gather(t, row[where[t]], stage[at : at + k])
             src[where[t]] = np.arange(at, at + k)
             at += k
-        src[where[SSD]] = inverse
-        ssd_stage = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows])
+        ssd_stage, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows])
+        src[where[SSD]] = inverse if staged is None else staged[inverse]
         out = torch.empty((new.size, self.dim), dtype=self.dtype, device=self.device)
         if self.device.type == "cpu":
             if stage.shape[0]:  # empty when every row comes from the registered CPU tier
@@ -237,11 +244,14 @@ class TieredFeatureStore:
         gather_rows(self._tensors[tier], rows, stage)
         self._count(tier, rows.size, rows.size * self.row_bytes, time.perf_counter() - start)
 
-    def _read_ssd(self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor) -> torch.Tensor | None:
+    def _read_ssd(
+        self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor
+    ) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """Read each distinct SSD row once, all bins together; returns the device staging buffer
-        when the reader reads to the GPU."""
+        when the reader reads to the GPU, and where each of ``uniq`` was staged when a packed bin
+        put them out of id order (None: in ``uniq``'s order)."""
         if uniq.size == 0:
-            return None
+            return None, None
         start = time.perf_counter()
         if self._dev_stage is not None:
             stage = self._dev_stage.take(uniq.size * self.row_bytes).view(-1, self.row_bytes)
@@ -250,12 +260,18 @@ class TieredFeatureStore:
             stage, target = host_stage, host_stage.numpy()
         edges = [0, *np.searchsorted(uniq, self._ssd_starts[1:]).tolist(), uniq.size]
         which = [k for k in range(len(self._ssd)) if edges[k + 1] > edges[k]]
-        requests = [
-            ReadRequest(
-                self._ssd[k].path, uniq[edges[k] : edges[k + 1]] - self._ssd[k].start, target[edges[k] : edges[k + 1]]
-            )
-            for k in which
-        ]
+        staged = None
+        requests = []
+        for k in which:
+            lo, hi = edges[k], edges[k + 1]
+            rows = uniq[lo:hi] - self._ssd[k].start
+            if self._slots[k] is not None:  # packed: read the file rows in file order
+                rows = np.asarray(self._slots[k][rows], dtype=np.int64)
+                order = np.argsort(rows)
+                rows = rows[order]
+                staged = np.arange(uniq.size) if staged is None else staged
+                staged[lo + order] = np.arange(lo, hi)
+            requests.append(ReadRequest(self._ssd[k].path, rows, target[lo:hi]))
         seconds = self.reader.read_batch(requests)
         asked = np.bincount(bins - (len(self.placed.bins) - len(self._ssd)), minlength=len(self._ssd))
         for k, secs in zip(which, seconds):
@@ -263,7 +279,7 @@ class TieredFeatureStore:
             self._bin_stats[k] += (asked[k], unique, unique * self.row_bytes, secs)
         self._ssd_unique += uniq.size
         self._count(SSD, bins.size, uniq.size * self.row_bytes, time.perf_counter() - start)
-        return stage if self._dev_stage is not None else None
+        return (stage if self._dev_stage is not None else None), staged
 
     def _assemble_on_device(
         self,

@@ -64,6 +64,7 @@ from moment.contracts.inference import (
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.fileio import atomic_write_text, reserve
+from moment.options import OptionParser, add_arguments, to_argv
 from moment.outputs import Kind, Staging, check_free_space, check_out, joined
 from moment.progress import Progress, Reporter
 from placement.placed import Placed, open_placed
@@ -72,13 +73,9 @@ from trainer import broadcast, checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, lost_peer, select_device
 from trainer.featurestore import TieredFeatureStore
+from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
-DTYPES = ("float32", "float16")
-LAYER_CHOICES = ("last", "all")
-ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
-DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
-DEFAULT_BATCH = 8192  # destination vertices per chunk
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
 INPUTS = "inputs.json"  # inside WORK: the key of the inputs this partial output is for
@@ -87,39 +84,6 @@ Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows
 
 
 # -- inputs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InferOptions:
-    data: Path  # placed dataset
-    checkpoint: Path  # a checkpoint directory (``moment train --checkpoint-dir``) or its checkpoint.pt
-    out: Path
-    plan: Path | None = None
-    nproc: int = 1
-    layers: str = "last"
-    dtype: str = "float32"
-    batch_size: int = DEFAULT_BATCH
-    device: str = "auto"  # one of DEVICES
-    engine: str = "broadcast"  # one of ENGINES
-    memory: int | None = None  # bytes a broadcast pass may hold (None: default_memory())
-
-    def check(self) -> None:
-        if self.nproc < 1:
-            raise UsageError(f"--nproc {self.nproc}: expected a positive number of ranks")
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size {self.batch_size}: expected a positive number of vertices")
-        if self.layers not in LAYER_CHOICES:
-            raise UsageError(f"--layers {self.layers!r}: expected one of {', '.join(LAYER_CHOICES)}")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
-        if self.engine not in ENGINES:
-            raise UsageError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
-        if self.memory is not None and self.memory <= 0:
-            raise UsageError(f"--memory {self.memory}: expected a positive number of bytes")
-        if self.device not in DEVICES:
-            raise UsageError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--device cuda: CUDA is not available on this machine")
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -771,37 +735,13 @@ def infer(
 
 
 def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
-    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...`` (the
-    ranks read the broadcast budget ``prepare`` recorded in the work directory)."""
-    from trainer.launch import TORCHRUN
+    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...``: the
+    ranks get their options (:data:`RANK_OPTIONS`) and the work directory; they read the
+    broadcast budget ``prepare`` recorded there."""
+    from trainer.launch import torchrun_command as launcher
 
-    return [
-        python,
-        "-m",
-        TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        str(opts.nproc),
-        "-m",
-        "trainer.infer",
-        "--data",
-        str(opts.data),
-        "--checkpoint",
-        str(opts.checkpoint),
-        "--work",
-        str(data),
-        "--layers",
-        opts.layers,
-        "--dtype",
-        opts.dtype,
-        "--batch-size",
-        str(opts.batch_size),
-        "--device",
-        opts.device,
-        "--engine",
-        opts.engine,
-        *(["--plan", str(opts.plan)] if opts.plan is not None else []),
-    ]
+    argv = [*to_argv(opts, only=RANK_OPTIONS), "--work", str(data)]
+    return launcher("trainer.infer", argv, opts.nproc, python=python)
 
 
 def summary(m: InferenceManifest) -> Iterator[str]:
@@ -832,16 +772,9 @@ def rank_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between;
     exit status 0, 1 (one line), or 128 + the signal that stopped it (quietly: the launcher
     reports it)."""
-    ap = argparse.ArgumentParser(prog="python -m trainer.infer")
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--checkpoint", required=True)
+    ap = OptionParser(prog="python -m trainer.infer")
+    add_arguments(ap, InferOptions, only=RANK_OPTIONS)
     ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
-    ap.add_argument("--layers", choices=LAYER_CHOICES, default="last")
-    ap.add_argument("--dtype", choices=DTYPES, default="float32")
-    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
-    ap.add_argument("--plan", default=None, help="plan.json: the rank → GPU map (by PCI address)")
-    ap.add_argument("--device", choices=DEVICES, default="auto")
-    ap.add_argument("--engine", choices=ENGINES, default="broadcast")
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:

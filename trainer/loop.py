@@ -42,11 +42,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from moment import hw, procs
 from moment.contracts.checkpoint import DataIdentity
+from moment.contracts.placed import PackSummary
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError
 from moment.outputs import DirLock, joined
 from placement.placed import Placed, open_placed
-from placement.sampler import NeighborSampler, derive_seed, num_batches
+from placement.sampler import EVAL_STREAM, NeighborSampler, derive_seed, num_batches, train_draw_seed
 from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
@@ -57,10 +58,6 @@ from trainer.nodes import check_same_data, per_node, resumed, source_order
 from trainer.prefetch import Prefetcher, Prepared, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
-
-# derive_seed streams: the sampler's own (0, 1) are its permutation and its draws.
-_TRAIN_STREAM, _EVAL_STREAM = 2, 3
-
 
 # -- batches ---------------------------------------------------------------------------------
 
@@ -186,6 +183,8 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
     either resumed (when it fits) or replaced on purpose."""
     if (why := train_split_problem(data.placed, env.world_size)) is not None:
         raise MomentError(why)
+    if cfg.reuse_samples and data.placed.manifest.pack is None:
+        raise MomentError(f"--reuse-samples: {data.placed.root} is not a packed placement (moment place --pack)")
     if not cfg.checkpoint_dir or not checkpoint.path_in(cfg.checkpoint_dir).exists() or cfg.overwrite:
         return
     if not cfg.resume:
@@ -272,6 +271,29 @@ def open_csr(
     return csr
 
 
+def pack_mismatch(pack: PackSummary | None, cfg: TrainConfig, world: int, where: str) -> str | None:
+    """Why this run's batches are not the ones a packed placement laid its SSD rows out for
+    (None: they are, or the placement is not packed)."""
+    if pack is None:
+        return None
+    runs = (
+        ("--seed", cfg.seed, pack.seed),
+        ("ranks", world, pack.ranks),
+        ("batch size", cfg.batch_size, pack.batch_size),
+    )
+    diffs = [f"{name} {run} (packed for {packed})" for name, run, packed in runs if run != packed]
+    if list(cfg.fanouts or ()) != pack.fanouts:
+        diffs.append(f"fan-outs {list(cfg.fanouts or ())} (packed for {pack.fanouts})")
+    if where != "cpu":
+        diffs.append(f"sampling with the graph on the {where} (packed for CPU sampling: other draws)")
+    if not diffs:
+        return None
+    return (
+        f"the placement's SSD rows are packed for other batches than this run's ({', '.join(diffs)}): they are "
+        "read correctly, with fewer shared pages (metrics.json ssd_read_amplification says how many)"
+    )
+
+
 def local_world_size(env: DistEnv) -> int:
     """Ranks on this node (torchrun's LOCAL_WORLD_SIZE; 1 for a lone process)."""
     return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), env.local_rank + 1)
@@ -294,6 +316,9 @@ class Run:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
+        if device.type == "cuda":
+            torch.zeros(1, device=device)  # the CUDA context's host memory belongs to the base, not the budget
+        self.base_rss = memory.resident_bytes()
         shape = memory.shape_of_placed(data.placed, cfg, local_world_size(env), 1)
         stage = memory.stage_reserve(shape)  # the figure the budget counts, allocated once
         self.store, self.host_tiers = open_store(
@@ -311,6 +336,8 @@ class Run:
             csr_on_device=self.csr.where != "cpu",
         )
         self.sampling = sampling_setup(self.base, plan, env, self.csr)
+        if env.rank == 0 and (why := pack_mismatch(data.placed.manifest.pack, cfg, self.world, self.csr.where)):
+            print(f"warning: {why}", file=sys.stderr)
         if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
             budget = memory.budget(shape)
             if (why := memory.live_refusal(budget, torch.cuda.mem_get_info(device)[0], str(device))) is not None:
@@ -322,9 +349,13 @@ class Run:
                 self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
         self.model: nn.Module = self.module
+        # One compute stream for the run: DDP makes the gradient accumulators on it, and every
+        # epoch's backward runs on it too (no cross-stream synchronisation, no autograd warning).
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if dist.is_initialized():
             ids = [device.index] if device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.module, device_ids=ids)
+            with compute_stream(device, self.stream):
+                self.model = DistributedDataParallel(self.module, device_ids=ids)
         self.metrics = Metrics(cfg, data.placed.manifest.prediction, history, enabled=self.rank == 0)
         self.metrics.sampling = self.sampling
 
@@ -343,9 +374,9 @@ class Run:
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
         """Accuracy on a split, sharded over ranks and summed."""
         seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
-        batches = self._batches(seeds, derive_seed(self.cfg.seed, _EVAL_STREAM, epoch, split, self.rank))
+        batches = self._batches(seeds, derive_seed(self.cfg.seed, EVAL_STREAM, epoch, split, self.rank))
         try:
-            with compute_stream(self.device):
+            with compute_stream(self.device, self.stream):
                 correct, total = evaluate(self.module, iter(batches))
         finally:
             batches.close()
@@ -354,16 +385,18 @@ class Run:
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
+        pack = self.data.placed.manifest.pack
         for epoch in range(self.start_epoch, cfg.epochs):
-            seeds = epoch_batches(self.base, self.data.train, cfg, epoch, self.rank, self.world)
+            drawn = epoch % pack.epochs if cfg.reuse_samples and pack is not None else epoch  # the batches' epoch
+            seeds = epoch_batches(self.base, self.data.train, cfg, drawn, self.rank, self.world)
             steps = min(
                 num_batches(len(self.data.train), cfg.batch_size, self.world, self.rank, drop_last_uneven=True),
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()
-            batches = self._batches(seeds, derive_seed(cfg.seed, _TRAIN_STREAM, epoch, self.rank))
+            batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank))
             try:
-                with self.metrics.progress(epoch, steps) as step, compute_stream(self.device):
+                with self.metrics.progress(epoch, steps) as step, compute_stream(self.device, self.stream):
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)
             finally:
                 batches.close()
@@ -387,7 +420,7 @@ class Run:
             )
             if self.env.nodes > 1:
                 record.update(per_node(timing, stats, train_s))
-            self.metrics.memory = memory.measured(self.device)
+            self.metrics.memory = memory.measured(self.device, self.base_rss)
             together(functools.partial(self.metrics.add_epoch, record), f"epoch {epoch + 1}'s metrics not written")
             if cfg.checkpoint_dir:
                 rng = all_gather(checkpoint.rng_state())

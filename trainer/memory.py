@@ -13,16 +13,18 @@ GPU, per rank (``device`` cuda):
 * ``staging``: the device-side copy of one batch's host and SSD rows before they are gathered.
 * ``model``: parameters, gradients and Adam's two moments (4 × parameters × 4 bytes).
 * ``activations``: an estimate for the model, fan-outs and batch: every layer's saved outputs
-  plus its largest per-edge tensor (SAGE's gathered ``x_j`` is [edges, input width]; GAT's
-  projected messages and attention coefficients).
+  plus its largest per-edge tensor, as the registered model says (``Layer.activations``: SAGE's
+  gathered ``x_j`` is [edges, input width]; GAT's projected messages and attention coefficients).
 * ``cuda_context``: CUDA context and allocator slack (a fixed allowance).
 * ``csr``: the graph, when sampling runs on the GPU with the CSR there (``sampling`` gpu).
 
-Host, per node: the GPU and CPU cache bins once per socket (the shared copy each socket maps,
+Host, per node: ``runtime``, what each rank's process holds whatever the data (Python, torch,
+CUDA's host side, the libraries: :data:`RANK_RUNTIME`, measured); the GPU and CPU cache bins once per socket (the shared copy each socket maps,
 see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one batch of rows
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
 two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
-(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank).
+(``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank);
+a packed placement's slot maps once per rank (``slot_maps``: 4 B per SSD row).
 Which of gpu, uva or cpu ``--sampling auto`` takes is predicted (:func:`predict_sampling`) as
 the rank will decide it (:mod:`trainer.sampling`). A CPU-sampled graph stays a memory map of
 its file: page cache, not counted.
@@ -44,9 +46,15 @@ import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
 from placement.sampler import csr_bytes, fits_on_gpu
+from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
+# Host memory a rank holds whatever the data: Python, torch, CUDA's host side, PyG, numba's
+# compiler and the kernels loaded on first use. The first GPU run's peak RSS on the demo (whose
+# data is a few MiB): 2,214 MiB on a CUDA rank (1,034 MiB of it before the data opened), 944 MiB
+# on a CPU rank (H200, Python 3.12, torch 2.11+cu130; scripts/gpu_check.sh, 2026-11-27).
+RANK_RUNTIME = {"cuda": 2200 << 20, "cpu": 950 << 20}
 GB = 1e9
 
 
@@ -60,7 +68,7 @@ class RunShape:
     fanouts: tuple[int, ...]
     batch_size: int
     unique_per_batch: float  # distinct rows one batch reads
-    model: str  # sage | gat
+    model: str  # a name in trainer.models.LAYERS
     hidden: int
     heads: int
     classes: int
@@ -72,6 +80,7 @@ class RunShape:
     csr_bytes: int = 0  # the graph as sampling holds it (indptr int64 + indices)
     sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
     csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
+    slot_map_bytes: int = 0  # a packed placement's slot maps, which every rank holds (moment place --pack)
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -146,24 +155,25 @@ def _hops(shape: RunShape) -> list[float]:
 
 def activation_bytes(shape: RunShape) -> int:
     """Saved outputs of every layer plus the largest per-edge tensor of one layer (float32)."""
+    estimate = activations_of(shape.model)  # the registered model's own (trainer.models.LAYERS)
     hops = _hops(shape)
     layers = len(shape.fanouts)
     saved, edge_peak, width = 0.0, 0.0, shape.feature_dim
     for i in range(layers):  # layer i consumes hop layers - i: the outermost first
         n_dst = hops[layers - 1 - i]
-        edges = n_dst * shape.fanouts[layers - 1 - i]
         last = i == layers - 1
-        out = shape.classes if last else shape.hidden
-        if shape.model == "gat":
-            heads = 1 if last else shape.heads
-            n_src = hops[layers - i]
-            saved += n_src * heads * out + edges * heads * 3 + n_dst * heads * out * 3
-            edge_peak = max(edge_peak, 2 * edges * heads * out)
-            width = heads * out
-        else:
-            saved += n_dst * (width + 4 * out)
-            edge_peak = max(edge_peak, edges * width)
-            width = out
+        size = LayerSize(
+            n_src=hops[layers - i],
+            n_dst=n_dst,
+            edges=n_dst * shape.fanouts[layers - 1 - i],
+            width=width,
+            out=shape.classes if last else shape.hidden,
+            heads=shape.heads,
+            last=last,
+        )
+        layer_saved, layer_peak, width = estimate(size)
+        saved += layer_saved
+        edge_peak = max(edge_peak, layer_peak)
     return int(4 * (saved + edge_peak))
 
 
@@ -185,7 +195,12 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
         "model": 4 * 4 * params,
         "activations": activation_bytes(shape),
     }
-    host = {"host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes}
+    host = {
+        "host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes,
+        "runtime": shape.ranks_per_node * RANK_RUNTIME["cuda" if cuda else "cpu"],
+    }
+    if shape.slot_map_bytes:
+        host["slot_maps"] = shape.ranks_per_node * shape.slot_map_bytes
     if cuda:
         gpu = {**per_rank, "cuda_context": CUDA_CONTEXT}
         host["pinned_staging"] = shape.ranks_per_node * pinned_bytes(stage_reserve(shape))
@@ -247,6 +262,7 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gp
         base,
         csr_bytes=csr_bytes(placed.array("indptr"), placed.array("indices")),
         csr_copies=base.sockets if shared else ranks_per_node,
+        slot_map_bytes=sum(b.slots.stat().st_size for b in placed.bins if getattr(b, "slots", None) is not None),
     )
     cuda = cfg.resolved_device().startswith("cuda")
     base = replace(base, sampling=predict_sampling(base, getattr(cfg, "sampling", "auto"), cuda, gpu_free))
@@ -257,7 +273,10 @@ def shape_of_workload(
     w: Workload, ranks_per_node: int, sockets: int, classes: int = 19, prefetch: int = 2, heads: int = 8
 ) -> RunShape:
     """The run a planner workload describes (the profiles' paper workloads: IGB has 19 classes)."""
-    model = "gat" if w.model.lower().startswith("gat") else "sage"
+    from trainer.config import TrainConfig
+
+    # the registered model the workload names (GraphSAGE: sage), else the trainer's default
+    model = next((name for name in LAYERS if name in w.model.lower()), TrainConfig(data="").model)
     return RunShape(
         nodes=w.nodes,
         feature_dim=w.feature_dim,
@@ -394,13 +413,26 @@ def largest_batch(shape: RunShape, capacity: int) -> int | None:
     return lo
 
 
-def measured(device: torch.device) -> dict[str, int | None]:
+def resident_bytes() -> int | None:
+    """This process's resident set now (``/proc/self/statm``; None where there is none): taken
+    once the device is up, it is the part of the peak that torch, CUDA and the libraries hold
+    themselves, which :func:`budget` does not count."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def measured(device: torch.device, base_rss: int | None = None) -> dict[str, int | None]:
     """This process's peaks so far (:class:`moment.contracts.metrics.MeasuredMemory`): what the
     budget of :func:`budget` predicts, measured — GPU bytes torch allocated and reserved on
-    ``device`` (None on a CPU one) and the peak resident set (Linux reports ``ru_maxrss`` in KiB)."""
+    ``device`` (None on a CPU one), the peak resident set (Linux reports ``ru_maxrss`` in KiB)
+    and ``base_rss``, the resident set before the run opened its data (:func:`resident_bytes`)."""
     cuda = device.type == "cuda"
     return {
         "gpu_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None,
         "gpu_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) if cuda else None,
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_base_rss_bytes": base_rss,
     }

@@ -11,7 +11,8 @@ Plugging in another PyG-style layer: any module called as ``conv((x_src, x_dst),
 ``GraphConv``, ``GINConv``, ``TransformerConv``, ...) works. Write a factory
 ``make(cfg, in_dim, out_dim, last) -> (module, width_of_its_output)`` and add it to ``LAYERS``
 under a new name: ``LAYERS`` is the one list of models, which ``python -m trainer --model`` and
-``moment train --model`` accept. Factories import PyG when called, so reading the names (the
+``moment train --model`` accept. ``Layer(make, activations=...)`` gives the memory budget its
+activation size where it differs from a gathering conv's (:func:`gathered`; GAT's: :func:`attention`). Factories import PyG when called, so reading the names (the
 command lines do) costs no PyG import.
 
 A layer that is a sum of per-edge messages can also give a **scatter form** (``Layer(scatter=...)``):
@@ -56,13 +57,47 @@ ScatterFactory = Callable[[nn.Module], "Scatter | None"]
 
 
 @dataclass(frozen=True)
+class LayerSize:
+    """One layer over one batch, as the memory budget sees it (counts are expected values)."""
+
+    n_src: float  # vertices whose rows come in
+    n_dst: float  # vertices the layer computes
+    edges: float  # sampled edges into them
+    width: int  # input width
+    out: int  # output channels (per head)
+    heads: int  # attention heads of a hidden layer (``--heads``)
+    last: bool  # the output layer
+
+
+# (floats autograd saves for the backward pass, floats of the layer's largest per-edge tensor,
+# its output width): what trainer.memory budgets a batch's activations from.
+Activations = Callable[[LayerSize], tuple[float, float, int]]
+
+
+def gathered(s: LayerSize) -> tuple[float, float, int]:
+    """A conv that gathers each edge's source row and reduces it (SAGE's ``x_j``: [edges, input
+    width]), saving about four outputs' worth per destination."""
+    return s.n_dst * (s.width + 4 * s.out), s.edges * s.width, s.out
+
+
+def attention(s: LayerSize) -> tuple[float, float, int]:
+    """GAT: projected sources per head, attention coefficients per edge and head, and per-edge
+    messages of every head."""
+    heads = 1 if s.last else s.heads
+    saved = s.n_src * heads * s.out + s.edges * heads * 3 + s.n_dst * heads * s.out * 3
+    return saved, 2 * s.edges * heads * s.out, heads * s.out
+
+
+@dataclass(frozen=True)
 class Layer:
-    """A registered model: its layer factory, its default hidden width (``--hidden``) and, when its
-    convs are sums of messages, their scatter form (None where a conv has none)."""
+    """A registered model: its layer factory, its default hidden width (``--hidden``), its
+    activation estimate for the memory budget (a gathering conv's unless it says otherwise) and,
+    when its convs are sums of messages, their scatter form (None where a conv has none)."""
 
     make: LayerFactory
     hidden: int = HIDDEN
     scatter: ScatterFactory | None = None
+    activations: Activations = gathered
 
     def __call__(self, cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
         return self.make(cfg, in_dim, out_dim, last)
@@ -110,13 +145,18 @@ def _gat(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Mo
 
 LAYERS: dict[str, LayerFactory] = {
     "sage": Layer(_sage, scatter=_sage_scatter),
-    "gat": Layer(_gat, hidden=64),  # 64 per head; attention: no scatter form (the gather engine)
+    "gat": Layer(_gat, hidden=64, activations=attention),  # 64 per head; no scatter form (the gather engine)
 }
 
 
 def default_hidden(model: str) -> int:
     """The hidden width ``model`` is registered with (a plain factory: :data:`HIDDEN`)."""
     return getattr(LAYERS.get(model), "hidden", HIDDEN)
+
+
+def activations_of(model: str) -> Activations:
+    """The activation estimate ``model`` is registered with (a plain factory: a gathering conv's)."""
+    return getattr(LAYERS.get(model), "activations", gathered)
 
 
 class BlockGNN(nn.Module):

@@ -97,7 +97,7 @@ class Prefetcher:
 
 
 @contextmanager
-def compute_stream(device: torch.device) -> Iterator[torch.cuda.Stream | None]:
+def compute_stream(device: torch.device, stream: torch.cuda.Stream | None = None) -> Iterator[torch.cuda.Stream | None]:
     """Run the block's CUDA work (training, evaluation) on a stream of its own instead of the
     legacy default stream. kvikio's POSIX path copies each read on a blocking stream
     (``CU_STREAM_DEFAULT``) and its GDS reads synchronise the NULL stream first: both would wait
@@ -105,12 +105,15 @@ def compute_stream(device: torch.device) -> Iterator[torch.cuda.Stream | None]:
     reads and compute would no longer overlap. torch's own streams are non-blocking. The stream
     starts after the work already queued on the current stream (parameters, the DDP broadcast),
     and the current stream, after the block, waits for the block's work (all-reduces,
-    checkpoints). Nothing on a CPU device (yields None)."""
+    checkpoints). ``stream``: the run's one compute stream (a new one when None): autograd records
+    the stream each parameter's gradient accumulator was made on (DDP makes them at its start) and
+    synchronises, with a warning, when backward runs on another one. Nothing on a CPU device
+    (yields None)."""
     if device.type != "cuda":
         yield None
         return
     outer = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device)
+    stream = stream if stream is not None else torch.cuda.Stream(device)
     stream.wait_stream(outer)
     try:
         with torch.cuda.stream(stream):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from moment.topology.profile_io import resolve_profile
 from placement.placed import Placed, open_placed
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.launch import check_command
 from trainer.memory import MemoryBudget, budget, gpu_capacity, host_capacity, refusal, shape_of_placed
 
 
@@ -110,22 +108,14 @@ def plan_warnings(plan: PlanDoc, plan_path: str, placed: Placed) -> list[str]:
     return out
 
 
-def preflight(
-    argv: Sequence[str],
-    world_size: int,
-    resume: bool = False,
-    overwrite: bool = False,
-    ranks_per_node: int | None = None,
-    node_rank: int = 0,
-) -> Checked:
+def preflight(cfg: TrainConfig, world_size: int, ranks_per_node: int | None = None, node_rank: int = 0) -> Checked:
     """Check a training run before torchrun starts; the first problem is one MomentError line.
 
-    ``argv``: the trainer's command line (``launch.trainer_argv``); ``resume``/``overwrite``: what
-    the user asked for an existing checkpoint (``--max-restarts`` adds ``--resume`` to ``argv``
-    on its own, which does not count as asking); ``ranks_per_node``: torchrun's processes per
-    node (default ``world_size``); ``node_rank``: this node's (several nodes). A run whose memory
-    budget does not fit is refused too."""
-    cfg = check_command(argv)
+    ``cfg``: the trainer's options as the ranks will parse them (``cfg.resume``/``cfg.overwrite``:
+    what the user asked for an existing checkpoint; ``--max-restarts`` adds ``--resume`` for the
+    ranks on its own, which does not count as asking); ``ranks_per_node``: torchrun's processes
+    per node (default ``world_size``); ``node_rank``: this node's (several nodes: a checkpoint it sees
+    may be node 0's placement of the same data). A run whose memory budget does not fit is refused too."""
     if cfg.resolved_backend() == "nccl" and not cfg.resolved_device().startswith("cuda"):  # torch: a traceback per rank
         raise MomentError(
             f"--backend nccl needs CUDA ranks, not --device {cfg.resolved_device()} (gloo runs on the CPU)"
@@ -140,7 +130,7 @@ def preflight(
         _writable(Path(cfg.metrics_json), "--metrics-json", is_file=True)
     if cfg.checkpoint_dir:
         _writable(Path(cfg.checkpoint_dir), "--checkpoint-dir", is_file=False)
-        _checkpoint(cfg, placed, resume, overwrite, node_rank)
+        _checkpoint(cfg, placed, cfg.resume, cfg.overwrite, node_rank)
     memory = memory_budget(cfg, plan, placed, ranks_per_node or world_size)
     if (why := refusal(memory)) is not None:
         raise MomentError(why)

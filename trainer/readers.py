@@ -415,7 +415,7 @@ class FileReader(_Reader):
         return direct
 
 
-ENGINES = ("io_uring", "pread", "python")
+READ_ENGINES = ("io_uring", "pread", "python")
 
 
 def engine_refusal(engine: str) -> str | None:
@@ -427,22 +427,22 @@ def engine_refusal(engine: str) -> str | None:
     return None
 
 
-# Replaces "auto" everywhere (trainer, feature store, benches): one of ENGINES, e.g. pread where a
+# Replaces "auto" everywhere (trainer, feature store, benches): one of READ_ENGINES, e.g. pread where a
 # sandbox's io_uring misbehaves in ways the probe cannot see.
 ENGINE_ENV = "MOMENT_READ_ENGINE"
 
 
 def pick_engine(engine: str) -> str:
     """``engine`` if it can run here (a ValueError saying why not otherwise); for "auto" the
-    engine :data:`ENGINE_ENV` names where it is set, else the first of :data:`ENGINES` that can."""
+    engine :data:`ENGINE_ENV` names where it is set, else the first of :data:`READ_ENGINES` that can."""
     if engine == "auto" and (forced := os.environ.get(ENGINE_ENV, "").strip()):
-        if forced not in ENGINES:
-            raise ValueError(f"{ENGINE_ENV}={forced}: must be one of {', '.join(ENGINES)}")
+        if forced not in READ_ENGINES:
+            raise ValueError(f"{ENGINE_ENV}={forced}: must be one of {', '.join(READ_ENGINES)}")
         return pick_engine(forced)
     if engine == "auto":
-        return next(e for e in ENGINES if engine_refusal(e) is None)
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be auto or one of {', '.join(ENGINES)}, not {engine!r}")
+        return next(e for e in READ_ENGINES if engine_refusal(e) is None)
+    if engine not in READ_ENGINES:
+        raise ValueError(f"engine must be auto or one of {', '.join(READ_ENGINES)}, not {engine!r}")
     if (why := engine_refusal(engine)) is not None:
         raise ValueError(why)
     return engine
@@ -773,9 +773,19 @@ def make_reader(
         raise ValueError(f"{why} (device {device})")
     if io != "auto":
         try:
-            return READERS[io].make(threads, direct)
+            reader = READERS[io].make(threads, direct)
         except ImportError as exc:
             raise ValueError(f"{io} cannot be imported: {exc}") from None
+        if reader.on_device and getattr(reader, "route", "direct") == "host":
+            # The first GPU run measured 0.05 of raw random reads for kvikio in compat mode on
+            # 128-byte rows (a bounce and a copy per run of rows), 0.57 for posix.
+            print(
+                f"warning: --io {io}: no GPUDirect Storage here (kvikio's compat mode): every run of rows "
+                "bounces through host memory on its own, much slower than --io posix for small rows; "
+                "--io auto measures both and takes the faster",
+                file=sys.stderr,
+            )
+        return reader
     posix = READERS["posix"].make(threads, direct)
     if not cuda or not probe:
         return posix

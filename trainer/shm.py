@@ -44,6 +44,45 @@ class SharedMemoryFullError(PlacedError):
     private copies)."""
 
 
+# File systems whose pages live in memory: a GPU may pin and map them in place (cudaHostRegister).
+# Linux refuses a long-term pin of the pages of a file on disk (mm/gup.c: FOLL_LONGTERM on a
+# file mapping that needs write-back), so a --shm-dir there would be staged, and written back too.
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "hugetlbfs", "ramfs"})
+
+
+def file_system(path: str | Path, mounts: str | None = None) -> str | None:
+    """The type of the file system holding ``path``: the longest mount point above it in
+    ``mounts`` (the text of /proc/self/mounts, read when None); None when it cannot be told."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    where = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def not_in_memory(shm_dir: str | Path) -> str | None:
+    """Why ``shm_dir`` is a poor place for shared host tiers (a phrase), or None when it is a
+    memory file system (or its type cannot be told)."""
+    kind = file_system(shm_dir)
+    if kind is None or kind in MEMORY_FILE_SYSTEMS:
+        return None
+    return (
+        f"--shm-dir {shm_dir} is on {kind}, not a memory file system: its pages are written back to disk "
+        "and a GPU cannot map them in place (Linux pins no file pages on disk); use a tmpfs such as /dev/shm"
+    )
+
+
 def socket_of(plan: PlanDoc | None, local_rank: int) -> str:
     """The socket the plan puts ``local_rank``'s GPU on ("node" without one): host-memory tiers
     are shared per socket, so each GPU reads the copy in its own socket's memory."""
@@ -88,6 +127,8 @@ def per_socket(
         if env.rank == 0:
             print(f"warning: --shm-dir {path.parent}: no such directory: each rank loads its own copy", file=sys.stderr)
         path = None
+    if path is not None and env.rank == 0 and (why := not_in_memory(path.parent)):
+        print(f"warning: {why}", file=sys.stderr)
     store = None
     if path is not None and writer:
         try:

@@ -4,6 +4,7 @@ into GPU caches, CPU caches and SSD bins per a plan) and ``moment verify``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--dry-run", action="store_true", help="print the schema and the RAM and disk needed; write nothing")
     i.add_argument("--seed", type=int, help="seed of the drawn splits (npy: default 0; igb: the convention's)")
     i.add_argument("--out", required=True, help="dataset directory to create")
+    for imp in IMPORTERS.values():  # a registered format's own options
+        for key, about in imp.option_help.items():
+            with contextlib.suppress(argparse.ArgumentError):  # one another format has added already
+                i.add_argument("--" + key.replace("_", "-"), help=f"{imp.name}: {about}")
     i.set_defaults(func=cmd_dataset_import)
 
 
@@ -108,13 +113,8 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")
     p.add_argument("--dataset", required=True, help="dataset directory")
     p.add_argument("--out", required=True, help="placed dataset directory")
-    policy = p.add_argument(
-        "--policy",
-        default="ddak",
-        help="ddak: hottest rows to the caches, SSD bins balanced to their targets (default); "
-        "hash: a baseline spreading rows by id",
-    )
-    registry_choices(policy, "placement.policies", "POLICIES")
+    policy = p.add_argument("--policy", default="ddak", help="placement policy")
+    registry_choices(policy, "placement.policies", "POLICIES", about="policy_help")
     p.add_argument(
         "--gpu-cache",
         metavar="SIZE",
@@ -148,6 +148,19 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         help="pre-sampling stops when the caches' read share, ranked on one half of the sample, differs by at most "
         "this between the halves (default 0.005)",
     )
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="lay each SSD bin's rows out in the order the trainer's first batches read them (replayed with "
+        "--seed, the pre-sampling's fan-outs and batch size, --pack-ranks ranks): rows a batch reads share pages, "
+        "so rows smaller than a page move fewer bytes; train with the same --seed, ranks and CPU sampling",
+    )
+    p.add_argument(
+        "--pack-epochs", type=positive, default=1, help="training epochs --pack replays and packs for (default 1)"
+    )
+    p.add_argument(
+        "--pack-ranks", type=positive, help="training ranks --pack replays (default: the plan's GPUs, one rank each)"
+    )
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
     priority = p.add_argument(
         "--priority",
@@ -161,7 +174,12 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         help="the plan's profile (bundled name or YAML file) where it is not bundled; "
         "a plan made for another profile is refused",
     )
-    p.add_argument("--seed", type=int, default=0, help="pre-sampling seed (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="pre-sampling seed, and the training --seed whose batches --pack replays (default 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_place)
     what = "re-check a placed dataset: checksums, counts, features against the source"
@@ -204,38 +222,15 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_dataset_import(args: argparse.Namespace) -> int:
-    from placement.importers import COMMON, IMPORTERS, csr, run
+    from placement.importers import COMMON, IMPORTERS, all_options, csr, run
 
     imp = IMPORTERS[args.format]
-    given = {
-        key: getattr(args, key)
-        for key in (
-            *COMMON,
-            "features",
-            "edges",
-            "indptr",
-            "indices",
-            "labels",
-            "train",
-            "val",
-            "test",
-            "seed",
-            "root",
-            "size",
-            "classes",
-            "split",
-            "labelled",
-        )
-    }
+    given = {key: getattr(args, key, None) for key in (*COMMON, *all_options())}
     if args.memory is not None:
         try:
             given["memory"] = csr.parse_memory(args.memory)
         except ValueError as exc:
             raise UsageError(f"--memory: {exc}") from None
-    if args.format == "npy" and (
-        bool(args.edges) == bool(args.indptr or args.indices) or bool(args.indptr) != bool(args.indices)
-    ):
-        raise UsageError("give either --edges, or --indptr with --indices")
 
     def log(line: str) -> None:
         (err if line.startswith("warning:") else out).print(escape(line))
@@ -279,6 +274,9 @@ def cmd_place(args: argparse.Namespace) -> int:
         priority=args.priority,
         seed=args.seed,
         profile=profile,
+        pack=args.pack,
+        pack_epochs=args.pack_epochs,
+        pack_ranks=args.pack_ranks,
     )
     with Reporter(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)

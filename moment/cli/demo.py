@@ -101,28 +101,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     out.rule("[bold]4. train: GraphSAGE, one DDP rank per GPU of the plan (CPU ranks with gloo here)")
     from trainer import launch, preflight
+    from trainer.config import TrainConfig
 
     metrics, checkpoints = work / "metrics.json", work / "checkpoints"
     nproc = launch.default_nproc(work / "plan.json") if args.nproc is None else args.nproc
-    extra = ["--hidden", "128"]  # sampling: the placement's (DEMO_FANOUTS, DEMO_BATCH)
-    # A demo run starts over: its own earlier checkpoint is replaced, as the earlier run's files are.
-    argv = launch.trainer_argv(
-        work / "plan.json", placed_dir, "sage", args.epochs, metrics, checkpoints, extra, overwrite=True
-    )
-    for note in preflight.preflight(argv, nproc, overwrite=True).warnings:
-        out.print(f"[yellow]note:[/] {note}")
-    preflight.start_over(checkpoints)
-    cmd = launch.build_torchrun_command(
-        work / "plan.json",
-        placed_dir,
-        nproc=nproc,
-        model="sage",
+    # Sampling: the placement's (DEMO_FANOUTS, DEMO_BATCH). A demo run starts over: its own
+    # earlier checkpoint is replaced, as the earlier run's files are.
+    cfg = TrainConfig(
+        data=str(placed_dir),
+        plan=str(work / "plan.json"),
+        hidden=128,
         epochs=args.epochs,
-        metrics_json=metrics,
-        checkpoint_dir=checkpoints,
-        extra=extra,
+        metrics_json=str(metrics),
+        checkpoint_dir=str(checkpoints),
         overwrite=True,
     )
+    for note in preflight.preflight(cfg, nproc).warnings:
+        out.print(f"[yellow]note:[/] {note}")
+    preflight.start_over(checkpoints)
+    cmd = launch.build_torchrun_command(cfg, nproc=nproc)
     out.print(f"running: {launch.format_command(cmd)}")
     code = launch.run(cmd)
     if code != 0:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moment.cli.args import positive, registry_choices
 from moment.cli.output import err, out
+from moment.options import add_arguments, values
 from moment.progress import Reporter
+from trainer.infer_options import InferOptions
 
 
 def add_infer(sub: argparse._SubParsersAction) -> None:
@@ -22,77 +23,14 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
             "inference.json; a killed run continues from its last finished chunk when run again."
         ),
     )
-    p.add_argument("--plan", help="plan.json (checked; the rank count defaults to 1)")
-    p.add_argument("--data", required=True, help="placed dataset directory (the one the checkpoint was trained on)")
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="CK",
-        help="checkpoint directory of `moment train` (or its checkpoint.pt)",
-    )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument(
-        "--nproc",
-        type=positive,
-        default=1,
-        help="ranks, each taking a contiguous range of vertices (torchrun processes when more than 1; default 1)",
-    )
-    layers = p.add_argument(
-        "--layers",
-        default="last",
-        help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer",
-    )
-    registry_choices(layers, "trainer.infer", "LAYER_CHOICES")
-    dtype = p.add_argument("--dtype", default="float32", help="of the hidden-layer arrays")
-    registry_choices(dtype, "trainer.infer", "DTYPES")
-    p.add_argument("--batch-size", type=positive, default=8192, help="destination vertices per chunk (default 8192)")
-    device = p.add_argument(
-        "--device",
-        default="auto",
-        help="where the ranks run: cpu, cuda (each rank on the GPU the plan gives it) or auto (default: cuda "
-        "where there is CUDA, else cpu)",
-    )
-    registry_choices(device, "trainer.infer", "DEVICES")
-    engine = p.add_argument(
-        "--engine",
-        default="broadcast",
-        help="broadcast (default): each layer's input streamed once in placed order, messages scattered into "
-        "the destinations (layers with a scatter form: sage; others run on gather); gather: each chunk of "
-        "destinations gathers its in-neighbours' rows (the reference)",
-    )
-    registry_choices(engine, "trainer.infer", "ENGINES")
-    p.add_argument(
-        "--memory",
-        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums and "
-        "edges; when they do not "
-        "fit, the destinations are cut into partitions, each streaming the input once (default: three quarters of the "
-        "memory available, within its memory cgroup)",
-    )
+    add_arguments(p, InferOptions)
     p.set_defaults(func=cmd_infer)
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    from moment.errors import UsageError
-    from placement.importers.csr import parse_memory
     from trainer import infer, launch
 
-    try:
-        memory = parse_memory(args.memory) if args.memory is not None else None
-    except ValueError as exc:
-        raise UsageError(f"--memory: {exc}") from None
-    opts = infer.InferOptions(
-        data=Path(args.data),
-        checkpoint=Path(args.checkpoint),
-        out=Path(args.out),
-        plan=Path(args.plan) if args.plan else None,
-        nproc=args.nproc,
-        layers=args.layers,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        device=args.device,
-        engine=args.engine,
-        memory=memory,
-    )
+    opts = InferOptions(**values(InferOptions, args))
 
     def run_ranks(cmd: list[str]) -> int:
         err.print(f"running: {launch.format_command(cmd)}")

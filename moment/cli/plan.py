@@ -18,7 +18,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", metavar="FILE", help="workload YAML/JSON (default: the profile's, else built-in)")
     p.add_argument("--nvlink", choices=("on", "off"), default="on", help="what-if: drop the profile's NVLink (off)")
     engine = p.add_argument("--engine", default="ortools", help="max-flow engine of the paper model")
-    registry_choices(engine, "moment.planner.flow.engines", "ENGINES")
+    registry_choices(engine, "moment.planner.flow.engines", "MAX_FLOW_ENGINES")
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:

@@ -9,43 +9,29 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from moment.cli.args import non_negative, positive, registry_choices
+from moment.cli.args import non_negative, positive
 from moment.cli.output import err
 from moment.errors import UsageError
+from moment.options import add_arguments, to_argv
 from moment.outputs import DirLock
-from trainer.defaults import EPOCHS
+from trainer.config import TrainConfig
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        help="train GraphSAGE/GAT with one DDP rank per GPU of the plan (torchrun)",
+        help="train a GNN (GraphSAGE, GAT, ...) with one DDP rank per GPU of the plan (torchrun)",
         description=(
             "Build and run the torchrun command: one rank per GPU of the plan (CPU ranks with gloo when there is "
-            "no GPU), features read from the placed dataset's GPU caches, CPU caches and SSD bins. Arguments "
-            "after -- go to the trainer unchanged (python -m trainer --help lists them)."
+            "no GPU), features read from the placed dataset's GPU caches, CPU caches and SSD bins. Every trainer "
+            "option is an option here (python -m trainer --help lists the same); arguments after -- go to the "
+            "trainer too, after these."
         ),
     )
-    p.add_argument("--plan", help="plan.json (rank → GPU mapping, predicted time to compare with)")
-    p.add_argument("--data", required=True, help="placed dataset directory (from `moment place`)")
-    model = p.add_argument("--model", default="sage", help="GraphSAGE (default) or GAT")
-    registry_choices(model, "trainer.models", "LAYERS")
-    p.add_argument(
-        "--epochs",
-        type=positive,
-        default=None,
-        help=f"total epochs, counting those a resumed checkpoint did (default {EPOCHS})",
-    )
+    add_arguments(p, TrainConfig)
     p.add_argument(
         "--nproc", type=positive, default=None, help="ranks (default: the plan's GPUs; 2 CPU ranks without CUDA)"
     )
-    p.add_argument("--metrics-json", metavar="FILE", help="per-epoch metrics and measured vs predicted, as JSON")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every epoch here")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument(
-        "--resume", action="store_true", help="continue from --checkpoint-dir's checkpoint (same data and model)"
-    )
-    again.add_argument("--overwrite", action="store_true", help="start over, replacing --checkpoint-dir's checkpoint")
     p.add_argument(
         "--max-restarts",
         type=non_negative,
@@ -62,7 +48,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
     p.add_argument("--json", action="store_true", help="with --dry-run: the command and the memory budget as JSON")
     p.add_argument(
-        "trainer_args", nargs=argparse.REMAINDER, help="-- then trainer arguments (e.g. -- --batch-size 1024)"
+        "trainer_args", nargs=argparse.REMAINDER, help="-- then more trainer arguments (e.g. -- --batch-size 1024)"
     )
     p.set_defaults(func=cmd_train)
 
@@ -70,51 +56,26 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer import launch, preflight
 
+    # The options given here and after --, parsed as every rank will parse them; everything the
+    # ranks would refuse (trainer arguments, plan, placed data, train split, output paths, an
+    # existing checkpoint) refused here once.
     extra = [a for a in args.trainer_args if a != "--"]
     check_nodes(args)
-    if (args.resume or args.overwrite) and not args.checkpoint_dir:
-        raise UsageError(f"--{'resume' if args.resume else 'overwrite'} needs --checkpoint-dir")
-    # Everything the ranks would refuse, refused here once: trainer arguments, plan, placed data,
-    # train split, output paths, an existing checkpoint (#27, #19, #16, #17, #10).
-    nproc = launch.default_nproc(args.plan) if args.nproc is None else args.nproc
-    argv = launch.trainer_argv(
-        args.plan,
-        args.data,
-        args.model,
-        args.epochs,
-        args.metrics_json,
-        args.checkpoint_dir,
-        extra,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    cfg = launch.check_command(to_argv(args, TrainConfig) + extra)
+    nproc = launch.default_nproc(cfg.plan) if args.nproc is None else args.nproc
     checked = preflight.preflight(
-        argv,
-        preflight.world_size(nproc, args.nnodes),
-        ranks_per_node=nproc,
-        node_rank=args.node_rank or 0,
-        resume=args.resume or "--resume" in extra,
-        overwrite=args.overwrite or "--overwrite" in extra,
+        cfg, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc, node_rank=args.node_rank or 0
     )
     for warning in checked.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    cmd = launch.build_torchrun_command(
-        args.plan,
-        args.data,
-        nproc=nproc,
-        model=args.model,
-        epochs=args.epochs,
-        metrics_json=args.metrics_json,
-        checkpoint_dir=args.checkpoint_dir,
-        extra=extra,
+    rdzv = launch.Rendezvous(
         nnodes=args.nnodes,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        node_rank=args.node_rank,
+        endpoint=args.rdzv_endpoint,
+        id=args.rdzv_id,
         max_restarts=args.max_restarts,
-        resume=args.resume,
-        overwrite=args.overwrite,
+        node_rank=args.node_rank,
     )
+    cmd = launch.build_torchrun_command(cfg, nproc=nproc, rdzv=rdzv)
     if args.dry_run and args.json:
         print(json.dumps({"command": cmd, "memory": checked.memory.to_dict() if checked.memory else None}, indent=2))
         return 0
@@ -125,16 +86,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # ranks that outlive a killed launcher keep it theirs until they stop (moment.outputs.DirLock).
     # On several nodes (one launcher each, the directory perhaps shared) rank 0 takes it instead.
     single_node = args.nnodes is None and args.rdzv_endpoint is None
-    lock = (
-        DirLock(Path(checked.cfg.checkpoint_dir), "moment train")
-        if checked.cfg.checkpoint_dir and single_node
-        else None
-    )
+    lock = DirLock(Path(cfg.checkpoint_dir), "moment train") if cfg.checkpoint_dir and single_node else None
     if lock is not None:
         lock.acquire()
     try:
-        if args.overwrite or "--overwrite" in extra:
-            preflight.start_over(checked.cfg.checkpoint_dir)
+        if cfg.overwrite:
+            preflight.start_over(cfg.checkpoint_dir)
         err.print(f"running: {launch.format_command(cmd)}")
         return launch.run(cmd, checkpoint_locked=lock is not None)
     finally:

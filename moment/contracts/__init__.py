@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from moment.errors import MomentError
 from moment.fileio import atomic_write_text
 
 C = TypeVar("C", bound="Contract")
+# A member of a stage's registry (a placement policy, an importer, ...) as a contract records it:
+# a plain name, checked against the registry where a stage uses it, never a copy of the registry's
+# list here (a registered member must not need a contract change).
+Registered = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 
 
 def first_error(exc: ValidationError) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from moment.contracts import Contract, Strict
+from moment.contracts import Contract, Registered, Strict
 from moment.errors import MomentError
 
 FORMAT = "moment.dataset/1"
@@ -92,11 +92,11 @@ class ImportProvenance(_Typed):
     """Which files ``moment dataset import`` read, and how."""
 
     kind: Literal["import"]
-    files: dict[Literal["features", "labels", "edges", "indptr", "indices", "train", "val", "test"], str]
+    files: dict[Registered, str]  # the importer's file options (its own names) -> the files read
     given_splits: list[Literal["train", "val", "test"]]
     undirected: bool
     seed: int
-    format: Literal["npy", "igb", "ogb"] = "npy"  # which importer read them
+    format: Registered = "npy"  # which importer read them (its name in placement.importers.IMPORTERS)
     self_loops: bool = False  # every vertex given exactly one self-loop
     split: str | None = None  # the split convention (igb, mlperf, fraction:F) or the shipped split read
     labelled: int | None = None  # vertices labelled (IGB-full: a prefix; the rest is padding, imported as -1)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from moment.contracts import Contract, Strict
+from moment.contracts import Contract, Registered, Strict
 from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
 
@@ -51,7 +51,7 @@ class LayerThroughput(Strict):
     vertices: int = Field(ge=0)
     seconds: float = Field(ge=0)
     vertices_per_s: float = Field(ge=0)
-    engine: Literal["broadcast", "gather"] | None = None  # of a layer: which engine computed it
+    engine: Registered | None = None  # of a layer: which engine (trainer.infer_options.INFER_ENGINES) computed it
     partitions: int | None = Field(default=None, ge=0)  # broadcast: destination partitions, all ranks
     note: str | None = None  # gather where broadcast was asked for: why
 
@@ -72,7 +72,8 @@ class InferenceManifest(Contract):
     layers: Literal["all", "last"]
     nproc: int = Field(ge=1)
     batch_size: int = Field(ge=1)
-    engine: Literal["broadcast", "gather"] = "gather"  # asked for (--engine); each layer's is in throughput
+    # one of trainer.infer_options.INFER_ENGINES, asked for (--engine); each layer's is in throughput
+    engine: Registered = "gather"
     memory: int | None = Field(default=None, ge=1)  # bytes a broadcast pass may hold (--memory), if one ran
     arrays: dict[str, ArrayEntry]  # "embeddings", "predictions", optional "logits", "layer1", ...
     accuracy: dict[str, float]  # split -> accuracy of the predictions on it ("test", "val")

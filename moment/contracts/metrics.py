@@ -123,11 +123,14 @@ class Sampling(_Part):
 class MeasuredMemory(_Part):
     """Rank 0's peaks so far, to hold against ``moment train --dry-run --json``'s budget: GPU
     bytes torch allocated and reserved (``torch.cuda.max_memory_allocated`` / ``_reserved``;
-    None on a CPU rank) and the process's peak resident set (``getrusage`` ``ru_maxrss``)."""
+    None on a CPU rank), the process's peak resident set (``getrusage`` ``ru_maxrss``) and its
+    resident set before it opened the data, with torch and the device up (what the budget leaves
+    out: peak minus base is what the budget's host figure predicts)."""
 
     gpu_peak_allocated_bytes: int | None = Field(default=None, ge=0)
     gpu_peak_reserved_bytes: int | None = Field(default=None, ge=0)
     host_peak_rss_bytes: int = Field(ge=0)
+    host_base_rss_bytes: int | None = Field(default=None, ge=0)
 
 
 class MetricsDoc(Contract):

@@ -11,6 +11,11 @@ the measured hotness and unique rows per batch, the cache sizes used) on the pla
 shares DDAK balanced to (every bin's ``target`` is its ``bin_shares`` entry) and the tier shares
 to compare the achieved ones with. Where the plan's profile could not be found it is the plan's
 own prediction (``source: plan``).
+
+``pack`` (``moment place --pack``, :mod:`placement.pack`): SSD rows lie in the order the replayed
+training batches read them; each SSD bin's slot map (a ``files`` entry: the file row of each of
+its rows) is what the readers go through, and ``prediction.ssd_amplification`` is the replay's
+page count of those batches.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from moment.contracts import Contract, Strict
+from moment.contracts import Contract, Registered, Strict
+from moment.contracts.dataset import FeatureDtype
 from moment.contracts.plan import Share, TierShares
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
@@ -36,9 +42,10 @@ PHASES = {
     "check": "checking the dataset (a full scan)",
     "presample": "pre-sampling hotness",
     "predict": "re-solving the plan's model",
-    "ddak": "placement (DDAK or hash)",
+    "ddak": "placement (the --policy: DDAK or another)",
     "write_bins": "writing the bins",
     "relabel": "relabelling: topology, labels, splits, id maps",
+    "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
     "checksums": "checksums (SHA-256)",
     "fsync": "fsync",
     "total": "total",
@@ -145,6 +152,29 @@ class Prediction(Strict):
     workload: PredictedWorkload
 
 
+class PackSummary(Strict):
+    """A packed placement (``moment place --pack``, :mod:`placement.pack`): SSD rows laid out in
+    the order the replayed training batches first read them, and what those batches move."""
+
+    epochs: int = Field(ge=1)  # training epochs replayed (the trainer's first ones)
+    ranks: int = Field(ge=1)  # training ranks replayed (the trainer's world size)
+    seed: int  # the trainer's --seed the batches are replayed with
+    batch_size: int = Field(ge=1)
+    fanouts: list[int]
+    batches: int = Field(ge=0)
+    # SSD bin name → key in ``files`` of its slot map (the file row of each of its rows, in id order)
+    slots: dict[str, str]
+    useful_bytes: int = Field(ge=0)  # feature bytes of the SSD rows the replayed batches read
+    unpacked_bytes: int = Field(ge=0)  # pages those reads would move with rows in id order
+    packed_bytes: int = Field(ge=0)  # ... and move in the packed layout
+    reads: int = Field(ge=0)  # runs of consecutive file rows those reads form, packed
+
+    @property
+    def amplification(self) -> float | None:
+        """Bytes moved per feature byte read, packed (None: the batches read no SSD row)."""
+        return self.packed_bytes / self.useful_bytes if self.useful_bytes else None
+
+
 class PlacedManifest(Contract):
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a placed dataset's manifest"
@@ -156,19 +186,23 @@ class PlacedManifest(Contract):
     key: str = Field(pattern=r"^[0-9a-f]{16}$")  # digest of the inputs: an identical re-run has nothing to do
     source: Source
     plan: PlanRef
-    policy: Literal["ddak", "hash"]
+    # The placement policy's registered name (placement.policies) and DDAK's priority, where the
+    # policy reads one: names, checked against the registries when a run is asked for, not here,
+    # so a registered policy needs no change to this contract.
+    policy: Registered
     pool: int = Field(ge=1)
-    priority: Literal["projected", "paper"] | None
+    priority: Registered | None
     num_nodes: int = Field(ge=1)
     num_edges: int = Field(ge=0)
     feature_dim: int = Field(ge=1)
-    feature_dtype: Literal["float32", "float16"]
+    feature_dtype: FeatureDtype
     num_classes: int = Field(ge=1)
     hotness: HotnessSummary
     prediction: Prediction
     bins: list[BinEntry]
     files: dict[str, FileEntry]
     timings_s: dict[str, float] = {}
+    pack: PackSummary | None = None  # None: SSD rows lie in id order
 
     @field_validator("files")
     @classmethod
@@ -194,4 +228,19 @@ class PlacedManifest(Contract):
             raise ValueError(f"bins: bins hold {expect} rows, expected {self.num_nodes}")
         if self.prediction.bin_shares != {b.name: b.target for b in self.bins}:
             raise ValueError("prediction.bin_shares: must name every bin once, with the bin's target share")
+        w = self.prediction.workload
+        for tier, rows in (("gpu", w.gpu_cache_rows), ("cpu", w.cpu_cache_rows)):
+            held = sum(b.capacity for b in self.bins if b.tier == tier)
+            if self.prediction.source == "dataset" and held != rows:  # re-solved for these very caches
+                raise ValueError(
+                    f"prediction.workload.{tier}_cache_rows: {rows}, but the {tier} bins' capacity is {held} rows "
+                    "(the cache size is recorded twice: the two must agree)"
+                )
+        if self.pack is not None:
+            ssd = {b.name for b in self.bins if b.tier == "ssd"}
+            if set(self.pack.slots) != ssd:
+                raise ValueError("pack.slots: must name every SSD bin once")
+            missing = [k for k in self.pack.slots.values() if k not in self.files]
+            if missing:
+                raise ValueError(f"pack.slots: {', '.join(missing)} not in files")
         return self

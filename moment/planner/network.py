@@ -334,10 +334,14 @@ GEFORCE_IDS = {
 
 
 def ssd_read_gbps(ssd: Device, workload: Workload) -> float:
-    """Page-rounded GB/s an SSD serves this workload: ``read_gbps`` for packed reads, and no more
-    than its IOPS × the page for rows read at random (:mod:`moment.ssd_reads`)."""
+    """Page-rounded GB/s an SSD serves this workload: no more than its IOPS × the page for rows
+    read at random (:mod:`moment.ssd_reads`); packed reads count one request per read of
+    ``ssd_pack_bytes`` (a large pack: ``read_gbps``; a packed placement's short runs may still
+    be IOPS-bound)."""
     gbps = ssd.read_gbps or DEFAULT_SSD_GBPS
-    return gbps if workload.ssd_pack_bytes is not None else random_read_gbps(gbps, ssd.iops)
+    if workload.ssd_pack_bytes is not None:
+        return random_read_gbps(gbps, ssd.iops, page=max(PAGE_BYTES, workload.ssd_pack_bytes))
+    return random_read_gbps(gbps, ssd.iops)
 
 
 def _ssd_notes(ssds: list[Device], workload: Workload, amp: float) -> list[str]:
@@ -346,7 +350,10 @@ def _ssd_notes(ssds: list[Device], workload: Workload, amp: float) -> list[str]:
     if not ssds:
         return []
     if workload.ssd_pack_bytes is not None:
-        return [f"packed SSD reads of {workload.ssd_pack_bytes:,} B: each SSD at its read GB/s, {amp:.2f}× bytes moved"]
+        return [
+            f"packed SSD reads of {workload.ssd_pack_bytes:,} B: each SSD at the lesser of its read GB/s and its "
+            f"IOPS × the read, {amp:.2f}× bytes moved"
+        ]
     notes = []
     if amp > 1.0005:
         notes.append(

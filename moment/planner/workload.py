@@ -124,6 +124,12 @@ class Workload(BaseModel):
         description="bytes of one packed SSD read (a packed placement: the rows a batch needs back to back); "
         "None: each row is read where it lies, at random, whole pages at least (moment/planner/ssd_reads.py)",
     )
+    ssd_pack_amplification: float | None = Field(
+        default=None,
+        ge=1,
+        description="bytes a packed placement's SSD reads move per feature byte, counted page by page on the "
+        "training batches `moment place --pack` replayed (placement/pack.py); None: the pack's page rounding",
+    )
     hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
     hidden: int = 256
@@ -178,7 +184,7 @@ class Workload(BaseModel):
         """SSD bytes moved per feature byte read from the SSDs: whole pages for rows read at
         random, the page-rounded pack for packed reads (:mod:`moment.ssd_reads`)."""
         if self.ssd_pack_bytes is not None:
-            return pack_amplification(self.ssd_pack_bytes)
+            return self.ssd_pack_amplification or pack_amplification(self.ssd_pack_bytes)
         return amplification(self.row_bytes, self.ssd_density())
 
     def describe(self) -> str:

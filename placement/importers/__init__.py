@@ -2,13 +2,16 @@
 
 Every importer takes the options shared by all formats (``--feature-dtype``, ``--undirected``,
 ``--self-loops``, ``--memory``, ``--dry-run``, ``--copy-features``) and its own (``options``). Adding a format is one
-module with a ``run`` and one line in :data:`IMPORTERS` (plus its own options in the CLI parser).
+module with a ``run`` and one line in :data:`IMPORTERS`: ``moment dataset import`` offers its name as a
+``--format`` and adds the options no other format has (``option_help``), and dataset.json records
+its name and its files under the importer's own keys (the contract lists no format).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +29,8 @@ class Importer:
     help: str
     options: tuple[str, ...]  # its own options (argument names), besides COMMON
     required: tuple[str, ...]
-    module: str  # placement.importers.<module>.run(out, progress=, log=, **common, **options), imported on use
+    module: str  # a module whose run(out, progress=, log=, **common, **options) imports; imported on use
+    option_help: Mapping[str, str] = field(default_factory=dict)  # help of options the CLI does not have yet
 
 
 IMPORTERS: dict[str, Importer] = {
@@ -37,7 +41,7 @@ IMPORTERS: dict[str, Importer] = {
             "plain .npy arrays: --features, --labels, and --edges (E×2) or --indptr with --indices",
             ("features", "labels", "edges", "indptr", "indices", "train", "val", "test", "seed"),
             ("features", "labels"),
-            "arrays",
+            "placement.importers.arrays",
         ),
         Importer(
             "igb",
@@ -45,7 +49,7 @@ IMPORTERS: dict[str, Importer] = {
             "[--classes 19|2983] [--split mlperf|igb|fraction:F]",
             ("root", "size", "classes", "split", "seed", "labelled"),
             ("root", "size"),
-            "igb",
+            "placement.importers.igb",
         ),
         Importer(
             "ogb",
@@ -53,10 +57,15 @@ IMPORTERS: dict[str, Importer] = {
             "ogbn-products: edge.csv.gz, node-feat.csv.gz ...): --root R [--split NAME]",
             ("root", "split"),
             ("root",),
-            "ogb",
+            "placement.importers.ogb",
         ),
     )
 }
+
+
+def all_options() -> tuple[str, ...]:
+    """Every importer's own options, each once, in registry order (what the CLI passes on)."""
+    return tuple(dict.fromkeys(o for imp in IMPORTERS.values() for o in imp.options))
 
 
 def run(fmt: str, out: str | Path, given: dict[str, Any], **extra: Any) -> Dataset | None:
@@ -71,5 +80,5 @@ def run(fmt: str, out: str | Path, given: dict[str, Any], **extra: Any) -> Datas
     if missing:
         raise UsageError(f"--format {fmt} needs {', '.join(missing)} ({imp.help})")
     kw = {k: v for k, v in given.items() if v is not None and (k in imp.options or k in COMMON)}
-    module = importlib.import_module(f"placement.importers.{imp.module}")
+    module = importlib.import_module(imp.module)
     return module.run(Path(out), **kw, **extra)

@@ -71,7 +71,7 @@ def import_arrays(
     ``copy_features``: the manifest records the file's identity (placement.dataset.feature_source).
     """
     if (edges is None) == (indptr is None and indices is None) or (indptr is None) != (indices is None):
-        raise UsageError("give either an edge list, or indptr with indices")
+        raise UsageError("give either --edges (an edge list), or --indptr with --indices")
     out = Path(out)
     if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
         raise UsageError(f"feature_dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")

@@ -58,4 +58,4 @@ def networkx_max_flow(arcs: list[tuple[str, str, float]], source: str, sink: str
     return value, [flow[u][mid] for (u, _, _), mid in zip(arcs, mids)]
 
 
-ENGINES: dict[str, MaxFlow] = {"ortools": ortools_max_flow, "networkx": networkx_max_flow}
+MAX_FLOW_ENGINES: dict[str, MaxFlow] = {"ortools": ortools_max_flow, "networkx": networkx_max_flow}

@@ -2,7 +2,7 @@
 
 The smallest T such that, every capacity scaled by T, each GPU receives its demand. Any GPU may
 take its bytes from any bin, so GPU 0 may read only the SSDs near it. The max flow itself runs
-on one of :data:`~moment.planner.flow.engines.ENGINES`.
+on one of :data:`~moment.planner.flow.engines.MAX_FLOW_ENGINES`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from moment.errors import MomentError
-from moment.planner.flow.engines import ENGINES
+from moment.planner.flow.engines import MAX_FLOW_ENGINES
 from moment.planner.flow.prediction import FlowModel, Prediction, check_tiers, finish
 from moment.planner.network import INF, LINK_EDGES, Network, edge_kind, gpu_node
 
@@ -50,7 +50,7 @@ def paper(net: Network, engine: str = "ortools", upper_s: float | None = None, r
     proportional model has it); where the flow gives one GPU more SSD bytes than another, their
     feature bytes differ by the pages' overhead, the price of keeping this a plain max flow."""
     check_tiers(net)
-    flow_func = ENGINES[engine]
+    flow_func = MAX_FLOW_ENGINES[engine]
     need = moved_demand_gb(net) * len(net.gpus)
 
     def feasible(t: float) -> tuple[bool, list[float]]:

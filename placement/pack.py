@@ -1,0 +1,197 @@
+"""Packed SSD bins (``moment place --pack``): the rows one batch reads, laid out together.
+
+A feature row smaller than a page, read at random, moves its whole 4 KiB page (a 512-byte row
+eight times its bytes: :mod:`moment.ssd_reads`). DiskGNN removes this by sampling the coming
+epochs' batches offline and packing the rows each batch needs contiguously on disk. Here the
+placement replays the trainer's own batches for the first ``epochs`` epochs (same sampler, seed,
+fan-outs, batch size and ranks: :func:`placement.sampler.train_draw_seed`) over the relabelled
+graph, and gives every SSD row its position in its bin's file in the order batches first read it
+(then by the second batch that reads it, so rows a later batch reads again lie together inside
+the earlier batch's group; then by id); rows no replayed batch read follow in id order. New ids do not
+change, so the trainer's batches are the ones replayed: each packed bin gets a slot map
+(``pack_<bin>.npy``: the file row of each of its rows, in id order) that the feature store and
+``moment verify`` read through. A row read by three or more batches lies where the first two
+put it; the others read it there (DiskGNN's shared, page-reordered cache for such rows and its
+per-batch copies within a disk budget are not built).
+
+The replay also counts what its batches move from the SSDs, page by page (the readers' count,
+:func:`moment.ssd_reads.pages_read`), packed and unpacked, and the reads (runs of consecutive
+file rows): the prediction's amplification and read size (``Workload.ssd_pack_amplification``,
+``ssd_pack_bytes``), which the trainer's page count is compared with.
+
+A packed bin is written from its unpacked copy (the one-pass bin writer's output) in file order,
+checksummed on the way; the copy is removed once every packed bin and the state saying so are on
+disk, so a killed run resumes without redoing either pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moment.contracts.placed import PackSummary
+from moment.fileio import atomic_write_text
+from moment.progress import Update
+from moment.ssd_reads import pages_read
+from placement.sampler import NeighborSampler, num_batches, train_draw_seed
+from placement.writer import CHUNK_BYTES, Written, new_hasher
+
+STATE = "pack-state.json"  # in the staging directory: the packed bins, once all are written
+
+
+def replay(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    train: np.ndarray,
+    fanouts: Sequence[int],
+    batch_size: int,
+    seed: int,
+    epochs: int,
+    ranks: int,
+) -> Iterator[np.ndarray]:
+    """The vertices (new ids) of every training batch of ``epochs`` epochs on ``ranks`` ranks,
+    as the trainer samples them on the CPU (``trainer.loop``: the base sampler's permutation,
+    each rank's strided share, that rank's draws), epoch by epoch, rank by rank."""
+    base = NeighborSampler(indptr, indices, fanouts, seed=seed)
+    for epoch in range(epochs):
+        for rank in range(ranks):
+            draws = NeighborSampler(base.indptr, base.indices, fanouts, seed=train_draw_seed(seed, epoch, rank))
+            seeds = base.batches(
+                train, batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=ranks, drop_last_uneven=True
+            )
+            for batch in seeds:
+                yield draws.sample(batch).nodes.numpy()
+
+
+def replay_batches(train: int, batch_size: int, epochs: int, ranks: int) -> int:
+    """Batches :func:`replay` yields."""
+    return epochs * ranks * num_batches(train, batch_size, ranks, drop_last_uneven=True)
+
+
+@dataclass
+class PackPlan:
+    slots: list[np.ndarray]  # per SSD bin: the file row of each of its rows (in id order)
+    batches: int
+    useful_bytes: int  # feature bytes of the SSD rows the replayed batches read
+    unpacked_bytes: int  # pages those reads move with rows in id order
+    packed_bytes: int  # ... and with the packed layout
+    reads: int  # runs of consecutive file rows read in the packed layout
+
+
+def _moved(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
+    """Bytes of the pages reads of sorted, unique file ``rows`` touch, and the runs they form."""
+    if rows.size == 0:
+        return 0, 0
+    starts = np.flatnonzero(np.diff(rows) != 1) + 1
+    first = np.concatenate(([0], starts))
+    lengths = np.diff(np.append(first, rows.size))
+    return pages_read(rows[first] * row_bytes, lengths * row_bytes), int(first.size)
+
+
+NEVER = np.iinfo(np.int64).max  # the batch that reads a row no replayed batch reads
+
+
+def plan_pack(
+    batches: Callable[[], Iterable[np.ndarray]],
+    starts: Sequence[int],
+    counts: Sequence[int],
+    row_bytes: int,
+    progress: Update | None = None,
+    total: int = 0,
+) -> PackPlan:
+    """File rows of the SSD bins (consecutive id ranges ``starts``/``counts``) for the batches
+    ``batches()`` yields (called twice: once to order, once to count), and what they move.
+
+    Rows are ordered by the first batch that reads them, then by the second (so the rows a later
+    batch reads again lie together inside the earlier batch's group), then by id; rows no batch
+    reads come last."""
+    base = int(starts[0]) if len(starts) else 0
+    local = np.asarray(starts, dtype=np.int64) - base
+    sizes = np.asarray(counts, dtype=np.int64)
+    end = base + int(sizes.sum())
+
+    def ssd_rows(nodes: np.ndarray) -> np.ndarray:
+        return np.sort(nodes[(nodes >= base) & (nodes < end)].astype(np.int64)) - base
+
+    first = np.full(int(sizes.sum()), NEVER, dtype=np.int64)
+    second = first.copy()
+    done = 0
+    for i, nodes in enumerate(batches()):
+        ids = ssd_rows(nodes)
+        seen = first[ids] != NEVER
+        again = ids[seen]
+        second[again[second[again] == NEVER]] = i
+        first[ids[~seen]] = i
+        done += 1
+        if progress is not None:
+            progress(done, max(2 * total, 2 * done))
+    slot = np.empty_like(first)
+    for b in range(len(sizes)):
+        lo, hi = local[b], local[b] + sizes[b]
+        order = np.lexsort((second[lo:hi], first[lo:hi]))  # stable: ties in id order
+        slot[lo + order] = np.arange(sizes[b])
+    plan = PackPlan([slot[local[b] : local[b] + sizes[b]].copy() for b in range(len(sizes))], 0, 0, 0, 0, 0)
+    for nodes in batches():
+        ids = ssd_rows(nodes)
+        k = np.searchsorted(local, ids, side="right") - 1
+        edges = np.searchsorted(k, np.arange(len(sizes) + 1))
+        for b in np.flatnonzero(np.diff(edges)):
+            part = ids[edges[b] : edges[b + 1]]
+            plan.unpacked_bytes += _moved(part - local[b], row_bytes)[0]
+            moved, runs = _moved(np.sort(slot[part]), row_bytes)
+            plan.packed_bytes += moved
+            plan.reads += runs
+        plan.useful_bytes += ids.size * row_bytes
+        plan.batches += 1
+        if progress is not None:
+            progress(done + plan.batches, max(2 * total, done + plan.batches))
+    return plan
+
+
+def write_packed(src: Path, dst: Path, name: str, slots: np.ndarray, row_bytes: int) -> Written:
+    """``dst``: the rows of ``src`` (in id order) at the file rows ``slots`` says, written front
+    to back, checksummed on the way and fsync'ed."""
+    order = np.empty_like(slots)
+    order[slots] = np.arange(slots.size, dtype=slots.dtype)  # the id-order row at each file row
+    rows = np.memmap(src, dtype=np.uint8, mode="r", shape=(slots.size, row_bytes)) if slots.size else None
+    step = max(1, CHUNK_BYTES // row_bytes)
+    hasher = new_hasher()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "wb", buffering=0) as fh:
+        for at in range(0, slots.size, step):
+            block = np.ascontiguousarray(rows[order[at : at + step]])  # type: ignore[index]
+            view = memoryview(block.reshape(-1))
+            hasher.update(view)
+            while len(view):
+                view = view[fh.write(view) :]
+        os.fsync(fh.fileno())
+    size = dst.stat().st_size
+    if size != slots.size * row_bytes:
+        raise RuntimeError(f"{dst}: wrote {size} bytes, expected {slots.size * row_bytes}")
+    return Written(name, dst, size, hasher.hexdigest())
+
+
+def save_state(work: Path, key: str, written: list[Written], summary: PackSummary) -> None:
+    files = [{**asdict(w), "path": str(w.path)} for w in written]
+    state = {"key": key, "written": files, "summary": summary.model_dump(mode="json")}
+    atomic_write_text(work / STATE, json.dumps(state))
+
+
+def load_state(work: Path, key: str) -> tuple[list[Written], PackSummary] | None:
+    """The packed bins and summary a killed run finished, if it was for these inputs and every
+    bin it lists is still there at its size."""
+    try:
+        state = json.loads((work / STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("key") != key:
+        return None
+    written = [Written(w["name"], Path(w["path"]), int(w["bytes"]), w["digest"]) for w in state["written"]]
+    if any(not w.path.is_file() or w.path.stat().st_size != w.bytes for w in written):
+        return None
+    return written, PackSummary.model_validate(state["summary"])

@@ -1,0 +1,195 @@
+"""Packed vs unpacked SSD bins on rows smaller than a page (issue #25): what the SSD bins move
+per feature byte, seconds per step, seeds/s and accuracy, against the prediction and the IO
+limit, in one run.
+
+One synthetic dataset (``--dim`` float32 rows: 128 → 512 B, eight to a 4 KiB page) placed three
+times with the same hotness: (a) ``moment place`` as today, SSD rows in id order; (b) ``moment
+place --pack`` (``--pack-epochs``, one CPU rank, seed 0: the batches it replays are the ones
+trained; epochs past them are trained with ``--reuse-samples``); (c) every row in the CPU cache,
+the all-in-RAM step. Each trains ``--epochs`` epochs in a fresh process, (a) and (b) in a memory
+cgroup smaller than the features (``--mem-limit``; 0: none), file pages dropped before.
+Reported per run: the feature bytes read from the SSD bins (useful), the pages the readers'
+reads touched (what the SSDs move, ``metrics.json read_bytes_per_ssd``) over them, the bytes the
+process read from disk (/proc/self/io: the kernel's count, topology and cache bins included; on a
+virtual disk with 512 B blocks it does not see 4 KiB pages), the placement's predicted
+amplification, seconds per step, seeds/s, test accuracy, and the placement's time (packing
+against writing the bins). Then (b)'s IO limit, as the issue defines it: the larger of (c)'s
+step and (b)'s pages per step over the disk's sequential rate (the packed bins read front to
+back, pages dropped first). Run:
+    python scripts/bench_pack.py --work /tmp/bench-pack --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_train import disk_read_bytes, make_cgroup, parse_size, run_worker  # noqa: E402  (after the path)
+from moment.contracts.metrics import MetricsDoc  # noqa: E402
+from moment.fileio import drop_cached  # noqa: E402
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """``--epochs`` epochs on one CPU rank; what they read, how fast, and the test accuracy."""
+    from trainer.loop import main as trainer_main
+
+    metrics = Path(args.out_json).with_suffix(".metrics.json")
+    before = disk_read_bytes()
+    code = trainer_main(
+        ["--data", args.data, "--device", "cpu", "--epochs", str(args.epochs), "--hidden", "64"]
+        + ["--eval-every", "100", "--metrics-json", str(metrics), "--io", "posix", *args.train_args.split()]
+    )
+    if code:
+        raise SystemExit(code)
+    doc = MetricsDoc.read(metrics)
+    epochs = doc.epochs
+    return {
+        "useful": sum(sum(e.bytes_per_ssd.values()) for e in epochs),
+        "pages": sum(sum(e.read_bytes_per_ssd.values()) for e in epochs),
+        "disk": disk_read_bytes() - before,
+        "predicted": doc.prediction.ssd_amplification,
+        "step_s": sum(e.epoch_s for e in epochs) / sum(e.iterations for e in epochs),
+        "seeds_per_s": sum(e.seeds for e in epochs) / sum(e.epoch_s for e in epochs),
+        "steps": sum(e.iterations for e in epochs),
+        "test_acc": doc.test_acc,
+    }
+
+
+def sequential_gbps(paths: list[Path], block: int = 8 << 20) -> float:
+    """GB/s of reading ``paths`` front to back in large reads, their pages dropped first: the
+    disk's sequential rate, the IO limit's denominator."""
+    drop_cached(paths)
+    buf, total = bytearray(block), 0
+    start = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while got := f.readinto(buf):
+                total += got
+    return total / (time.perf_counter() - start) / 1e9
+
+
+def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]]:
+    """The dataset, a plan, and the three placements, all with the first one's hotness: rows in
+    id order, packed, and every row in the CPU cache (the all-in-RAM step)."""
+    from moment.planner.plan import plan
+    from moment.planner.planfile import save_plan
+    from moment.planner.workload import load_workload
+    from moment.topology.profile_io import resolve_profile
+    from placement.place import PlaceOptions, place
+    from placement.synth import synthesize
+
+    work.mkdir(parents=True, exist_ok=True)
+    ds = work / f"ds-{args.nodes}-{args.dim}"
+    synthesize(ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0)
+    machine = resolve_profile("moment-machine-b")
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    workload = load_workload(machine.workload, fanouts=fanouts, batch_size=args.batch_size)
+    save_plan(machine, workload, plan(machine, workload, 1, 8, top=1), work / "plan.json")
+    placed = {}
+    hot = work / "placed-unpacked" / "hotness.npy"
+    for name, cache, pack in (
+        ("unpacked", args.cpu_cache, False),
+        ("packed", args.cpu_cache, True),
+        ("ram", "100%", False),
+    ):
+        out = work / f"placed-{name}"
+        opts = PlaceOptions(
+            gpu_cache="0rows",
+            cpu_cache=cache,
+            epochs=1,
+            hotness=hot if name != "unpacked" else None,
+            pack=pack,
+            pack_epochs=args.pack_epochs,
+            pack_ranks=1,
+        )
+        placed[name] = {"dir": out, "manifest": place(work / "plan.json", ds, out, opts)}
+    return ds, placed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default="/tmp/bench-pack")
+    ap.add_argument("--nodes", type=int, default=2_000_000)
+    ap.add_argument("--dim", type=int, default=128, help="float32 features per row (128: 512 B rows)")
+    ap.add_argument("--degree", type=float, default=10)
+    ap.add_argument("--cpu-cache", default="2%")
+    ap.add_argument("--fanouts", default="10,5")
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--epochs", type=int, default=1, help="training epochs of each run (default 1)")
+    ap.add_argument(
+        "--pack-epochs", type=int, default=1, help="epochs --pack replays; later ones reuse them (--reuse-samples)"
+    )
+    ap.add_argument("--mem-limit", default="512M", help="memory cgroup limit per training run; 0: none")
+    ap.add_argument("--worker", choices=("moment",), help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--train-args", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--out-json", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        Path(args.out_json).write_text(json.dumps(worker(args)))
+        return
+    work = Path(args.work)
+    ds, placed = prepare(args, work)
+    limit = parse_size(args.mem_limit)
+    try:
+        cgroup = make_cgroup(limit, name="moment-bench-pack") if limit else None
+    except OSError as exc:
+        print(f"no memory cgroup ({exc}): running without a limit", flush=True)
+        cgroup = None
+    feat = ds / "features.npy"
+    print(
+        f"features {feat.stat().st_size / 2**20:.0f} MiB ({args.dim * 4} B rows); "
+        + (f"memory limit {limit / 2**20:.0f} MiB" if cgroup else "no memory limit")
+        + f" (the all-in-RAM run: none); {args.epochs} epoch(s)",
+        flush=True,
+    )
+    reuse = "--reuse-samples" if args.epochs > args.pack_epochs else ""
+    runs = {"unpacked": (cgroup, ""), "packed": (cgroup, reuse), "ram": (None, "--shm-dir=")}
+    results = {}
+    for name, (group, train_args) in runs.items():
+        p = placed[name]
+        files = [f for f in (ds, p["dir"]) for f in f.rglob("*") if f.is_file()]
+        files += [Path(b["path"]) for b in p["manifest"]["bins"] if Path(b["path"]).is_absolute()]
+        extra = ["--data", str(p["dir"]), "--epochs", str(args.epochs), f"--train-args={train_args}"]
+        results[name] = r = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
+        t = p["manifest"]["timings_s"]
+        amp = (
+            f"SSD pages {r['pages'] / r['useful']:.2f}x the feature bytes (predicted {r['predicted']:.2f}x), "
+            if r["useful"]
+            else ""
+        )
+        print(
+            f"{name:9}: {amp}disk reads {r['disk'] / 2**20:.0f} MiB; {r['useful'] / 2**20:.0f} MiB from the SSD bins; "
+            f"{r['step_s'] * 1e3:.1f} ms/step, {r['seeds_per_s']:,.0f} seeds/s over {r['steps']} steps; test accuracy "
+            f"{r['test_acc']:.4f}; place: {t['total']:.1f} s, of which writing the bins {t['write_bins']:.1f} s"
+            + (f", packing {t['pack']:.1f} s" if "pack" in t else ""),
+            flush=True,
+        )
+    a, b, ram = results["unpacked"], results["packed"], results["ram"]
+    bins = [
+        Path(x["path"]) if Path(x["path"]).is_absolute() else placed["packed"]["dir"] / x["path"]
+        for x in placed["packed"]["manifest"]["bins"]
+        if x["tier"] == "ssd"
+    ]
+    gbps = sequential_gbps(bins)
+    limit_s = max(ram["step_s"], b["pages"] / b["steps"] / (gbps * 1e9))
+    print(
+        f"packed vs unpacked: SSD pages per feature byte {b['pages'] / b['useful'] / (a['pages'] / a['useful']):.3f}x, "
+        f"disk reads {b['disk'] / max(a['disk'], 1):.3f}x, seeds/s {b['seeds_per_s'] / a['seeds_per_s']:.2f}x, "
+        f"test accuracy {b['test_acc'] - a['test_acc']:+.4f}; packed measured/predicted amplification "
+        f"{b['pages'] / b['useful'] / b['predicted']:.3f}\n"
+        f"IO limit of a packed step: max(all-in-RAM step {ram['step_s'] * 1e3:.1f} ms, its pages / the disk's "
+        f"sequential {gbps:.2f} GB/s = {b['pages'] / b['steps'] / (gbps * 1e9) * 1e3:.1f} ms) = {limit_s * 1e3:.1f} ms; "
+        f"packed step {b['step_s'] / limit_s:.2f}x it, unpacked {a['step_s'] / limit_s:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

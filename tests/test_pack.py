@@ -1,0 +1,219 @@
+"""Packed placements (issue #25, ``moment place --pack``, placement/pack.py): SSD rows laid out
+in the order the trainer's batches read them. Checked by reading every row back against the
+source, by training on small rows (128 B) packed and unpacked and comparing the pages the
+readers moved, against the replay's prediction, and by killing the packing and re-running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moment import faults
+from moment.contracts.metrics import MetricsDoc
+from moment.contracts.placed import PlacedError, PlacedManifest
+from moment.planner.plan import plan
+from moment.planner.planfile import save_plan
+from moment.planner.workload import load_workload
+from moment.topology.profile_io import resolve_profile
+from placement.dataset import open_dataset
+from placement.pack import plan_pack
+from placement.place import PlaceOptions, place
+from placement.placed import open_placed, verify
+from placement.synth import synthesize
+from trainer.featurestore import TieredFeatureStore
+from trainer.loop import main as train_main
+
+OPTS = dict(gpu_cache="1%", cpu_cache="2%", epochs=1)
+
+
+def test_rows_go_where_batches_first_read_them() -> None:
+    """By hand: one bin of 16 rows of 1 KiB (4 to a page), ids 100-115. Batch 1 reads rows 3,
+    9, 14 (unpacked: pages 0, 2 and 3); batch 2 reads 9 again, and 1 (unpacked: pages 0 and 2);
+    batch 3 reads 3 again. Batch 1's rows take file rows 0-2, ordered by the batch that reads
+    them next (9 for batch 2, 3 for batch 3, 14 never); row 1 takes file row 3. So batch 1
+    reads one page in one run, batch 2 file rows 0 and 3 (one page, two runs), batch 3 file row
+    1. Rows nobody read follow in id order."""
+    batches = [np.array([114, 103, 109]), np.array([109, 101]), np.array([103])]
+    plan = plan_pack(lambda: iter(batches), [100], [16], 1024)
+    assert plan.slots[0].tolist() == [4, 3, 5, 1, 6, 7, 8, 9, 10, 0, 11, 12, 13, 14, 2, 15]
+    assert (plan.batches, plan.useful_bytes, plan.reads) == (3, 6 * 1024, 4)
+    assert (plan.unpacked_bytes, plan.packed_bytes) == (6 * 4096, 3 * 4096)
+
+
+def test_rows_outside_the_ssd_bins_are_not_packed() -> None:
+    """Ids below the first SSD bin (the caches) and bins are kept apart: two bins [10, 14) and
+    [14, 20); a batch reading 2 (a cache row), 15 and 11 places 11 first in bin 0, 15 in bin 1."""
+    plan = plan_pack(lambda: iter([np.array([2, 15, 11])]), [10, 14], [4, 6], 512)
+    assert plan.slots[0].tolist() == [1, 0, 2, 3] and plan.slots[1].tolist() == [1, 0, 2, 3, 4, 5]
+    assert plan.useful_bytes == 2 * 512 and plan.packed_bytes == 2 * 4096 and plan.reads == 2
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pack-plan")
+    machine = resolve_profile("moment-machine-b")
+    workload = load_workload(machine.workload, fanouts=[5, 3], batch_size=64)
+    save_plan(machine, workload, plan(machine, workload, 1, 8, top=1), root / "plan.json")
+    return root / "plan.json"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """128-byte rows (64 float16): 32 to a page."""
+    out = tmp_path_factory.mktemp("pack-data") / "ds"
+    synthesize(out, nodes=30_000, avg_degree=10, dim=64, dtype="float16", seed=0, train_fraction=0.03)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(
+    plan_file: Path, dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, MetricsDoc]]:
+    """The same placement unpacked and packed, each trained for one epoch on one CPU rank."""
+    root = tmp_path_factory.mktemp("pack-runs")
+    out = {}
+    for name, pack in (("unpacked", False), ("packed", True)):
+        place(plan_file, dataset, root / name, PlaceOptions(pack=pack, **OPTS))
+        metrics = root / f"{name}.json"
+        args = ["--data", str(root / name), "--plan", str(plan_file), "--device", "cpu", "--epochs", "1"]
+        assert train_main([*args, "--hidden", "8", "--eval-every", "2", "--metrics-json", str(metrics)]) == 0
+        out[name] = (root / name, MetricsDoc.read(metrics))
+    return out
+
+
+def test_packed_rows_read_back_byte_for_byte(runs: dict[str, tuple[Path, MetricsDoc]], dataset: Path) -> None:
+    """Every vertex's row, through the trainer's feature store and through verify's reader, is
+    the source's; the packed bins really are out of id order."""
+    root = runs["packed"][0]
+    placed = open_placed(root)
+    src = np.asarray(open_dataset(dataset).features())
+    new_to_old = np.asarray(placed.array("new_to_old"))
+    ids = np.random.default_rng(0).permutation(placed.num_nodes)
+    with TieredFeatureStore(placed, device="cpu", io="posix") as store:
+        got = store.get(ids).numpy()
+    assert got.tobytes() == src[new_to_old[ids]].tobytes()
+    assert placed.read_rows(ids).tobytes() == src[new_to_old[ids]].tobytes()
+    assert verify(root, sample=placed.num_nodes)["sampled"] > 0.6 * placed.num_nodes
+    ssd = [b for b in placed.bins if b.tier == "ssd"]
+    assert ssd and all(b.slots is not None for b in ssd)
+    for b in ssd:
+        slots = np.load(b.slots)
+        assert np.array_equal(np.sort(slots), np.arange(b.count)) and not np.array_equal(slots, np.arange(b.count))
+
+
+def test_packing_moves_fewer_pages_as_predicted(runs: dict[str, tuple[Path, MetricsDoc]]) -> None:
+    """The readers' page count (what the SSDs moved) per feature byte: packed at most half of
+    unpacked on 128-byte rows, and within 5% of what the replay predicted (the trainer's batches
+    are the replayed ones, so only the replay's own count could differ)."""
+    unpacked, packed = (runs[k][1].epochs[0] for k in ("unpacked", "packed"))
+    assert unpacked.bytes_per_ssd == pytest.approx(packed.bytes_per_ssd)  # the same rows read from each bin
+    # the same ids, batches and features: packing changes where rows lie, not what is trained
+    assert packed.loss == pytest.approx(unpacked.loss, rel=1e-5)
+    assert runs["packed"][1].test_acc == pytest.approx(runs["unpacked"][1].test_acc, abs=1e-9)
+    assert packed.ssd_read_amplification <= 0.5 * unpacked.ssd_read_amplification
+    predicted = runs["packed"][1].prediction.ssd_amplification
+    assert predicted == pytest.approx(packed.ssd_read_amplification, rel=0.05)
+    m = PlacedManifest.read(runs["packed"][0] / "placed.json")
+    assert m.pack is not None and m.pack.unpacked_bytes > 2 * m.pack.packed_bytes
+    assert m.prediction.ssd_amplification == pytest.approx(m.pack.amplification)
+    assert m.timings_s["pack"] > 0
+
+
+def test_a_flipped_byte_in_a_pack_is_caught(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    place(plan_file, dataset, out, PlaceOptions(pack=True, **OPTS))
+    slot_file = next(b.slots for b in open_placed(out).bins if b.slots is not None)
+    data = bytearray(slot_file.read_bytes())
+    data[-1] ^= 1
+    slot_file.write_bytes(bytes(data))
+    with pytest.raises(PlacedError, match=rf"{slot_file.name}: checksum mismatch"):
+        verify(out, sample=0)
+
+
+def _killed_at(point: str, call: str) -> int:
+    env = {**os.environ, faults.ENV: point}
+    done = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, faults.FAULT_EXIT), done.stderr
+    return done.returncode
+
+
+@pytest.mark.parametrize("point", ["place:bins-written", "place:pack-planned", "place:packed"])
+def test_packing_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """Killed before, during or after packing, the re-run finishes a placement that verifies,
+    and leaves no unpacked copy in the SSD directory."""
+    out, ssd = tmp_path / "pk", tmp_path / "ssd"
+    opts = {**OPTS, "pack": True}
+    call = (
+        "from placement.place import PlaceOptions, place; from pathlib import Path; "
+        f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions("
+        f"ssd_dirs={{'nvme0': Path({str(ssd)!r})}}, **{opts!r}))"
+    )
+    assert _killed_at(point, call) == faults.FAULT_EXIT
+    place(plan_file, dataset, out, PlaceOptions(ssd_dirs={"nvme0": ssd}, **opts))
+    placed = open_placed(out)
+    assert verify(out, sample=placed.num_nodes)["rows"] == placed.num_nodes
+    assert [p.name for p in ssd.iterdir()] == [Path(b.path).name for b in placed.bins if b.name == "nvme0"]
+    assert json.loads((out / "placed.json").read_text())["pack"]["batches"] > 0
+
+
+def test_reused_samples_keep_the_packing(
+    runs: dict[str, tuple[Path, MetricsDoc]], plan_file: Path, tmp_path: Path
+) -> None:
+    """Past the replayed epoch, new batches read rows packed for other ones; with
+    --reuse-samples epoch 2 trains on epoch 1's batches again and moves exactly its pages."""
+    root = runs["packed"][0]
+    amp = {}
+    for reuse in (False, True):
+        metrics = tmp_path / f"{reuse}.json"
+        args = ["--data", str(root), "--plan", str(plan_file), "--device", "cpu", "--epochs", "2", "--hidden", "8"]
+        assert train_main([*args, "--metrics-json", str(metrics), *(["--reuse-samples"] if reuse else [])]) == 0
+        amp[reuse] = [e.ssd_read_amplification for e in MetricsDoc.read(metrics).epochs]
+    assert amp[True][1] == pytest.approx(amp[True][0]) and amp[True][0] == pytest.approx(amp[False][0])
+    assert amp[False][1] > 1.5 * amp[False][0]
+
+
+def test_reuse_needs_a_packed_placement(runs: dict[str, tuple[Path, MetricsDoc]], capsys) -> None:
+    args = ["--data", str(runs["unpacked"][0]), "--device", "cpu", "--epochs", "1", "--reuse-samples"]
+    assert train_main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a packed placement" in err[0]
+
+
+def test_another_seed_is_warned_about_and_reads_more_pages(
+    runs: dict[str, tuple[Path, MetricsDoc]], plan_file: Path, tmp_path: Path, capsys
+) -> None:
+    """Training with another --seed than the one packed for samples other batches: the rows
+    still read right, more pages move, and rank 0 says why once."""
+    root, packed = runs["packed"]
+    metrics = tmp_path / "m.json"
+    args = ["--data", str(root), "--plan", str(plan_file), "--device", "cpu", "--epochs", "1", "--hidden", "8"]
+    assert train_main([*args, "--seed", "1", "--metrics-json", str(metrics)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "packed for other batches" in line]
+    assert len(warned) == 1 and "--seed 1 (packed for 0)" in warned[0]
+    other = MetricsDoc.read(metrics).epochs[0].ssd_read_amplification
+    assert other > 1.5 * packed.epochs[0].ssd_read_amplification
+
+
+@pytest.mark.slow
+def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """Packed for two ranks and trained by two gloo ranks under torchrun: each rank's batches
+    are the replayed ones, so the pages moved are the replay's (no warning)."""
+    from trainer import launch
+
+    out, metrics = tmp_path / "p2", tmp_path / "m.json"
+    place(plan_file, dataset, out, PlaceOptions(pack=True, pack_ranks=2, **OPTS))
+    argv = ["--data", str(out), "--plan", str(plan_file), "--device", "cpu", "--epochs", "1", "--hidden", "8"]
+    cmd = launch.build_torchrun_command(launch.check_command([*argv, "--metrics-json", str(metrics)]), nproc=2)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "packed for other batches" not in done.stdout + done.stderr
+    doc = MetricsDoc.read(metrics)
+    assert doc.world_size == 2
+    assert doc.epochs[0].ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.05)
+    assert PlacedManifest.read(out / "placed.json").pack.ranks == 2
