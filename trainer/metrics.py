@@ -224,6 +224,11 @@ def _summed(maps: Iterable[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+def _table(title: str) -> Table:
+    """A summary table as the console prints them: titled on the left, a simple head."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
@@ -364,12 +369,7 @@ class Metrics:
         return doc.model_dump(mode="json")
 
     def _summary(self, doc: MetricsDoc) -> None:
-        table = Table(
-            title="training (GB/s per tier, summed over ranks)",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        table = _table("training (GB/s per tier, summed over ranks)")
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc.epochs:
@@ -383,12 +383,7 @@ class Metrics:
                 f"{r.hit_rate.get('gpu', 0.0):.1%}",
             )
         self.console.print(table)
-        shares = Table(
-            title="share of feature reads: predicted by moment place vs measured",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        shares = _table("share of feature reads: predicted by moment place vs measured")
         for col in ("tier / bin", "predicted", "measured", "difference"):
             shares.add_column(col, justify="left" if col == "tier / bin" else "right", no_wrap=True)
         shared = read_share_rows(doc.prediction.model_dump(), [e.model_dump() for e in doc.epochs])
@@ -425,12 +420,7 @@ class Metrics:
 
     def _nodes_summary(self, doc: MetricsDoc) -> None:
         """Each node's last epoch beside its own placement's prediction."""
-        table = Table(
-            title="nodes (last epoch; tier shares measured / predicted by each node's placement)",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        table = _table("nodes (last epoch; tier shares measured / predicted by each node's placement)")
         for col in ("node", "host", "seeds/s", "data wait s", *TIERS):
             table.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
         predicted = {p.node: p for p in doc.nodes or []}
