@@ -45,6 +45,15 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
         f"on {pred['profile']}, layout {pred['layout']}): "
         + ", ".join(f"{k} {tier_got[k]:.2%} vs {pred['tier_shares'][k]:.2%}" for k in tier_got)
     )
+    pack = manifest.get("pack")
+    if pack and pack["useful_bytes"]:
+        useful = pack["useful_bytes"]
+        console.print(
+            f"packed for {pack['batches']:,} replayed batches ({pack['epochs']} epoch(s), {pack['ranks']} rank(s), "
+            f"seed {pack['seed']}): the SSD pages they read are {pack['packed_bytes'] / useful:.2f}× their feature "
+            f"bytes, {pack['unpacked_bytes'] / useful:.2f}× with rows in id order; train with that seed and rank count "
+            "(--reuse-samples past those epochs)"
+        )
 
 
 def print_timings(console: Console, manifest: dict[str, Any]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,44 @@ def test_parts_follow_the_run_shape(placed: Path, plan_file: Path) -> None:
     assert bigger.gpu["batches"] > b.gpu["batches"]
     cpu = memory.budget(shape, cuda=False)
     assert cpu.gpu_bytes_per_rank == 0 and cpu.host["ranks"] > 0
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+@pytest.mark.parametrize(("in_dim", "hidden", "classes", "layers", "heads"), [(128, 256, 19, 2, 8), (7, 5, 3, 3, 2)])
+def test_parameter_formulas_match_the_built_models(
+    model: str, in_dim: int, hidden: int, classes: int, layers: int, heads: int
+) -> None:
+    """The registered formulas (what the launcher counts without importing PyG) against the
+    models PyG builds; a model registered without one is built on the meta device."""
+    from trainer.config import TrainConfig
+    from trainer.models import LAYERS, Layer, build_model, count_parameters
+
+    cfg = TrainConfig(data="-", model=model, hidden=hidden, heads=heads, fanouts=tuple([3] * layers))
+    built = sum(p.numel() for p in build_model(cfg, in_dim, classes).parameters())
+    assert count_parameters(cfg, in_dim, classes) == built
+    plain = Layer(LAYERS[model].make, activations=LAYERS[model].activations)  # a plug-in without a formula
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(LAYERS, "plugin", plain)
+        other = TrainConfig(data="-", model="plugin", hidden=hidden, heads=heads, fanouts=tuple([3] * layers))
+        assert count_parameters(other, in_dim, classes) is None
+        shape = memory.RunShape(
+            nodes=10, feature_dim=in_dim, row_bytes=4 * in_dim, fanouts=other.fanouts, batch_size=4,
+            unique_per_batch=8.0, model="plugin", hidden=hidden, heads=heads, classes=classes,
+            gpu_cache_rows=0, host_cache_rows=0, prefetch=1, ranks_per_node=1, sockets=1,
+        )  # fmt: skip
+        assert memory.model_parameters(shape) == built
+
+
+def test_the_launcher_budget_imports_no_pyg(placed: Path, plan_file: Path, tmp_path: Path) -> None:
+    """``moment train --dry-run`` counts the model's parameters by formula: PyG's import (seconds,
+    most of it torch._dynamo) is paid by the ranks only."""
+    code = (
+        "import sys; from moment.cli import main; "
+        f"rc = main(['train', '--plan', {str(plan_file)!r}, '--data', {str(placed)!r}, '--dry-run', '--json']); "
+        "print('PYG', 'torch_geometric' in sys.modules, rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.stdout.strip().splitlines()[-1] == "PYG False 0", out.stderr[-2000:]
 
 
 def test_dry_run_json_prints_the_memory_budget(

@@ -217,3 +217,22 @@ def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(plan_file: Path, 
     assert doc.world_size == 2
     assert doc.epochs[0].ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.05)
     assert PlacedManifest.read(out / "placed.json").pack.ranks == 2
+
+
+def test_the_command_line_packs_and_says_what_it_saves(plan_file: Path, dataset: Path, tmp_path: Path, capsys) -> None:
+    """``moment place --pack``: the placement printed says what the replayed batches move packed
+    and unpacked (placed.json's figures); a bad --pack-epochs is one usage line."""
+    from moment.cli import main
+
+    out = tmp_path / "p"
+    args = ["place", "--plan", str(plan_file), "--dataset", str(dataset), "--out", str(out)]
+    assert main([*args, "--gpu-cache", "1%", "--cpu-cache", "2%", "--epochs", "1", "--pack", "--pack-ranks", "1"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    pack = PlacedManifest.read(out / "placed.json").pack
+    assert pack is not None and pack.ranks == 1
+    packed, unpacked = pack.packed_bytes / pack.useful_bytes, pack.unpacked_bytes / pack.useful_bytes
+    assert f"are {packed:.2f}× their feature bytes, {unpacked:.2f}× with rows in id order" in printed
+    with pytest.raises(SystemExit) as stop:
+        main([*args[:-1], str(tmp_path / "q"), "--pack-epochs", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--pack-epochs" in err[0]

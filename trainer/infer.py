@@ -59,17 +59,18 @@ from moment.contracts.inference import (
     ArrayEntry,
     InferenceError,
     InferenceManifest,
+    LayerPrediction,
     LayerThroughput,
 )
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
-from moment.fileio import atomic_write_text, reserve
+from moment.fileio import atomic_write_text, disk_read_bytes, reserve
 from moment.options import OptionParser, add_arguments, to_argv
 from moment.outputs import Kind, Staging, check_free_space, check_out, joined
 from moment.progress import Progress, Reporter
 from placement.placed import Placed, open_placed
 from placement.writer import file_digest
-from trainer import broadcast, checkpoint
+from trainer import broadcast, checkpoint, infer_predict
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, lost_peer, select_device
 from trainer.featurestore import TieredFeatureStore
@@ -168,6 +169,88 @@ def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
     return widths
 
 
+def input_row_bytes(loaded: Loaded, layout: Layout, layer: int) -> int:
+    """Bytes of one row of layer ``layer``'s input as stored: the placed features for layer 1,
+    the previous layer's work file after."""
+    if layer == 1:
+        return loaded.placed.feature_dim * loaded.placed.feature_dtype.itemsize
+    return loaded.widths[layer - 2] * np.dtype(layout.work(layer - 1)[2]).itemsize
+
+
+# -- prediction ---------------------------------------------------------------------------------
+
+
+def predict(
+    loaded: Loaded, layout: Layout, opts: InferOptions, memory: int, device: torch.device
+) -> list[LayerPrediction]:
+    """Each layer's prediction (:mod:`trainer.infer_predict`): passes, bytes, memory, time on the
+    plan's machine (``opts.rates``; compute measured here on ``device``)."""
+    placed = loaded.placed
+    indptr, index_bytes = placed.array("indptr"), placed.array("indices").dtype.itemsize
+    ranges = [rank_range(layout.num_nodes, r, opts.nproc) for r in range(opts.nproc)]
+    bins = [(b.name, b.tier, b.bytes) for b in sorted(placed.bins, key=lambda b: b.start)]
+    out = []
+    for k in range(1, layout.depth + 1):
+        form = layer_form(loaded, opts.engine, k)
+        in_width = placed.feature_dim if k == 1 else loaded.widths[k - 2]
+        shape = infer_predict.Shape(k, in_width, loaded.widths[k - 1], input_row_bytes(loaded, layout, k), form)
+        if form is None:
+            out.append(infer_predict.predict_gather(shape, indptr, index_bytes, opts.batch_size))
+            continue
+        with torch.inference_mode():
+            compute = infer_predict.calibrate(form, in_width, shape.width, opts.batch_size, device)
+        budget = rank_budget(memory, opts.nproc)
+        out.append(
+            infer_predict.predict_broadcast(
+                shape,
+                indptr,
+                index_bytes,
+                ranges,
+                opts.batch_size,
+                budget,
+                bins if k == 1 else None,
+                opts.rates,
+                compute,
+            )
+        )
+    return out
+
+
+def dry_run(opts: InferOptions) -> Iterator[str]:
+    """``moment infer --dry-run``: what a run would do and cost, per layer; nothing written."""
+    opts.check()
+    plan = read_plan(opts.plan) if opts.plan is not None else None
+    device = device_for(plan=plan, requested=opts.device)
+    loaded = load(opts.data, opts.checkpoint, device)
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
+    memory = opts.memory or default_memory(loaded.placed)
+    yield (
+        f"{layout.num_nodes:,} vertices, {loaded.placed.num_edges:,} edges, {opts.nproc} rank"
+        f"{'s' if opts.nproc != 1 else ''}, --memory {memory / 1e9:.3g} GB; compute timed on {device}"
+        + (f", reads at the rates of {opts.rates.machine}" if opts.rates is not None else ", no plan: no time")
+    )
+    for k, pr in enumerate(predict(loaded, layout, opts, memory, device), 1):
+        yield layer_line(k, pr)
+
+
+def layer_line(layer: int, pr: LayerPrediction) -> str:
+    """One layer's prediction for people."""
+    ratio = pr.read_bytes / pr.input_bytes if pr.input_bytes else 0.0
+    how = f"{pr.passes} pass{'es' if pr.passes != 1 else ''}" if pr.passes is not None else "gathered"
+    spilled = f", {pr.spilled_edge_bytes / 1e9:.3g} GB of edges spilled" if pr.spilled_edge_bytes else ""
+    when = (
+        f"{pr.seconds:.1f} s ({'reads' if (pr.read_s or 0) >= (pr.compute_s or 0) else 'compute'} bound: "
+        f"reads {pr.read_s or 0:.1f} s, compute {pr.compute_s or 0:.1f} s)"
+        if pr.seconds is not None
+        else "time not predicted"
+    )
+    return (
+        f"layer {layer}: {pr.engine}, {how}, reads {pr.read_bytes / 1e9:.3g} GB = {ratio:.2f}× its input "
+        f"({pr.input_bytes / 1e9:.3g} GB){spilled}; memory {pr.memory_bytes / 1e9:.3g} GB a rank; {when}"
+        + (f"; {pr.note}" if pr.note else "")
+    )
+
+
 # -- the work directory -------------------------------------------------------------------------
 
 
@@ -255,7 +338,8 @@ class RankProgress:
 
     stage: int = 0
     chunks: int = 0
-    timing: dict[str, list[float]] = field(default_factory=dict)  # stage -> [vertices, seconds]
+    # stage -> [vertices, seconds, bytes the engine asked for, bytes read from the disk]
+    timing: dict[str, list[float]] = field(default_factory=dict)
 
     @staticmethod
     def path(data: Path, rank: int) -> Path:
@@ -265,7 +349,8 @@ class RankProgress:
     def read(cls, data: Path, rank: int) -> RankProgress:
         try:
             doc = json.loads(cls.path(data, rank).read_text())
-            return cls(int(doc["stage"]), int(doc["chunks"]), {k: list(v) for k, v in doc["timing"].items()})
+            timing = {k: [*map(float, v), 0.0, 0.0][:4] for k, v in doc["timing"].items()}
+            return cls(int(doc["stage"]), int(doc["chunks"]), timing)
         except FileNotFoundError:
             return cls()
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -325,6 +410,7 @@ class Rank:
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
         self.old_to_new = placed.array("old_to_new")
         self._store: TieredFeatureStore | None = None
+        self.asked = 0  # bytes of input rows, CSR and spilled edges the chunks asked for (run_stage resets)
 
     @property
     def store(self) -> TieredFeatureStore:
@@ -352,6 +438,15 @@ class Rank:
 
     def _in_width(self, layer: int) -> int:
         return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
+
+    def _in_row_bytes(self, layer: int) -> int:
+        """Bytes of one row of layer ``layer``'s input as stored (the features; the work file)."""
+        return input_row_bytes(self.m, self.layout, layer)
+
+    def _csr_bytes(self, a: int, b: int) -> int:
+        return (b - a + 1) * self.indptr.dtype.itemsize + int(
+            self.indptr[b] - self.indptr[a]
+        ) * self.indices.dtype.itemsize
 
     def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
         """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
@@ -384,7 +479,7 @@ class Rank:
                 out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
 
             with torch.inference_mode():
-                broadcast.run_partition(
+                done = broadcast.run_partition(
                     form,
                     functools.partial(self.m.model.after, layer - 1),
                     self.indptr,
@@ -398,9 +493,14 @@ class Rank:
                     self.device,
                     write,
                     update,
+                    memory=rank_budget(self.memory, self.world),
+                    in_width=self._in_width(layer),
+                    scratch=self.data / WORK / f"edges-{self.rank}.bin",
                 )
+            self.asked += done.input_rows * self._in_row_bytes(layer) + self._csr_bytes(a, b) + done.spilled_bytes
             return b - a if update else 0
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
+        self.asked += src.size * self._in_row_bytes(layer) + self._csr_bytes(a, b)
         with torch.inference_mode():
             h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
         out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
@@ -439,7 +539,8 @@ class Rank:
             }
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
-            start, shown = time.perf_counter(), 0
+            start, shown, disk = time.perf_counter(), 0, disk_read_bytes()
+            self.asked = 0
             if out is not None:
                 shown = self.run_layer_chunk(stage + 1, a, b, out, update)
                 out.flush()
@@ -449,9 +550,11 @@ class Rank:
                     arr.flush()
             faults.point(f"infer:{name.replace(' ', '')}:chunk{c}")  # rows written, not yet recorded
             seconds = time.perf_counter() - start
-            done = progress.timing.setdefault(name, [0, 0.0])
+            done = progress.timing.setdefault(name, [0, 0.0, 0.0, 0.0])
             done[0] += b - a
             done[1] += seconds
+            done[2] += self.asked
+            done[3] += disk_read_bytes() - disk
             progress.chunks = c + 1
             progress.write(self.data, self.rank)
             if update:
@@ -512,6 +615,7 @@ class Prepared:
     key: str
     done: InferenceManifest | None = None  # the output is already there (nothing to do)
     memory: int = 0  # a broadcast pass's budget: the first run's, kept by a resumed one
+    predicted: list[LayerPrediction] = field(default_factory=list)  # per layer, made before the run
 
 
 def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> Prepared:
@@ -553,7 +657,9 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         if opts.memory and opts.memory != first:
             log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
         memory = first
-    return Prepared(stage, loaded, layout, key, memory=memory)
+    plan = read_plan(opts.plan) if opts.plan is not None else None
+    predicted = predict(loaded, layout, opts, memory, device_for(plan=plan, requested=opts.device))
+    return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
 
 def default_memory(placed: Placed | None = None) -> int:
@@ -639,6 +745,13 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     engines = layer_engines(loaded, opts.engine)
     for i, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
+        measured = {}
+        if i < layout.depth:
+            measured = {
+                "read_bytes": sum(int(s.timing.get(name, [0] * 4)[2]) for s in states),
+                "disk_read_bytes": sum(int(s.timing.get(name, [0] * 4)[3]) for s in states),
+                "predicted": p.predicted[i] if i < len(p.predicted) else None,
+            }
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
         seconds = max(per_rank) if _ran_in_ranks(data) else sum(per_rank)
@@ -649,6 +762,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                 seconds=seconds,
                 vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
                 **(_engine_entry(p, opts, i, engines[i]) if i < layout.depth else {}),
+                **measured,
             )
         )
     del logits
@@ -693,10 +807,16 @@ def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> d
     indptr = p.loaded.placed.array("indptr")
     width, budget = p.loaded.widths[stage], rank_budget(p.memory, world)
     ranges = [rank_range(p.layout.num_nodes, r, world) for r in range(world)]
-    count = sum(
-        len(broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)) for lo, hi in ranges
+    parts = [
+        (a, b)
+        for lo, hi in ranges
+        for a, b in broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)
+    ]
+    spilled = sum(
+        not broadcast.edges_in_memory(b - a, int(indptr[b] - indptr[a]), width, in_width, opts.batch_size, budget)
+        for a, b in parts
     )
-    return {"engine": engine, "partitions": count}
+    return {"engine": engine, "partitions": len(parts), "edges_on_disk": spilled}
 
 
 RANKS_MARKER = "ranks"  # inside WORK: the stages ran in separate processes (timings overlap)
@@ -752,7 +872,13 @@ def summary(m: InferenceManifest) -> Iterator[str]:
             how = f", broadcast engine, {t.partitions} partition{'s' if t.partitions != 1 else ''}"
         elif t.engine == "gather":
             how = f", gather engine ({t.note})" if t.note else ", gather engine"
-        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
+        line = f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
+        if (pr := t.predicted) is not None and t.read_bytes is not None:
+            line += f"; read {t.read_bytes / 1e9:.3g} GB ({(t.disk_read_bytes or 0) / 1e9:.3g} GB from disk), "
+            line += f"predicted {pr.read_bytes / 1e9:.3g} GB"
+            if pr.seconds is not None:
+                line += f" and {pr.seconds:.2f} s on {pr.machine}" if pr.machine else f" and {pr.seconds:.2f} s"
+        yield line
     acc = ", ".join(f"{k} {v:.1%}" for k, v in m.accuracy.items())
     sampled = ", ".join(f"{k} {v:.1%}" for k, v in m.training_accuracy.items())
     beside = f"; training's sampled evaluation (epoch {m.checkpoint_epoch}): {sampled}" if sampled else ""

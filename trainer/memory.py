@@ -133,11 +133,14 @@ class MemoryBudget:
 
 
 def model_parameters(shape: RunShape) -> int:
-    """Parameters of the configured model (built on the meta device: no memory)."""
+    """Parameters of the configured model: by its layers' formulas where the model registers
+    them (no PyG import), else built on the meta device (no memory)."""
     from trainer.config import TrainConfig
-    from trainer.models import build_model
+    from trainer.models import build_model, count_parameters
 
     cfg = TrainConfig(data="-", model=shape.model, hidden=shape.hidden, heads=shape.heads, fanouts=shape.fanouts)
+    if (counted := count_parameters(cfg, shape.feature_dim, shape.classes)) is not None:
+        return counted
     with torch.device("meta"):
         model = build_model(cfg, shape.feature_dim, shape.classes)
     return sum(p.numel() for p in model.parameters())

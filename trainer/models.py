@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 LayerFactory = Callable[["TrainConfig", int, int, bool], tuple[nn.Module, int]]
+# (cfg, in_dim, out_dim, last) -> (parameters of the layer the factory makes, its output width),
+# without making it: the launcher's memory pre-flight then needs no PyG import (seconds a command).
+LayerCount = Callable[["TrainConfig", int, int, bool], tuple[int, int]]
 HIDDEN = 256  # default hidden width of a model that does not set its own
 
 
@@ -98,6 +101,7 @@ class Layer:
     hidden: int = HIDDEN
     scatter: ScatterFactory | None = None
     activations: Activations = gathered
+    count: LayerCount | None = None  # its parameters by formula (None: the model is built to count them)
 
     def __call__(self, cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
         return self.make(cfg, in_dim, out_dim, last)
@@ -107,6 +111,11 @@ def _sage(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.M
     from torch_geometric.nn import SAGEConv
 
     return SAGEConv(in_dim, out_dim), out_dim
+
+
+def _sage_count(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[int, int]:
+    """SAGEConv(in, out): ``lin_l`` with a bias and ``lin_r`` without."""
+    return 2 * in_dim * out_dim + out_dim, out_dim
 
 
 def _sage_scatter(conv: nn.Module) -> Scatter | None:
@@ -143,9 +152,17 @@ def _gat(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Mo
     return GATConv(in_dim, out_dim, heads=cfg.heads, concat=True), out_dim * cfg.heads
 
 
+def _gat_count(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[int, int]:
+    """GATConv as :func:`_gat` makes it: ``lin`` (no bias) to heads × out, the source and
+    destination attention vectors (heads × out each), and a bias (heads × out when concatenated)."""
+    width = out_dim if last else out_dim * cfg.heads
+    heads_out = out_dim if last else width  # one head on the output layer, concat=False
+    return in_dim * heads_out + 2 * heads_out + width, width
+
+
 LAYERS: dict[str, LayerFactory] = {
-    "sage": Layer(_sage, scatter=_sage_scatter),
-    "gat": Layer(_gat, hidden=64, activations=attention),  # 64 per head; no scatter form (the gather engine)
+    "sage": Layer(_sage, scatter=_sage_scatter, count=_sage_count),
+    "gat": Layer(_gat, hidden=64, activations=attention, count=_gat_count),  # 64 per head; no scatter form
 }
 
 
@@ -194,6 +211,20 @@ def scatter_form(model: str, conv: nn.Module) -> Scatter | None:
     """The scatter form of a conv of registered model ``model`` (None: it has none)."""
     factory = getattr(LAYERS.get(model), "scatter", None)
     return factory(conv) if factory is not None else None
+
+
+def count_parameters(cfg: TrainConfig, in_dim: int, num_classes: int) -> int | None:
+    """Parameters of :func:`build_model`'s model by its layers' formulas, without building it
+    (None when the registered model has none: build it on the meta device instead)."""
+    count = getattr(LAYERS.get(cfg.model), "count", None)
+    if count is None:
+        return None
+    total, width = 0, in_dim
+    for i in range(cfg.layers):
+        last = i == cfg.layers - 1
+        params, width = count(cfg, width, num_classes if last else int(cfg.hidden), last)
+        total += params
+    return total
 
 
 def build_model(cfg: TrainConfig, in_dim: int, num_classes: int) -> BlockGNN:
