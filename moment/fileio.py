@@ -41,6 +41,18 @@ def drop_cached(paths: Iterable[str | Path]) -> None:
             os.close(fd)
 
 
+def disk_read_bytes() -> int:
+    """Bytes this process has had read from storage (``/proc/self/io`` read_bytes: page-cache
+    hits not counted); 0 where the kernel does not say."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new file in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -6,6 +6,7 @@ memory-mapped baseline, on the same checkpoint, one process each, in the same ru
   from the tiers (``TieredFeatureStore``: cache bins in memory, SSD bins as coalesced reads);
 * ``gather``: the gather engine (chunks of destinations gather their in-neighbours' rows), layer-1
   rows from the tiers (sorted, coalesced O_DIRECT preadv of the SSD bins);
+* ``base``: the broadcast engine of another checkout (``--compare DIR``), e.g. main before a change;
 * ``mmap``: the gather engine with layer-1 rows from the source dataset's features.npy,
   memory-mapped (``np.load(mmap_mode="r")[new_to_old[ids]]``: page cache, 4 KiB faults), what a
   user without moment would do.
@@ -34,11 +35,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+CODE = "MOMENT_BENCH_CODE"  # a worker's environment: the checkout whose moment it imports (the base run)
+sys.path.insert(0, os.environ.get(CODE) or str(ROOT))
+import moment  # noqa: E402, F401 - the measured checkout's, before bench_train puts this one first
+from bench_train import disk_read_bytes, make_cgroup, parse_size  # noqa: E402 - after the path
 
-from bench_train import disk_read_bytes, drop_cache, make_cgroup, parse_size  # noqa: E402 - after the path
+sys.path.insert(0, os.environ.get(CODE) or str(ROOT))  # trainer and placement: the measured checkout's too
+from moment.fileio import drop_cached  # noqa: E402
 
-RUNS = ("broadcast", "gather", "mmap")
+RUNS = ("broadcast", "gather", "mmap", "base")  # base: the broadcast engine of the --compare checkout
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -54,7 +59,7 @@ def worker(args: argparse.Namespace) -> dict:
         batch_size=args.batch_size,
         layers="all",
         device="cpu",
-        engine="broadcast" if args.worker == "broadcast" else "gather",
+        engine="broadcast" if args.worker in ("broadcast", "base") else "gather",
         memory=args.memory,
     )
     features = None
@@ -101,6 +106,7 @@ def worker(args: argparse.Namespace) -> dict:
         "throughput": [t.model_dump() for t in m.throughput],
         "accuracy": m.accuracy,
         "embeddings_sha256": m.arrays["embeddings"].sha256,
+        "code": str(Path(infer.__file__).parent.parent),
     }
 
 
@@ -175,8 +181,12 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path]:
     return ds, placed, ck
 
 
-def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path) -> dict:
-    drop_cache(files)
+def run_worker(
+    kind: str, cgroup: Path | None, files: list[Path], extra: list[str], out: Path, code: Path | None = None
+) -> dict:
+    """One run in its own process (in ``cgroup``), its inputs evicted from the page cache first;
+    ``code``: the checkout whose moment it runs (default: this one)."""
+    drop_cached(files)
     cmd = [sys.executable, __file__, "--worker", kind, "--out-json", str(out), *extra]
     procs = cgroup / "cgroup.procs" if cgroup else None
 
@@ -184,7 +194,7 @@ def run_worker(kind: str, cgroup: Path | None, files: list[Path], extra: list[st
         if procs is not None:
             procs.write_text(str(os.getpid()))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(code or ROOT), CODE: str(code or ROOT)}
     done = subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise SystemExit(f"{kind} run failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
@@ -229,7 +239,12 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads per run (1: on a shared machine, OpenMP threads spin)"
     )
-    ap.add_argument("--runs", default="broadcast,gather,mmap", help="which of broadcast, gather, mmap, in order")
+    ap.add_argument("--runs", default="broadcast,gather,mmap", help="which of broadcast, gather, mmap, base, in order")
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        help="another checkout (e.g. `git archive main | tar -x -C DIR`): the base run is its broadcast engine",
+    )
     ap.add_argument("--memory", type=int, default=None, help="broadcast: --memory in bytes (default: its default)")
     ap.add_argument("--worker", choices=RUNS, help=argparse.SUPPRESS)
     ap.add_argument("--out-json", help=argparse.SUPPRESS)
@@ -255,8 +270,13 @@ def main() -> None:
         flush=True,
     )
     results = {}
+    kinds = args.runs.split(",")
+    if unknown := [k for k in kinds if k not in RUNS]:
+        raise SystemExit(f"--runs: {', '.join(unknown)}: expected some of {', '.join(RUNS)}")
+    if "base" in kinds and (args.compare is None or not (args.compare / "trainer" / "infer.py").is_file()):
+        raise SystemExit(f"--compare: {args.compare}: not a moment checkout (needed by the base run)")
     try:
-        for kind in args.runs.split(","):
+        for kind in kinds:
             out = work / f"out-{kind}"
             remove_earlier_output(out)
             extra = [
@@ -274,18 +294,28 @@ def main() -> None:
                 str(args.threads),
                 *(["--memory", str(args.memory)] if args.memory else []),
             ]
-            results[kind] = r = run_worker(kind, cgroup, files, extra, work / f"{kind}.json")
+            code = args.compare.resolve() if kind == "base" else None
+            results[kind] = r = run_worker(kind, cgroup, files, extra, work / f"{kind}.json", code)
             stages = ", ".join(f"{t['stage']} {t['vertices_per_s']:,.0f}/s" for t in r["throughput"])
+            predicted = {t["stage"]: t.get("predicted") for t in r["throughput"]}
             reads = ", ".join(
                 f"{name} {v['disk_read_bytes'] / 2**30:.2f} GiB = {v['disk_read_bytes'] / v['input_bytes']:.2f}× its input"
+                + (
+                    f" (predicted {p['read_bytes'] / v['input_bytes']:.2f}×)"
+                    if (p := predicted.get(name)) and p.get("passes") is not None
+                    else ""
+                )
                 for name, v in r["layers"].items()
             )
             parts = [t.get("partitions") for t in r["throughput"] if t.get("engine") == "broadcast"]
+            spilled = [t.get("edges_on_disk") for t in r["throughput"] if t.get("engine") == "broadcast"]
             print(
                 f"{kind:9s}: {stages}; wall {r['wall_s']:.1f} s; disk read {r['disk_read_bytes'] / 2**30:.2f} GiB "
                 f"({reads}); peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; "
                 + (f"partitions per layer {parts} (--memory {r['memory'] / 1e9:.2f} GB); " if parts else "")
-                + f"test acc {r['accuracy'].get('test', float('nan')):.4f}",
+                + (f"of them with edges on disk {spilled}; " if any(x is not None for x in spilled) else "")
+                + f"test acc {r['accuracy'].get('test', float('nan')):.4f}"
+                + (f"; code {r['code']}" if kind == "base" else ""),
                 flush=True,
             )
     finally:

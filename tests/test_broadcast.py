@@ -1,6 +1,6 @@
 """The broadcast engine of `moment infer`: agrees with the gather engine (the reference) on the same
-checkpoint, writes the same bytes whatever the ranks, the memory budget (partitions) and the slab
-size, resumes after a kill, leaves GAT to the gather engine and says so; the SAGE scatter form
+checkpoint, writes the same bytes whatever the ranks, the memory budget (partitions, edges held or
+spilled to disk) and the slab size, resumes after a kill, leaves GAT to the gather engine and says so; the SAGE scatter form
 equals PyG's SAGEConv, including vertices without in-edges."""
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def test_broadcast_agrees_with_gather_and_records_its_partitions(data: dict[str,
     assert b.engine == "broadcast" and b.memory == small_memory(2)
     assert [t.engine for t in b.throughput[:2]] == ["broadcast", "broadcast"]
     assert b.throughput[0].partitions > 2 and b.throughput[1].partitions >= 2  # layer 1: the budget cut them
+    first = b.throughput[0]  # 24 → 16 wide: each rank streams the input once, then its relayed messages
+    assert first.predicted.input_streams == 2 and first.read_bytes < first.partitions * first.predicted.input_bytes
     assert b.accuracy == pytest.approx(g.accuracy, abs=1 / 200)
 
 
@@ -70,6 +72,7 @@ def test_same_bytes_whatever_ranks_budget_and_slabs(
     monkeypatch.setattr(broadcast, "SLAB_EDGES", 500)  # edges bucketed in many slabs
     three = run(data, tmp_path / "three", nproc=3, memory=small_memory(3))
     assert three.throughput[0].partitions > 3
+    assert one.throughput[0].edges_on_disk == 0 and three.throughput[0].edges_on_disk >= 3  # held and spilled
     a, b = _arrays(tmp_path / "one"), _arrays(tmp_path / "three")
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
 
@@ -126,8 +129,36 @@ def test_partitions_fit_the_budget_and_cover_the_range() -> None:
     assert parts[0][0] == 100 and parts[-1][1] == 4900 and all(a < b for a, b in parts)
     assert all(p[1] == q[0] for p, q in zip(parts, parts[1:]))
     room = memory - broadcast.fixed_bytes(BLOCK, 8, 8)
-    cost = [(b - a) * broadcast.row_bytes(8) + 8 * int(indptr[b] - indptr[a]) for a, b in parts]
-    assert max(cost) <= room and len(parts) < 2 * sum(cost) / room + 1  # fits, and not needlessly many
+    sums = [(b - a) * broadcast.row_bytes(8) for a, b in parts]
+    assert max(sums) <= room and len(parts) == -(-4800 // (room // broadcast.row_bytes(8)))  # the fewest
+    # the sums fill the budget: the edges go to disk; with room for them too, they stay in memory
+    a, b = parts[0]
+    edges = int(indptr[b] - indptr[a])
+    assert not broadcast.edges_in_memory(b - a, edges, 8, 8, BLOCK, memory)
+    assert broadcast.edges_in_memory(b - a, edges, 8, 8, BLOCK, memory + 8 * edges + (1 << 20))
+
+
+@pytest.mark.parametrize(("hold", "chunk"), [(0, 4096), (12_000, 4096), (0, 7), (0, 250)])
+def test_spilled_edges_are_the_same_edges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hold: int, chunk: int
+) -> None:
+    """Edges held, spilled, read back in chunks smaller than a block's run (7) or straddling runs (250): the same."""
+    monkeypatch.setattr(broadcast, "READ_CHUNK_MIN", chunk)
+    monkeypatch.setattr(broadcast, "READ_BUFFER", 0)
+    rng = np.random.default_rng(5)
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 30, 900))])
+    indices = rng.integers(0, 1000, int(indptr[-1])).astype(np.int32)
+    held = broadcast.Buckets(indptr, indices, 40, 870, BLOCK, 1000, slab=700)
+    spilled = broadcast.Buckets(indptr, indices, 40, 870, BLOCK, 1000, 700, tmp_path / "edges.bin", hold)
+    size, edges = (tmp_path / "edges.bin").stat().st_size, int(indptr[870] - indptr[40])
+    in_memory = sum(p[0].nbytes + p[1].nbytes for p in spilled.pieces if isinstance(p[0], np.ndarray))
+    assert len(spilled.pieces) > 3 and size + in_memory == 8 * edges and in_memory <= hold
+    assert (in_memory > 0) == (hold > 0)  # the first slabs stay in memory while they fit ``hold``
+    assert np.array_equal(held.counts, spilled.counts)
+    for k in range(held.blocks):
+        assert all(np.array_equal(x, y) for x, y in zip(held.of(k), spilled.of(k)))
+    spilled.close()
+    assert not (tmp_path / "edges.bin").exists()
 
 
 @pytest.mark.parametrize("root_weight", [True, False])
@@ -212,3 +243,48 @@ def test_a_partition_shows_progress_as_its_stream_advances(data: dict[str, Path]
     steps = seen["infer: layer 1"]
     assert m.throughput[0].partitions == 1 and len(steps) > 4  # one partition, many steps (2000 / 256 blocks)
     assert steps == sorted(steps) and steps[-1] == 2000
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_inference_json_holds_the_prediction_beside_what_was_measured(
+    data: dict[str, Path], plan_file: Path, tmp_path: Path, ranks: int
+) -> None:
+    """Per layer: the passes, the bytes the engine asked for (exactly: every pass streams every
+    source block here), memory within a rank's budget, a time on the plan's machine."""
+    from moment.cli.infer import plan_rates
+
+    rates = plan_rates(plan_file)
+    assert rates is not None and rates.machine == "moment-machine-b" and rates.ssd("nvme0") > 0
+    memory = small_memory(ranks) if ranks > 1 else 10**9
+    m = run(data, tmp_path / "o", nproc=ranks, memory=memory, plan=plan_file, rates=rates)
+    for t in m.throughput[:2]:
+        pr = t.predicted
+        assert pr is not None and pr.engine == "broadcast" and pr.passes == t.partitions
+        assert t.read_bytes == pr.read_bytes and t.disk_read_bytes is not None
+        assert pr.read_bytes >= pr.input_streams * pr.input_bytes and pr.memory_bytes <= memory // ranks
+        assert pr.seconds is not None and pr.seconds >= max(pr.read_s, pr.compute_s) > 0
+        assert pr.machine == "moment-machine-b"
+    first = m.throughput[0].predicted
+    assert (first.spilled_edge_bytes > 0) == (ranks > 1)  # the small budget spills edges, the large one not
+    assert m.throughput[2].predicted is None  # the export
+
+
+def test_the_dry_run_prints_the_prediction_and_writes_nothing(
+    data: dict[str, Path], plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["sage"]), "--plan", str(plan_file)]
+    args += ["--batch-size", str(BLOCK), "--memory", str(small_memory()), *CPU]
+    before = set(tmp_path.iterdir())
+    assert main([*args, "--dry-run"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert set(tmp_path.iterdir()) == before
+    assert "reads at the rates of moment-machine-b" in text
+    m = run(data, tmp_path / "o", memory=small_memory())  # the same figures as the run records
+    for k, t in enumerate(m.throughput[:2], 1):
+        pr = t.predicted
+        passes = f"{pr.passes} pass{'es' if pr.passes != 1 else ''}"
+        assert f"layer {k}: broadcast, {passes}" in text and f"reads {pr.read_bytes / 1e9:.3g} GB" in text
+    assert m.throughput[0].predicted.input_streams == 1  # layer 1 (24 → 16 wide) relays its messages
+    assert "1 over the input, the others over its relayed messages" in text
+    assert main(args) == 2  # without --dry-run, --out is required
+    assert "--out: required" in capsys.readouterr().err

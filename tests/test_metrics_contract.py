@@ -47,6 +47,7 @@ KEYS = [
     "test_acc",
     "rank_param_digests",
     "memory",
+    "nodes",
 ]
 
 
@@ -101,6 +102,8 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
         "hit_rate",
         "read_share_per_tier",
         "read_share_per_bin",
+        "nodes",
+        "straggler",
     ]
     doc = MetricsDoc.read(path)
     assert doc.model_dump(mode="json") == raw and doc.to_json() == path.read_text()

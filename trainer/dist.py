@@ -4,6 +4,11 @@ process group, and the few collectives the loop needs.
 * ranks come from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``/``MASTER_PORT``; ``env://``); without it the run is a single process and no
   process group is made;
+* on several nodes started by ``moment train --node-rank R`` (``MOMENT_NODE_RANK``), the global
+  rank is ``R × ranks per node + LOCAL_RANK``: torchrun's c10d rendezvous ignores ``--node-rank``
+  and orders nodes by host name and agent pid, so without this "node 0" (the checkpoint's and
+  the metrics' writer) would be whichever node torchrun ranked first. The store it rendezvoused
+  on checks the numbering before the process group is made (:func:`check_numbering`);
 * on CUDA, local rank r uses the GPU the plan gives rank r: the CUDA device whose PCI address is
   the plan's ``bdf`` (devices ordered by PCI bus id), else GPU ``LOCAL_RANK`` — or the first
   free one when another rank's plan GPU is that one (:func:`moment.hw.distinct_devices`: one
@@ -14,7 +19,9 @@ process group, and the few collectives the loop needs.
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,20 +39,31 @@ from moment.errors import MomentError
 # held in host memory into --shm-dir while the node's other ranks wait at a barrier (tens of GB
 # take minutes), longer than NCCL's default 10 minutes.
 COLLECTIVE_TIMEOUT = timedelta(minutes=60)
+NODE_RANK = "MOMENT_NODE_RANK"  # moment train --node-rank: this node's place in the global rank order
 
 
 @dataclass
 class DistEnv:
-    rank: int
+    rank: int  # the global rank this process trains as
     world_size: int
     local_rank: int
     launched: bool  # started by torchrun (a process group is expected)
+    node_rank: int = 0  # --node-rank (else torchrun's GROUP_RANK)
+    nodes: int = 1  # torchrun's GROUP_WORLD_SIZE
+    launch_rank: int | None = None  # torchrun's RANK, where it differs from ``rank``
 
     @classmethod
     def from_environ(cls) -> DistEnv:
         env = os.environ
         launched = "RANK" in env and "WORLD_SIZE" in env
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)), launched)
+        rank, local = int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0))
+        nodes, node = int(env.get("GROUP_WORLD_SIZE", 1)), int(env.get("GROUP_RANK", 0))
+        out = cls(rank, int(env.get("WORLD_SIZE", 1)), local, launched, node, nodes)
+        if launched and nodes > 1 and env.get(NODE_RANK, "").isdigit():
+            out.node_rank = int(env[NODE_RANK])
+            out.rank = out.node_rank * int(env.get("LOCAL_WORLD_SIZE", 1)) + local
+            out.launch_rank = rank if out.rank != rank else None
+        return out
 
 
 def select_device(requested: str, env: DistEnv, plan: PlanDoc | None) -> tuple[torch.device, str]:
@@ -90,8 +108,39 @@ def setup(requested: str, backend: str, env: DistEnv, plan: PlanDoc | None) -> t
         prefix = attempt_prefix(env)
         if prefix is not None:
             store = dist.PrefixStore(prefix, store)
+        if env.nodes > 1 and os.environ.get(NODE_RANK):
+            check_numbering(store, env, rank, world)
+            rank = env.rank
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, **kwargs)
     return device, where
+
+
+def check_numbering(store: dist.Store, env: DistEnv, launch_rank: int, world: int) -> None:
+    """Every process's global rank from ``--node-rank``, checked to be a numbering of the world
+    before any process group uses it: two nodes given one ``--node-rank``, or nodes running
+    different ``--nproc``, would make two processes claim one rank (a hang, not an error).
+    One key per process in the rendezvous store, then every process reads all of them (not
+    scoped to the attempt: nodes count their restarts differently, pytorch#108158, and across
+    nodes ``moment train`` gives every attempt a store of its own)."""
+    key = "moment/numbering/"
+    host = socket.gethostname()
+    store.set(key + str(launch_rank), json.dumps([env.rank, env.node_rank, host, env.world_size]))
+    claims = [json.loads(store.get(key + str(r))) for r in range(world)]
+    seen: dict[int, tuple[int, str]] = {}
+    # One line per node (its local rank 0 says it); the node's other ranks stop quietly.
+    error = MomentError if env.local_rank == 0 else PeerFailedError
+    for rank, node, where, _ in claims:
+        if rank in seen and seen[rank][0] == node:
+            raise error(
+                f"--node-rank {node} is given to two nodes ({seen[rank][1]} and {where}): "
+                "give each node its own, 0 to --nnodes - 1"
+            )
+        if rank in seen or not 0 <= rank < world:
+            raise error(
+                f"the nodes run different numbers of ranks ({world} in all over {env.nodes} nodes): "
+                "give every node the same --nproc"
+            )
+        seen[rank] = (node, where)
 
 
 def attempt() -> str:
@@ -134,6 +183,23 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     t = torch.tensor(list(values), dtype=torch.float64, device=_comm_device(device))
     dist.all_reduce(t)
     return t.tolist()
+
+
+def broadcast_bytes(data: bytes | None, device: torch.device) -> bytes | None:
+    """Rank 0's ``data`` on every rank (None: rank 0 has none); large things, unlike
+    :func:`all_gather`: a length, then the bytes as one tensor."""
+    comm = _comm_device(device)
+    size = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64, device=comm)
+    dist.broadcast(size, 0)
+    n = int(size.item())
+    if n < 0:
+        return None
+    if data is not None:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(comm)
+    else:
+        buf = torch.empty(n, dtype=torch.uint8, device=comm)
+    dist.broadcast(buf, 0)
+    return data if data is not None else buf.cpu().numpy().tobytes()
 
 
 def all_gather(obj: Any) -> list[Any]:

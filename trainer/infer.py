@@ -17,8 +17,9 @@ memory:
   ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
 
 Two engines compute a layer (``--engine``): ``broadcast`` (:mod:`trainer.broadcast`, the default
-where the layer has a scatter form: SAGE) streams the layer's input once per partition of the
-destinations and scatters messages into them; ``gather`` (above, the reference; GAT, whose
+where the layer has a scatter form: SAGE) streams the layer's input once (a rank whose
+destinations' sums do not fit ``--memory`` takes several partitions: the later ones stream the
+messages the first relayed) and scatters messages into the destinations; ``gather`` (above, the reference; GAT, whose
 attention needs each destination's in-edges together) gathers each chunk's in-neighbours. For
 a broadcast layer a "chunk" below is a destination partition, sized from ``--memory``.
 
@@ -41,7 +42,7 @@ import json
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from moment.contracts.inference import (
     ArrayEntry,
     InferenceError,
     InferenceManifest,
+    LayerPrediction,
     LayerThroughput,
 )
 from moment.contracts.plan import read_plan
@@ -62,7 +64,7 @@ from moment.options import to_argv
 from moment.outputs import Kind, Staging, check_free_space, check_out, write_inputs
 from moment.progress import Progress
 from placement.writer import file_digest
-from trainer import broadcast
+from trainer import broadcast, infer_predict
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_rank import Features, Rank, done_before, rank_main, stage_bar
 from trainer.infer_work import (
@@ -72,13 +74,91 @@ from trainer.infer_work import (
     RankProgress,
     default_memory,
     device_for,
+    input_row_bytes,
     layer_engines,
+    layer_form,
     load,
     rank_budget,
     rank_range,
     read_inputs,
     stages,
 )
+
+# -- prediction ---------------------------------------------------------------------------------
+
+
+def predict(
+    loaded: Loaded, layout: Layout, opts: InferOptions, memory: int, device: torch.device
+) -> list[LayerPrediction]:
+    """Each layer's prediction (:mod:`trainer.infer_predict`): passes, bytes, memory, time on the
+    plan's machine (``opts.rates``; compute measured here on ``device``)."""
+    placed = loaded.placed
+    indptr, index_bytes = placed.array("indptr"), placed.array("indices").dtype.itemsize
+    ranges = [rank_range(layout.num_nodes, r, opts.nproc) for r in range(opts.nproc)]
+    bins = [(b.name, b.tier, b.bytes) for b in sorted(placed.bins, key=lambda b: b.start)]
+    out = []
+    for k in range(1, layout.depth + 1):
+        form = layer_form(loaded, opts.engine, k)
+        in_width = placed.feature_dim if k == 1 else loaded.widths[k - 2]
+        shape = infer_predict.Shape(k, in_width, loaded.widths[k - 1], input_row_bytes(loaded, layout, k), form)
+        if form is None:
+            out.append(infer_predict.predict_gather(shape, indptr, index_bytes, opts.batch_size))
+            continue
+        with torch.inference_mode():
+            compute = infer_predict.calibrate(form, in_width, shape.width, opts.batch_size, device)
+        budget = rank_budget(memory, opts.nproc)
+        out.append(
+            infer_predict.predict_broadcast(
+                shape,
+                indptr,
+                index_bytes,
+                ranges,
+                opts.batch_size,
+                budget,
+                bins if k == 1 else None,
+                opts.rates,
+                compute,
+            )
+        )
+    return out
+
+
+def dry_run(opts: InferOptions) -> Iterator[str]:
+    """``moment infer --dry-run``: what a run would do and cost, per layer; nothing written."""
+    opts.check()
+    plan = read_plan(opts.plan) if opts.plan is not None else None
+    device = device_for(plan=plan, requested=opts.device)
+    loaded = load(opts.data, opts.checkpoint, device)
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
+    memory = opts.memory or default_memory(loaded.placed)
+    yield (
+        f"{layout.num_nodes:,} vertices, {loaded.placed.num_edges:,} edges, {opts.nproc} rank"
+        f"{'s' if opts.nproc != 1 else ''}, --memory {memory / 1e9:.3g} GB; compute timed on {device}"
+        + (f", reads at the rates of {opts.rates.machine}" if opts.rates is not None else ", no plan: no time")
+    )
+    for k, pr in enumerate(predict(loaded, layout, opts, memory, device), 1):
+        yield layer_line(k, pr)
+
+
+def layer_line(layer: int, pr: LayerPrediction) -> str:
+    """One layer's prediction for people."""
+    ratio = pr.read_bytes / pr.input_bytes if pr.input_bytes else 0.0
+    how = f"{pr.passes} pass{'es' if pr.passes != 1 else ''}" if pr.passes is not None else "gathered"
+    if pr.passes is not None and pr.input_streams is not None and pr.input_streams < pr.passes:
+        how += f" ({pr.input_streams} over the input, the others over its relayed messages)"
+    spilled = f", {pr.spilled_edge_bytes / 1e9:.3g} GB of edges spilled" if pr.spilled_edge_bytes else ""
+    when = (
+        f"{pr.seconds:.1f} s ({'reads' if (pr.read_s or 0) >= (pr.compute_s or 0) else 'compute'} bound: "
+        f"reads {pr.read_s or 0:.1f} s, compute {pr.compute_s or 0:.1f} s)"
+        if pr.seconds is not None
+        else "time not predicted"
+    )
+    return (
+        f"layer {layer}: {pr.engine}, {how}, reads {pr.read_bytes / 1e9:.3g} GB = {ratio:.2f}× its input "
+        f"({pr.input_bytes / 1e9:.3g} GB){spilled}; memory {pr.memory_bytes / 1e9:.3g} GB a rank; {when}"
+        + (f"; {pr.note}" if pr.note else "")
+    )
+
 
 # -- the whole run ------------------------------------------------------------------------------
 
@@ -122,6 +202,7 @@ class Prepared:
     key: str
     done: InferenceManifest | None = None  # the output is already there (nothing to do)
     memory: int = 0  # a broadcast pass's budget: the first run's, kept by a resumed one
+    predicted: list[LayerPrediction] = field(default_factory=list)  # per layer, made before the run
 
 
 def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> Prepared:
@@ -163,7 +244,9 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         if opts.memory and opts.memory != first:
             log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
         memory = first
-    return Prepared(stage, loaded, layout, key, memory=memory)
+    plan = read_plan(opts.plan) if opts.plan is not None else None
+    predicted = predict(loaded, layout, opts, memory, device_for(plan=plan, requested=opts.device))
+    return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
 
 def run_in_process(
@@ -210,6 +293,13 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     engines = layer_engines(loaded, opts.engine)
     for i, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
+        measured = {}
+        if i < layout.depth:
+            measured = {
+                "read_bytes": sum(int(s.timing.get(name, [0] * 4)[2]) for s in states),
+                "disk_read_bytes": sum(int(s.timing.get(name, [0] * 4)[3]) for s in states),
+                "predicted": p.predicted[i] if i < len(p.predicted) else None,
+            }
         # ranks run a stage side by side: its time is the slowest rank's (in one process, their sum)
         per_rank = [float(s.timing.get(name, [0, 0.0])[1]) for s in states]
         seconds = max(per_rank) if _ran_in_ranks(data) else sum(per_rank)
@@ -220,6 +310,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
                 seconds=seconds,
                 vertices_per_s=vertices / seconds if seconds > 0 else 0.0,
                 **(_engine_entry(p, opts, i, engines[i]) if i < layout.depth else {}),
+                **measured,
             )
         )
     del logits
@@ -264,10 +355,16 @@ def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> d
     indptr = p.loaded.placed.array("indptr")
     width, budget = p.loaded.widths[stage], rank_budget(p.memory, world)
     ranges = [rank_range(p.layout.num_nodes, r, world) for r in range(world)]
-    count = sum(
-        len(broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)) for lo, hi in ranges
+    parts = [
+        (a, b)
+        for lo, hi in ranges
+        for a, b in broadcast.partitions(indptr, lo, hi, width, in_width, opts.batch_size, budget)
+    ]
+    spilled = sum(
+        not broadcast.edges_in_memory(b - a, int(indptr[b] - indptr[a]), width, in_width, opts.batch_size, budget)
+        for a, b in parts
     )
-    return {"engine": engine, "partitions": count}
+    return {"engine": engine, "partitions": len(parts), "edges_on_disk": spilled}
 
 
 RANKS_MARKER = "ranks"  # inside WORK: the stages ran in separate processes (timings overlap)
@@ -323,7 +420,13 @@ def summary(m: InferenceManifest) -> Iterator[str]:
             how = f", broadcast engine, {t.partitions} partition{'s' if t.partitions != 1 else ''}"
         elif t.engine == "gather":
             how = f", gather engine ({t.note})" if t.note else ", gather engine"
-        yield f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
+        line = f"{t.stage}: {t.vertices:,} vertices in {t.seconds:.2f} s ({t.vertices_per_s:,.0f} vertices/s{how})"
+        if (pr := t.predicted) is not None and t.read_bytes is not None:
+            line += f"; read {t.read_bytes / 1e9:.3g} GB ({(t.disk_read_bytes or 0) / 1e9:.3g} GB from disk), "
+            line += f"predicted {pr.read_bytes / 1e9:.3g} GB"
+            if pr.seconds is not None:
+                line += f" and {pr.seconds:.2f} s on {pr.machine}" if pr.machine else f" and {pr.seconds:.2f} s"
+        yield line
     acc = ", ".join(f"{k} {v:.1%}" for k, v in m.accuracy.items())
     sampled = ", ".join(f"{k} {v:.1%}" for k, v in m.training_accuracy.items())
     beside = f"; training's sampled evaluation (epoch {m.checkpoint_epoch}): {sampled}" if sampled else ""

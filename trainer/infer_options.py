@@ -6,11 +6,15 @@ so that building ``moment``'s parser loads none."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moment.errors import UsageError
 from moment.options import Registry, option, path, positive
+
+if TYPE_CHECKING:
+    from trainer.infer_predict import Rates
 
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
@@ -42,7 +46,7 @@ class InferOptions:
     checkpoint: Path = option(
         type=path, metavar="CK", help="checkpoint directory of `moment train` (or its checkpoint.pt)"
     )
-    out: Path = option(type=path, metavar="DIR", help="output directory")
+    out: Path = option(None, type=path, metavar="DIR", help="output directory (required unless --dry-run)")
     plan: Path | None = option(
         None, type=path, help="plan.json: the rank → GPU map, by PCI address (checked; the rank count defaults to 1)"
     )
@@ -75,15 +79,24 @@ class InferOptions:
         None,
         type=_memory,
         to_text=str,
-        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums "
-        "and edges; when they do not fit, the destinations are cut into partitions, each streaming the input once "
-        "(default: three quarters of the memory available, within its memory cgroup)",
+        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums, "
+        "then their edges (the rest spilled to disk); when the sums do not fit, the destinations are cut into "
+        "partitions, the first streaming the input, the others the messages it relayed (default: three quarters "
+        "of the memory available, within its memory cgroup)",
     )
+    dry_run: bool = option(
+        False,
+        help="write nothing: print per layer the engine, passes over its input, bytes read, memory and the "
+        "predicted time (reads at the sequential rates of the plan's machine, compute timed here)",
+    )
+    rates: Rates | None = field(default=None, compare=False)  # the plan's machine (the CLI reads its profile)
 
     def check(self) -> None:
         """What the parser cannot see (options built in code are checked too)."""
         import torch
 
+        if self.out is None and not self.dry_run:
+            raise UsageError("--out: required (the output directory), unless --dry-run")
         if self.nproc < 1:
             raise UsageError(f"--nproc {self.nproc}: expected a positive number of ranks")
         if self.batch_size < 1:

@@ -21,6 +21,7 @@ from moment.contracts.inference import (
 )
 from moment.contracts.plan import read_plan
 from moment.errors import MomentError
+from moment.fileio import disk_read_bytes, reserve
 from moment.options import OptionParser, add_arguments
 from moment.outputs import INPUTS, joined
 from moment.progress import Progress, Reporter
@@ -36,6 +37,7 @@ from trainer.infer_work import (
     chunks,
     default_memory,
     device_for,
+    input_row_bytes,
     layer_form,
     load,
     rank_budget,
@@ -90,6 +92,7 @@ class Rank:
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
         self.old_to_new = placed.array("old_to_new")
         self._store: TieredFeatureStore | None = None
+        self.asked = 0  # bytes of input rows, CSR and spilled edges the chunks asked for (run_stage resets)
 
     @property
     def store(self) -> TieredFeatureStore:
@@ -118,6 +121,15 @@ class Rank:
     def _in_width(self, layer: int) -> int:
         return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
 
+    def _in_row_bytes(self, layer: int) -> int:
+        """Bytes of one row of layer ``layer``'s input as stored (the features; the work file)."""
+        return input_row_bytes(self.m, self.layout, layer)
+
+    def _csr_bytes(self, a: int, b: int) -> int:
+        return (b - a + 1) * self.indptr.dtype.itemsize + int(
+            self.indptr[b] - self.indptr[a]
+        ) * self.indices.dtype.itemsize
+
     def block_rows(self, layer: int, s0: int, s1: int) -> torch.Tensor:
         """Rows ``[s0, s1)`` of layer ``layer``'s input (a broadcast pass's source block): from the
         tiers for layer 1, else a sequential slice of the previous layer's file."""
@@ -137,19 +149,47 @@ class Rank:
             x = torch.from_numpy(np.asarray(prev[src]))
         return x.to(self.device, torch.float32)
 
+    def relay_paths(self, layer: int) -> tuple[Path, Path]:
+        """The files of this rank's relay of layer ``layer`` (messages, root terms)."""
+        return (
+            self.data / WORK / f"relay-{self.rank}-h{layer}-messages.npy",
+            self.data / WORK / f"relay-{self.rank}-h{layer}-roots.npy",
+        )
+
+    def relay(self, layer: int, c: int) -> broadcast.Relay | None:
+        """The relay partition ``c`` of layer ``layer`` writes (the first) or reads (a later
+        one), where this rank's partitions relay their messages (:func:`trainer.broadcast.relays`)."""
+        parts, width = self.chunks_of(layer - 1), self.m.widths[layer - 1]
+        if not broadcast.relays(len(parts), width, self._in_row_bytes(layer)):
+            return None
+        (messages, roots), r0 = self.relay_paths(layer), parts[0][1]
+        if c == 0:
+            for path, rows in ((messages, self.layout.num_nodes), (roots, parts[-1][1] - r0)):
+                np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, width)).flush()
+                reserve(path)  # a full disk now, not SIGBUS later
+            return broadcast.Relay(np.load(messages, mmap_mode="r+"), np.load(roots, mmap_mode="r+"), r0, True)
+        if not (messages.is_file() and roots.is_file()):
+            raise InferenceError(
+                f"{messages}: missing (the messages layer {layer}'s first partition relays to the others); "
+                f"remove {self.data.parent} to start over"
+            )
+        return broadcast.Relay(np.load(messages, mmap_mode="r"), np.load(roots, mmap_mode="r"), r0, False)
+
     def run_layer_chunk(
-        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None
+        self, layer: int, a: int, b: int, out: np.memmap, update: Callable[[int], None] | None = None, index: int = 0
     ) -> int:
-        """Layer ``layer``'s rows of destinations ``[a, b)`` into ``out``; the vertices it already
-        reported to ``update`` (a broadcast partition reports as its stream advances)."""
+        """Layer ``layer``'s rows of destinations ``[a, b)`` (chunk ``index`` of this rank) into
+        ``out``; the vertices it already reported to ``update`` (a broadcast partition reports as
+        its stream advances)."""
         form = self.form(layer)
         if form is not None:
+            relay = self.relay(layer, index)
 
             def write(row: int, h: torch.Tensor) -> None:
                 out[row : row + h.shape[0]] = h.cpu().numpy().astype(out.dtype, copy=False)
 
             with torch.inference_mode():
-                broadcast.run_partition(
+                done = broadcast.run_partition(
                     form,
                     functools.partial(self.m.model.after, layer - 1),
                     self.indptr,
@@ -163,9 +203,20 @@ class Rank:
                     self.device,
                     write,
                     update,
+                    memory=rank_budget(self.memory, self.world),
+                    in_width=self._in_width(layer),
+                    scratch=self.data / WORK / f"edges-{self.rank}.bin",
+                    relay=relay,
                 )
+            if relay is not None and relay.writing:  # complete before the partition is recorded
+                relay.messages.flush()
+                relay.roots.flush()
+            relayed = (done.message_rows + done.root_rows) * 4 * self.m.widths[layer - 1]
+            self.asked += done.input_rows * self._in_row_bytes(layer) + relayed
+            self.asked += self._csr_bytes(a, b) + done.spilled_bytes
             return b - a if update else 0
         src, edge_index = bipartite(self.indptr, self.indices, a, b)
+        self.asked += src.size * self._in_row_bytes(layer) + self._csr_bytes(a, b)
         with torch.inference_mode():
             h = self.m.model.layer(layer - 1, self.inputs(layer, src), b - a, edge_index.to(self.device))
         out[a:b] = h.cpu().numpy().astype(out.dtype, copy=False)
@@ -204,9 +255,10 @@ class Rank:
             }
         for c in range(progress.chunks, len(todo)):
             a, b = todo[c]
-            start, shown = time.perf_counter(), 0
+            start, shown, disk = time.perf_counter(), 0, disk_read_bytes()
+            self.asked = 0
             if out is not None:
-                shown = self.run_layer_chunk(stage + 1, a, b, out, update)
+                shown = self.run_layer_chunk(stage + 1, a, b, out, update, c)
                 out.flush()
             else:
                 self.run_export_chunk(a, b, arrays, works)
@@ -214,15 +266,20 @@ class Rank:
                     arr.flush()
             faults.point(f"infer:{name.replace(' ', '')}:chunk{c}")  # rows written, not yet recorded
             seconds = time.perf_counter() - start
-            done = progress.timing.setdefault(name, [0, 0.0])
+            done = progress.timing.setdefault(name, [0, 0.0, 0.0, 0.0])
             done[0] += b - a
             done[1] += seconds
+            done[2] += self.asked
+            done[3] += disk_read_bytes() - disk
             progress.chunks = c + 1
             progress.write(self.data, self.rank)
             if update:
                 update(b - a - shown)
         progress.stage, progress.chunks = stage + 1, 0
         progress.write(self.data, self.rank)
+        if stage < depth:  # the layer's relay, if it had one, has served every partition
+            for path in self.relay_paths(stage + 1):
+                path.unlink(missing_ok=True)
 
 
 def done_before(rank: Rank, state: RankProgress, stage: int) -> int:

@@ -113,6 +113,14 @@ def _widths(model: BlockGNN, in_dim: int, device: torch.device) -> list[int]:
     return widths
 
 
+def input_row_bytes(loaded: Loaded, layout: Layout, layer: int) -> int:
+    """Bytes of one row of layer ``layer``'s input as stored: the placed features for layer 1,
+    the previous layer's work file after."""
+    if layer == 1:
+        return loaded.placed.feature_dim * loaded.placed.feature_dtype.itemsize
+    return loaded.widths[layer - 2] * np.dtype(layout.work(layer - 1)[2]).itemsize
+
+
 @dataclass(frozen=True)
 class Layout:
     """Every array of a run: the layers in new ids (work files) and the exported ones."""
@@ -197,7 +205,8 @@ class RankProgress:
 
     stage: int = 0
     chunks: int = 0
-    timing: dict[str, list[float]] = field(default_factory=dict)  # stage -> [vertices, seconds]
+    # stage -> [vertices, seconds, bytes the engine asked for, bytes read from the disk]
+    timing: dict[str, list[float]] = field(default_factory=dict)
 
     @staticmethod
     def path(data: Path, rank: int) -> Path:
@@ -207,7 +216,8 @@ class RankProgress:
     def read(cls, data: Path, rank: int) -> RankProgress:
         try:
             doc = json.loads(cls.path(data, rank).read_text())
-            return cls(int(doc["stage"]), int(doc["chunks"]), {k: list(v) for k, v in doc["timing"].items()})
+            timing = {k: [*map(float, v), 0.0, 0.0][:4] for k, v in doc["timing"].items()}
+            return cls(int(doc["stage"]), int(doc["chunks"]), timing)
         except FileNotFoundError:
             return cls()
         except (OSError, ValueError, KeyError, TypeError) as exc:

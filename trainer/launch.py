@@ -23,6 +23,7 @@ from moment.options import to_argv
 from moment.procs import supervise
 from placement.placed import open_placed
 from trainer.config import TrainConfig, from_args
+from trainer.dist import NODE_RANK
 
 CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
 
@@ -65,6 +66,7 @@ class Rendezvous:
     endpoint: str | None = None  # HOST:PORT
     id: str | None = None
     max_restarts: int | None = None  # restarts of a failed worker group
+    node_rank: int | None = None  # this node's --node-rank (several nodes)
 
 
 def torchrun_command(
@@ -72,18 +74,23 @@ def torchrun_command(
 ) -> list[str]:
     """``python -m trainer.torchrun ... -m MODULE ARGV`` as an argument list (no shell): the one
     launcher command of training and inference ranks. Several nodes with restarts: run under
-    ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``."""
+    ``env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``; with a node rank under ``env MOMENT_NODE_RANK=R``
+    (torchrun's c10d rendezvous ignores ``--node-rank``; the ranks number themselves from it,
+    :mod:`trainer.dist`)."""
     if nproc <= 0:
         raise UsageError(f"--nproc {nproc}: expected a positive number of processes")
     cmd = [python, "-m", TORCHRUN, "--nproc-per-node", str(int(nproc))]
     if rdzv.nnodes is None and rdzv.endpoint is None:
         cmd.append("--standalone")
     else:
+        env = [f"{NODE_RANK}={int(rdzv.node_rank)}"] if rdzv.node_rank is not None else []
         if rdzv.max_restarts:
             # A store of its own for each attempt: torchrun would keep its agent's store, whose
             # keys a restarted group cannot tell from the killed group's across nodes (see
             # trainer.dist.attempt_prefix).
-            cmd = ["env", f"{SHARE_STORE_OFF}=1", *cmd]
+            env.insert(0, f"{SHARE_STORE_OFF}=1")
+        if env:
+            cmd = ["env", *env, *cmd]
         cmd += ["--nnodes", str(rdzv.nnodes or 1), "--rdzv-backend", rdzv.backend or "c10d"]
         if rdzv.endpoint is not None:
             cmd += ["--rdzv-endpoint", rdzv.endpoint]

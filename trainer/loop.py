@@ -24,6 +24,7 @@ import contextlib
 import functools
 import gc
 import os
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from trainer.epoch import epoch_batches, epoch_sampler, evaluate, make_prepare, 
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
+from trainer.nodes import check_same_data, per_node, resumed, source_order
 from trainer.prefetch import Prefetcher, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
@@ -97,7 +99,7 @@ def check_run(cfg: TrainConfig, env: DistEnv, data: Data) -> None:
             "run: pass --resume to continue it or --overwrite to start over"
         )
     meta = checkpoint.read_meta(cfg.checkpoint_dir)
-    why = meta.refusal(cfg.to_dict(), data.identity) if meta else None
+    why = meta.refusal(cfg.to_dict(), data.identity, placement=env.node_rank == 0) if meta else None
     if why is not None:
         raise checkpoint.CheckpointError(f"{checkpoint.path_in(cfg.checkpoint_dir)}: cannot resume: {why}")
 
@@ -215,7 +217,8 @@ class Run:
     """Everything one rank holds for a run; ``fit`` trains, evaluates, checkpoints, reports."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, data: Data, plan: PlanDoc | None, device: torch.device) -> None:
-        self.cfg, self.data, self.device = cfg, data, device
+        self.cfg, self.data, self.device, self.env = cfg, data, device, env
+        self.host = socket.gethostname()
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         _seed_everything(cfg.seed)  # same initial parameters on every rank
@@ -247,7 +250,7 @@ class Run:
                 raise MomentError(why)
         self.start_epoch, history = 0, []
         if cfg.resume and cfg.checkpoint_dir:
-            body = checkpoint.load(cfg.checkpoint_dir, cfg, data.identity)
+            body = resumed(cfg, data.identity, env, device)
             if body is not None:
                 self.start_epoch = checkpoint.restore(body, self.module, self.optimizer, self.rank)
                 history = list(body["history"])
@@ -307,7 +310,8 @@ class Run:
             loss_sum, iterations, seeds_done, wait = all_reduce_sum(
                 [result.loss_sum, result.iterations, result.seeds, result.data_wait_s], self.device
             )
-            train_s = max(all_gather(result.train_s))
+            timing = all_gather((self.env.node_rank, self.host, result.train_s, result.seeds, result.data_wait_s))
+            train_s = max(t[2] for t in timing)
             evaluate_now = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             val_acc = self.accuracy(self.data.val, epoch, 0) if evaluate_now else None
             record = epoch_record(
@@ -320,6 +324,8 @@ class Run:
                 data_wait_s=wait / self.world,
                 stats=stats,
             )
+            if self.env.nodes > 1:
+                record.update(per_node(timing, stats, train_s))
             self.metrics.memory = memory.measured(self.device, self.base_rss)
             together(functools.partial(self.metrics.add_epoch, record), f"epoch {epoch + 1}'s metrics not written")
             if cfg.checkpoint_dir:
@@ -361,7 +367,14 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
     try:
         device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
+        nodes = check_same_data(env, data.placed, cfg)  # several nodes: one placement each, one dataset
+        if env.rank == 0:
+            for note in nodes.notes:
+                print(f"note: {note}", file=sys.stderr)
+        if nodes.reorder:
+            data.train, data.val, data.test = (source_order(data.placed, s) for s in (data.train, data.val, data.test))
         run = Run(cfg, env, data, plan, device)
+        run.metrics.nodes = nodes.predictions
         entry = plan.rank(env.local_rank) if plan else None
         on_plan_gpu = device.type == "cuda" and entry is not None and hw.cuda_index_of(entry.bdf) == device.index
         placed = all_gather((f"{where}; cache bins in host memory: {run.host_tiers}", on_plan_gpu))

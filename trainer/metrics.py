@@ -123,6 +123,14 @@ def epoch_record(
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
         "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},
+        **read_shares(merged),
+    }
+
+
+def read_shares(merged: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The share of requested feature rows each tier and each bin served (:func:`merge_stats`'s sums)."""
+    asked = max(merged["asked"], 1)
+    return {
         "read_share_per_tier": {t: merged["tiers"][t]["rows"] / asked for t in TIERS},
         "read_share_per_bin": {name: rows / asked for name, rows in merged["bin_rows"].items()},
     }
@@ -216,6 +224,11 @@ def _summed(maps: Iterable[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+def _table(title: str) -> Table:
+    """A summary table as the console prints them: titled on the left, a simple head."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
@@ -241,6 +254,7 @@ class Metrics:
         self.on_plan_gpus = False  # every rank on the GPU the plan gave it (found by PCI address)
         self.sampling: dict[str, Any] | None = None  # where neighbour sampling ran (rank 0's)
         self.memory: dict[str, Any] | None = None  # rank 0's measured peaks (trainer.memory.measured)
+        self.nodes: list[dict[str, Any]] | None = None  # several nodes: each one's prediction (trainer.nodes)
 
     def note_ssd_route(self, planned: str | None, reader: Any) -> None:
         """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
@@ -307,6 +321,14 @@ class Metrics:
             f"{sum(record['gbps_per_tier'].values()):.2f} GB/s of features",
             highlight=False,
         )
+        for node in record.get("nodes") or []:
+            self.console.print(
+                f"  node {node['node']} ({node['host']}): {node['seeds_per_s']:,.0f} seeds/s, "
+                f"{node['data_wait_s']:.2f} s waiting for data",
+                highlight=False,
+            )
+        if record.get("straggler"):
+            self.console.print(f"  [yellow]straggler:[/] {record['straggler']}", highlight=False)
         self._write(test_acc=None, digests=None)
 
     def document(self, test_acc: float | None, digests: list[str] | None) -> MetricsDoc:
@@ -328,6 +350,7 @@ class Metrics:
             "test_acc": test_acc,
             "rank_param_digests": digests,
             "memory": self.memory,
+            "nodes": self.nodes,
         }
         return MetricsDoc.parse(doc, self.cfg.metrics_json or "the metrics document")
 
@@ -346,12 +369,7 @@ class Metrics:
         return doc.model_dump(mode="json")
 
     def _summary(self, doc: MetricsDoc) -> None:
-        table = Table(
-            title="training (GB/s per tier, summed over ranks)",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        table = _table("training (GB/s per tier, summed over ranks)")
         for col in ("epoch", "s", "seeds/s", "loss", "val acc", *TIERS, "gpu hit"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in doc.epochs:
@@ -365,12 +383,7 @@ class Metrics:
                 f"{r.hit_rate.get('gpu', 0.0):.1%}",
             )
         self.console.print(table)
-        shares = Table(
-            title="share of feature reads: predicted by moment place vs measured",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        shares = _table("share of feature reads: predicted by moment place vs measured")
         for col in ("tier / bin", "predicted", "measured", "difference"):
             shares.add_column(col, justify="left" if col == "tier / bin" else "right", no_wrap=True)
         shared = read_share_rows(doc.prediction.model_dump(), [e.model_dump() for e in doc.epochs])
@@ -402,3 +415,22 @@ class Metrics:
         summary.add_row("note", pred.note)
         summary.add_row("test accuracy", _fmt(doc.test_acc, ".4f"))
         self.console.print(summary)
+        if doc.nodes and doc.epochs and doc.epochs[-1].nodes:
+            self._nodes_summary(doc)
+
+    def _nodes_summary(self, doc: MetricsDoc) -> None:
+        """Each node's last epoch beside its own placement's prediction."""
+        table = _table("nodes (last epoch; tier shares measured / predicted by each node's placement)")
+        for col in ("node", "host", "seeds/s", "data wait s", *TIERS):
+            table.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
+        predicted = {p.node: p for p in doc.nodes or []}
+        for n in doc.epochs[-1].nodes or []:
+            p = predicted.get(n.node)
+            shares = [
+                f"{n.read_share_per_tier.get(t, 0.0):.1%} / " + (f"{getattr(p.tier_shares, t):.1%}" if p else "—")
+                for t in TIERS
+            ]
+            table.add_row(str(n.node), n.host, f"{n.seeds_per_s:,.0f}", f"{n.data_wait_s:.2f}", *shares)
+        self.console.print(table)
+        if doc.epochs[-1].straggler:
+            self.console.print(f"[yellow]straggler:[/] {doc.epochs[-1].straggler}", highlight=False)

@@ -72,9 +72,10 @@ def _writable(path: Path, flag: str, is_file: bool) -> None:
     os.unlink(probe)
 
 
-def _checkpoint(cfg: TrainConfig, placed: Placed, resume: bool, overwrite: bool) -> None:
+def _checkpoint(cfg: TrainConfig, placed: Placed, resume: bool, overwrite: bool, node_rank: int = 0) -> None:
     """An existing checkpoint is continued (--resume, when it fits) or replaced (--overwrite),
-    never replaced silently."""
+    never replaced silently. On a node past 0 (``node_rank``) it may come from node 0's
+    placement of the same data (a shared --checkpoint-dir)."""
     path = checkpoint.path_in(cfg.checkpoint_dir or "")
     if overwrite or not path.exists():
         return
@@ -84,7 +85,8 @@ def _checkpoint(cfg: TrainConfig, placed: Placed, resume: bool, overwrite: bool)
         )
     checkpoint.check_zip(path)  # a damaged checkpoint is refused here, once, not by every rank
     meta = checkpoint.read_meta(cfg.checkpoint_dir or "")
-    why = meta.refusal(cfg.to_dict(), DataIdentity.of(placed.root, placed.manifest)) if meta else None
+    identity = DataIdentity.of(placed.root, placed.manifest)
+    why = meta.refusal(cfg.to_dict(), identity, placement=node_rank == 0) if meta else None
     if why is not None:
         raise MomentError(f"{path}: cannot resume: {why}")
 
@@ -106,13 +108,14 @@ def plan_warnings(plan: PlanDoc, plan_path: str, placed: Placed) -> list[str]:
     return out
 
 
-def preflight(cfg: TrainConfig, world_size: int, ranks_per_node: int | None = None) -> Checked:
+def preflight(cfg: TrainConfig, world_size: int, ranks_per_node: int | None = None, node_rank: int = 0) -> Checked:
     """Check a training run before torchrun starts; the first problem is one MomentError line.
 
     ``cfg``: the trainer's options as the ranks will parse them (``cfg.resume``/``cfg.overwrite``:
     what the user asked for an existing checkpoint; ``--max-restarts`` adds ``--resume`` for the
     ranks on its own, which does not count as asking); ``ranks_per_node``: torchrun's processes
-    per node (default ``world_size``). A run whose memory budget does not fit is refused too."""
+    per node (default ``world_size``); ``node_rank``: this node's (several nodes: a checkpoint it sees
+    may be node 0's placement of the same data). A run whose memory budget does not fit is refused too."""
     if cfg.resolved_backend() == "nccl" and not cfg.resolved_device().startswith("cuda"):  # torch: a traceback per rank
         raise MomentError(
             f"--backend nccl needs CUDA ranks, not --device {cfg.resolved_device()} (gloo runs on the CPU)"
@@ -127,7 +130,7 @@ def preflight(cfg: TrainConfig, world_size: int, ranks_per_node: int | None = No
         _writable(Path(cfg.metrics_json), "--metrics-json", is_file=True)
     if cfg.checkpoint_dir:
         _writable(Path(cfg.checkpoint_dir), "--checkpoint-dir", is_file=False)
-        _checkpoint(cfg, placed, cfg.resume, cfg.overwrite)
+        _checkpoint(cfg, placed, cfg.resume, cfg.overwrite, node_rank)
     memory = memory_budget(cfg, plan, placed, ranks_per_node or world_size)
     if (why := refusal(memory)) is not None:
         raise MomentError(why)

@@ -101,7 +101,8 @@ def shm_path(shm_dir: str | Path, placed: Placed, socket: str, kind: str = "host
     graph, :mod:`trainer.sampling`): named after the placement (its manifest), the torchrun job
     and the socket, so runs of other placements or jobs never map it."""
     manifest = (placed.root / "placed.json").read_bytes()
-    job = f"{attempt()}:{os.environ.get('MASTER_PORT', '')}:{socket}"
+    env = os.environ  # GROUP_RANK: two "nodes" on one machine sharing a --shm-dir never meet
+    job = f"{attempt()}:{env.get('MASTER_PORT', '')}:{env.get('GROUP_RANK', '')}:{socket}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
     return Path(shm_dir) / f"moment-{kind}-{key}"
 

@@ -10,7 +10,9 @@ runs it, whose stop and whose failures are one line each instead of tracebacks.
 
 torchrun's own log defaults to CRITICAL here (``LOGLEVEL``; its warnings about OMP_NUM_THREADS and
 closing workers, and its report of a rank that reported itself, are noise in a batch job's log),
-ERROR with ``--max-restarts`` (each restart's cause stays in the log).
+ERROR with ``--max-restarts`` (each restart's cause stays in the log). On several nodes its C++
+warnings too (``TORCH_CPP_LOG_LEVEL=ERROR``): a node whose peer stopped first (node 0 refusing
+another node's data, say) would print a TCPStore warning with a C++ stack trace after the one line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def exit_status(exitcode: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(argv) if argv is not None else sys.argv[1:]
     os.environ.setdefault("LOGLEVEL", "ERROR" if _restarts(args) else "CRITICAL")
+    if "--standalone" not in args:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing import api  # noqa: F401  (its logger, below)
 

@@ -30,7 +30,11 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
 def cmd_infer(args: argparse.Namespace) -> int:
     from trainer import infer, launch
 
-    opts = InferOptions(**values(InferOptions, args))
+    opts = InferOptions(**values(InferOptions, args), rates=plan_rates(args.plan) if args.plan else None)
+    if opts.dry_run:
+        for line in infer.dry_run(opts):
+            out.print(line)
+        return 0
 
     def run_ranks(cmd: list[str]) -> int:
         err.print(f"running: {launch.format_command(cmd)}")
@@ -40,6 +44,28 @@ def cmd_infer(args: argparse.Namespace) -> int:
         manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
     print_inference(args.out, manifest)
     return 0
+
+
+def plan_rates(path: Path):  # -> trainer.infer_predict.Rates | None
+    """The sequential read rates of the plan's machine (its profile, bundled and unchanged since
+    the plan was made): each SSD's ``read_gbps`` and the sockets' memory; None (said) where the
+    profile is not at hand or gives no SSD rate."""
+    from moment.contracts.plan import read_plan
+    from moment.planner.planfile import plan_profile
+    from trainer.infer_predict import Rates
+
+    machine, why = plan_profile(read_plan(path))
+    if machine is None:
+        err.print(f"note: {why}: no predicted inference time")
+        return None
+    ssd = {d.id: float(d.read_gbps) for d in machine.devices() if d.kind == "nvme" and d.read_gbps}
+    if not ssd:
+        err.print(
+            f"note: profile {machine.name!r} gives no SSD read rate (moment bench measures them): no predicted time"
+        )
+        return None
+    dram = [float(s.dram_gbps) for s in machine.sockets if s.dram_gbps]
+    return Rates(machine.name, ssd, min(dram) if dram else None)
 
 
 def print_inference(out_dir: str | Path, manifest) -> None:

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from moment.cli.args import non_negative, positive
 from moment.cli.output import err
+from moment.errors import UsageError
 from moment.options import add_arguments, to_argv
 from moment.outputs import DirLock
 from trainer.config import TrainConfig
@@ -36,8 +37,14 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         type=non_negative,
         help="torchrun restarts of a failed worker group (resumes from the checkpoint)",
     )
-    p.add_argument("--nnodes", help="multi-node: torchrun --nnodes")
-    p.add_argument("--rdzv-endpoint", help="multi-node: torchrun --rdzv-endpoint HOST:PORT")
+    p.add_argument("--nnodes", help="several nodes: how many (torchrun --nnodes; the same command on each)")
+    p.add_argument(
+        "--node-rank",
+        type=non_negative,
+        help="several nodes: this node's number, 0 to --nnodes - 1 (node 0 writes checkpoints and metrics)",
+    )
+    p.add_argument("--rdzv-endpoint", help="several nodes: HOST:PORT where they meet (on node 0; torchrun's c10d)")
+    p.add_argument("--rdzv-id", help="several nodes: a job id, the same on every node, so two jobs never meet")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
     p.add_argument("--json", action="store_true", help="with --dry-run: the command and the memory budget as JSON")
     p.add_argument(
@@ -53,12 +60,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     # ranks would refuse (trainer arguments, plan, placed data, train split, output paths, an
     # existing checkpoint) refused here once.
     extra = [a for a in args.trainer_args if a != "--"]
+    check_nodes(args)
     cfg = launch.check_command(to_argv(args, TrainConfig) + extra)
     nproc = launch.default_nproc(cfg.plan) if args.nproc is None else args.nproc
-    checked = preflight.preflight(cfg, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc)
+    checked = preflight.preflight(
+        cfg, preflight.world_size(nproc, args.nnodes), ranks_per_node=nproc, node_rank=args.node_rank or 0
+    )
     for warning in checked.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    rdzv = launch.Rendezvous(nnodes=args.nnodes, endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts)
+    rdzv = launch.Rendezvous(
+        nnodes=args.nnodes,
+        endpoint=args.rdzv_endpoint,
+        id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+        node_rank=args.node_rank,
+    )
     cmd = launch.build_torchrun_command(cfg, nproc=nproc, rdzv=rdzv)
     if args.dry_run and args.json:
         print(json.dumps({"command": cmd, "memory": checked.memory.to_dict() if checked.memory else None}, indent=2))
@@ -81,3 +97,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def check_nodes(args: argparse.Namespace) -> None:
+    """The several-node options together: --node-rank and --rdzv-id need --nnodes, a node rank
+    needs a fixed number of nodes (it sets the global rank order) and lies below it, and more
+    than one node needs the endpoint where they meet."""
+    if args.nnodes is None:
+        for flag, value in (("--node-rank", args.node_rank), ("--rdzv-id", args.rdzv_id)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --nnodes (several nodes)")
+        return
+    low, _, high = str(args.nnodes).partition(":")
+    if not (low.isdigit() and (high.isdigit() or not high)) or int(low) < 1:
+        raise UsageError(f"--nnodes {args.nnodes!r}: expected a number of nodes, N or MIN:MAX")
+    if args.node_rank is not None:
+        if high and high != low:
+            raise UsageError(f"--node-rank needs a fixed --nnodes N, not {args.nnodes} (it orders the ranks)")
+        if args.node_rank >= int(low):
+            raise UsageError(f"--node-rank {args.node_rank}: expected 0 to {int(low) - 1} for --nnodes {low}")
+    if int(high or low) > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")

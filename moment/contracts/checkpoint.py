@@ -53,13 +53,15 @@ class DataIdentity(Strict):
             num_classes=manifest.num_classes,
         )
 
-    def difference(self, other: DataIdentity) -> str | None:
-        """What differs, checkpoint (self) first; None when it is the same placed dataset."""
+    def difference(self, other: DataIdentity, placement: bool = True) -> str | None:
+        """What differs, checkpoint (self) first; None when it is the same placed dataset (with
+        ``placement`` False: the same data, placed perhaps otherwise — another node's placement
+        of it, whose sameness node 0 checks when training starts, ``trainer.nodes``)."""
         for key in ("num_nodes", "num_edges", "feature_dim", "feature_dtype", "num_classes"):
             mine, theirs = getattr(self, key), getattr(other, key)
             if mine != theirs:
                 return f"{key} {mine} (checkpoint) vs {theirs} (--data)"
-        if self.placed_sha256 != other.placed_sha256:
+        if placement and self.placed_sha256 != other.placed_sha256:
             return (
                 f"placed.json sha256 {self.placed_sha256[:12]}… (checkpoint) vs {other.placed_sha256[:12]}… "
                 "(--data): another placement"
@@ -96,10 +98,11 @@ class CheckpointMeta(Contract):
                 raise ValueError(f"record {i}: {where}: {err['msg']}") from None
         return history
 
-    def refusal(self, config: dict[str, Any], data: DataIdentity) -> str | None:
-        """Why this checkpoint cannot be resumed by a run of ``config`` on ``data`` (None: it can)."""
+    def refusal(self, config: dict[str, Any], data: DataIdentity, placement: bool = True) -> str | None:
+        """Why this checkpoint cannot be resumed by a run of ``config`` on ``data`` (None: it can);
+        ``placement`` False: ``data`` may be another placement of the same data (a node past 0)."""
         for key in SHAPING:
             if self.config.get(key) != config.get(key):
                 return f"made with {key}={self.config.get(key)!r}, this run has {config.get(key)!r}"
-        why = self.data.difference(data)
+        why = self.data.difference(data, placement)
         return None if why is None else f"trained on other data: {why}"

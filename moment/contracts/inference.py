@@ -44,6 +44,25 @@ class ArrayEntry(Strict):
         return v
 
 
+class LayerPrediction(Strict):
+    """What ``moment infer`` predicted of one layer before it ran (``trainer/infer_predict.py``;
+    ``moment infer --dry-run`` prints the same): passes over the input, bytes read, memory of the
+    largest pass (one rank), seconds on the plan's machine (None: no plan, or not modelled)."""
+
+    engine: Literal["broadcast", "gather"]
+    passes: int | None = Field(default=None, ge=0)  # broadcast: streams over the sources (partitions, all ranks)
+    input_streams: int | None = Field(default=None, ge=0)  # of those, over the input (the others: relayed messages)
+    input_bytes: int = Field(ge=0)  # the layer's input: every vertex's row as stored
+    read_bytes: int = Field(ge=0)  # input rows, CSR, spilled edges read back (gather: an upper bound)
+    spilled_edge_bytes: int = Field(default=0, ge=0)  # bucketed edges written to disk (and read back)
+    memory_bytes: int = Field(ge=0)
+    read_s: float | None = Field(default=None, ge=0)  # at the plan's sequential rates
+    compute_s: float | None = Field(default=None, ge=0)  # measured here on one block and one slab
+    seconds: float | None = Field(default=None, ge=0)  # the longer of the two (reads overlap compute)
+    machine: str | None = None  # the plan's profile
+    note: str | None = None
+
+
 class LayerThroughput(Strict):
     """How fast one stage ran in the run that finished the output (vertices it computed / seconds)."""
 
@@ -53,7 +72,11 @@ class LayerThroughput(Strict):
     vertices_per_s: float = Field(ge=0)
     engine: Registered | None = None  # of a layer: which engine (trainer.infer_options.INFER_ENGINES) computed it
     partitions: int | None = Field(default=None, ge=0)  # broadcast: destination partitions, all ranks
+    edges_on_disk: int | None = Field(default=None, ge=0)  # broadcast: partitions whose bucketed edges were spilled
     note: str | None = None  # gather where broadcast was asked for: why
+    read_bytes: int | None = Field(default=None, ge=0)  # of a layer: input rows, CSR and spilled edges it asked for
+    disk_read_bytes: int | None = Field(default=None, ge=0)  # of those, from the disk (/proc/self/io; page cache not)
+    predicted: LayerPrediction | None = None  # of a layer: what the run predicted before it started
 
 
 class InferenceManifest(Contract):

@@ -29,6 +29,31 @@ class _Part(Strict):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
+class NodeEpoch(_Part):
+    """One node's part of an epoch (several nodes, trainer/nodes.py): its ranks' seeds, their mean
+    wait for data, and the read shares of its own placement's tiers and bins."""
+
+    node: int = Field(ge=0)
+    host: str
+    ranks: int = Field(ge=1)
+    seeds: int = Field(ge=0)
+    seeds_per_s: float = Field(ge=0)
+    data_wait_s: float = Field(ge=0)
+    read_share_per_tier: dict[str, float]
+    read_share_per_bin: dict[str, float]
+
+
+class NodePrediction(_Part):
+    """What a node's own placement predicts (its placed.json ``prediction``)."""
+
+    node: int = Field(ge=0)
+    host: str
+    data: str
+    iteration_s: float = Field(ge=0)
+    tier_shares: TierShares
+    bin_shares: dict[str, Share]
+
+
 class EpochRecord(_Part):
     """One epoch's training part (validation is outside the timings)."""
 
@@ -55,6 +80,9 @@ class EpochRecord(_Part):
     hit_rate: dict[str, float]
     read_share_per_tier: dict[str, float]
     read_share_per_bin: dict[str, float]
+    # Several nodes: each node's part, and the node the others waited for (None: none stood out).
+    nodes: list[NodeEpoch] | None = None
+    straggler: str | None = None
 
 
 class SsdRoute(_Part):
@@ -126,6 +154,7 @@ class MetricsDoc(Contract):
     test_acc: float | None
     rank_param_digests: list[str] | None
     memory: MeasuredMemory | None = None  # rank 0's measured peaks (absent in files from before)
+    nodes: list[NodePrediction] | None = None  # several nodes: each node's own prediction
 
     @model_validator(mode="after")
     def _complete(self) -> MetricsDoc:

@@ -1,0 +1,320 @@
+"""Several nodes: two torchrun agents on 127.0.0.1, each a "node" with its own placed dataset and
+--shm-dir, train as one DDP job and end with the parameters of a one-node run of the same world
+size; a node with other data is refused by name; the command line and the rank numbering."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from moment.cli import main
+from moment.contracts.metrics import MetricsDoc
+from moment.errors import MomentError
+from placement.place import PlaceOptions, place
+from placement.placed import open_placed
+from placement.synth import synthesize
+from trainer import checkpoint, launch
+from trainer.config import TrainConfig
+from trainer.dist import NODE_RANK, DistEnv, check_numbering
+from trainer.nodes import NodeData, config_difference, per_node, shared_config, source_order, straggler
+
+TRAINER = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01", "--device", "cpu"]
+
+
+def _synth(out: Path, seed: int) -> Path:
+    synthesize(out, nodes=6_000, avg_degree=6, dim=16, dtype="float32", seed=seed, classes=4, train_fraction=0.35)
+    return out
+
+
+@pytest.fixture(scope="module")
+def nodes(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One dataset placed three times (node 0's, node 1's, and one with larger caches: another
+    relabelling), and a placement of another dataset."""
+    root = tmp_path_factory.mktemp("nodes")
+    _synth(root / "ds", 1)
+    _synth(root / "other", 2)
+    for name, ds, gpu, cpu in (("node0", "ds", "3%", "4%"), ("node1", "ds", "3%", "4%"), ("wide", "ds", "6%", "8%")):
+        place(plan_file, root / ds, root / name, PlaceOptions(gpu_cache=gpu, cpu_cache=cpu))
+    place(plan_file, root / "other", root / "other-node", PlaceOptions(gpu_cache="3%", cpu_cache="4%"))
+    return root
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _moment(*args: str) -> list[str]:
+    return [sys.executable, "-m", "moment", *args]
+
+
+def start_two_nodes(
+    plan: Path, data: tuple[Path, Path], work: Path, epochs: int, again: tuple[str, ...], trainer: tuple[str, ...]
+) -> list[subprocess.Popen[str]]:
+    """`moment train` on two nodes of one CPU rank each (torchrun agents meeting on 127.0.0.1),
+    each with its own placed dataset, --shm-dir and --checkpoint-dir; node 0 writes the metrics.
+    ``again``: launcher options (``--resume``, ``--max-restarts 1``); ``trainer``: the ranks'.
+    Node 1's launcher, then node 0's."""
+    endpoint, job = f"127.0.0.1:{_port()}", f"test-{work.name}-{len(again)}"
+    procs = []
+    for node in (1, 0):
+        shm = work / f"shm{node}"
+        shm.mkdir(parents=True, exist_ok=True)
+        argv = ["train", "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", job]
+        argv += ["--nproc", "1", "--plan", str(plan), "--data", str(data[node]), "--epochs", str(epochs), *again]
+        argv += ["--checkpoint-dir", str(work / f"ck{node}")]
+        if node == 0:
+            argv += ["--metrics-json", str(work / "metrics.json")]
+        cmd = _moment(*argv, "--", *TRAINER, *trainer, "--shm-dir", str(shm))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Node 0's and node 1's outcome."""
+    done = []
+    for p in reversed(procs):
+        out, err = p.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+def two_nodes(
+    plan: Path,
+    data: tuple[Path, Path],
+    work: Path,
+    epochs: int = 2,
+    again: tuple[str, ...] = (),
+    trainer: tuple[str, ...] = (),
+) -> tuple[list[subprocess.CompletedProcess[str]], Path]:
+    """Both nodes to the end (:func:`start_two_nodes`); and node 0's metrics file."""
+    return finish(start_two_nodes(plan, data, work, epochs, again, trainer)), work / "metrics.json"
+
+
+@pytest.fixture(scope="module")
+def one_node(plan_file: Path, nodes: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The metrics of 1 node × 2 ranks, 2 epochs, on node 0's placement: what two nodes must match."""
+    work = tmp_path_factory.mktemp("one")
+    (work / "shm").mkdir()
+    argv = ["train", "--nproc", "2", "--plan", str(plan_file), "--data", str(nodes / "node0"), "--epochs", "2"]
+    argv += ["--metrics-json", str(work / "metrics.json")]
+    run = subprocess.run(
+        _moment(*argv, "--", *TRAINER, "--shm-dir", str(work / "shm")), capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return MetricsDoc.read(work / "metrics.json").model_dump(mode="json")
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_node_of_two_ranks(plan_file: Path, nodes: Path, one_node: dict, tmp_path: Path) -> None:
+    """2 nodes × 1 rank end with the parameters of 1 node × 2 ranks, bit for bit (tolerance 0:
+    the same seeds per global rank, the same samples, gloo's sum of two gradients is the same
+    sum in either order); node 0 alone writes the checkpoint; each node's --shm-dir is emptied."""
+    (n0, n1), metrics = two_nodes(plan_file, (nodes / "node0", nodes / "node1"), tmp_path)
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "MOMENT_NODE_RANK=1" in n1.stderr and "--rdzv-id" in n1.stderr  # the command each printed
+    two = MetricsDoc.read(metrics).model_dump(mode="json")
+    assert two["world_size"] == 2 and two["complete"]
+    assert two["rank_param_digests"] == one_node["rank_param_digests"]
+    assert len(set(two["rank_param_digests"])) == 1
+    assert [e["seeds"] for e in two["epochs"]] == [e["seeds"] for e in one_node["epochs"]]
+    assert [e["loss"] for e in two["epochs"]] == [e["loss"] for e in one_node["epochs"]]
+    # Each node's part of every epoch, beside its own placement's prediction.
+    assert [(n["node"], n["data"]) for n in two["nodes"]] == [(0, str(nodes / "node0")), (1, str(nodes / "node1"))]
+    for e in two["epochs"]:
+        assert [n["node"] for n in e["nodes"]] == [0, 1] and sum(n["seeds"] for n in e["nodes"]) == e["seeds"]
+        assert all(abs(sum(n["read_share_per_tier"].values()) - 1) < 1e-9 for n in e["nodes"])
+    assert "one_node" not in two and one_node.get("nodes") is None and one_node["epochs"][0].get("nodes") is None
+    # Global rank 0 (node 0's local rank 0) wrote the checkpoint, in node 0's directory only.
+    assert checkpoint.path_in(tmp_path / "ck0").exists() and not checkpoint.path_in(tmp_path / "ck1").exists()
+    assert all(not any((tmp_path / f"shm{n}").iterdir()) for n in (0, 1))
+
+
+@pytest.mark.slow
+def test_two_nodes_resume_from_node_0s_disk(plan_file: Path, nodes: Path, one_node: dict, tmp_path: Path) -> None:
+    """One epoch, then all nodes restarted with --resume: node 0's checkpoint (on its own disk:
+    node 1's --checkpoint-dir is empty) is what every rank continues, and the run ends where an
+    uninterrupted one ends."""
+    (n0, n1), _ = two_nodes(plan_file, (nodes / "node0", nodes / "node1"), tmp_path, epochs=1)
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    (n0, n1), metrics = two_nodes(plan_file, (nodes / "node0", nodes / "node1"), tmp_path, again=("--resume",))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert not checkpoint.path_in(tmp_path / "ck1").exists()
+    two = MetricsDoc.read(metrics).model_dump(mode="json")
+    assert [e["epoch"] for e in two["epochs"]] == [1, 2]  # the first from the checkpoint's history
+    assert two["rank_param_digests"] == one_node["rank_param_digests"]
+
+
+@pytest.mark.slow
+def test_a_node_with_other_data_is_refused_by_name(plan_file: Path, nodes: Path, tmp_path: Path) -> None:
+    """Node 1 placed another dataset: both nodes stop at start with one line naming node 1 and
+    its --data (node 0's rank 0 and node 1's local rank 0 say it), exit 1, no traceback."""
+    (n0, n1), metrics = two_nodes(plan_file, (nodes / "node0", nodes / "other-node"), tmp_path)
+    assert n0.returncode == 1 and n1.returncode == 1
+    for run in (n0, n1):
+        lines = [line for line in run.stderr.splitlines() if not line.startswith("running:")]
+        assert len(lines) == 1, run.stderr[-3000:]
+        assert "node 1 (" in lines[0] and str(nodes / "other-node") in lines[0], lines
+        assert "holds other data than node 0" in lines[0] and "Traceback" not in run.stderr
+    assert not metrics.exists() and not checkpoint.path_in(tmp_path / "ck0").exists()
+
+
+def test_node_data_is_the_data_not_the_placement(nodes: Path) -> None:
+    """Two placements of one dataset agree whatever their caches (the splits are in the source's
+    order), though larger caches relabel the vertices; another dataset differs, named."""
+    a, b, wide, other = (NodeData.of(open_placed(nodes / n)) for n in ("node0", "node1", "wide", "other-node"))
+    assert a == b
+    assert wide.difference(a) is None and wide.relabel != a.relabel  # the issue's "ids agree": not across layouts
+    # In the source's order, position i of the train split is one vertex on both placements.
+    placed_a, placed_wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
+    source_a, source_wide = (
+        np.asarray(p.array("new_to_old"))[source_order(p, p.array("train"))] for p in (placed_a, placed_wide)
+    )
+    assert np.array_equal(source_a, source_wide) and np.all(np.diff(source_a) > 0)
+    why = other.difference(a)
+    assert why is not None and ("num_edges" in why or "split" in why or "labels" in why)
+
+
+def test_options_every_node_must_share() -> None:
+    """Epochs, batch size, seed and whether checkpoints are written must agree; each node's own
+    files, --shm-dir and readers need not."""
+    base = TrainConfig(data="a", checkpoint_dir="/ck", fanouts=(10, 5), batch_size=512)
+    mine = TrainConfig(data="b", checkpoint_dir="/other", shm_dir="/x", io="posix", fanouts=(10, 5), batch_size=512)
+    assert config_difference(shared_config(mine), shared_config(base)) is None
+    later = TrainConfig(data="a", checkpoint_dir="/ck", fanouts=(10, 5), batch_size=512, epochs=9)
+    assert "epochs 9" in (config_difference(shared_config(later), shared_config(base)) or "")
+    none = TrainConfig(data="a", fanouts=(10, 5), batch_size=512)
+    assert "checkpoints False" in (config_difference(shared_config(none), shared_config(base)) or "")
+
+
+def test_global_rank_follows_node_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's c10d rendezvous orders nodes by host and pid; with --node-rank the ranks number
+    themselves node by node, so node 0 holds rank 0 (checkpoints, metrics)."""
+    env = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0"}
+    for key, value in {**env, "GROUP_WORLD_SIZE": "2", NODE_RANK: "1"}.items():
+        monkeypatch.setenv(key, value)
+    got = DistEnv.from_environ()
+    assert (got.rank, got.node_rank, got.nodes, got.launch_rank) == (3, 1, 2, 0)
+    monkeypatch.delenv(NODE_RANK)  # a bare torchrun: its own numbering
+    assert DistEnv.from_environ().rank == 0
+
+
+def test_two_nodes_claiming_one_node_rank_are_refused() -> None:
+    """Before any process group: two nodes both given --node-rank 0 would claim the same ranks."""
+    store = dist.HashStore()
+    a = DistEnv(0, 2, 0, True, node_rank=0, nodes=2)
+    store.set("moment/numbering/1", json.dumps([0, 0, "hostB", 2]))
+    with pytest.raises(MomentError, match="--node-rank 0 is given to two nodes"):
+        check_numbering(store, a, 0, 2)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--node-rank", "1"], "--node-rank needs --nnodes"),
+        (["--rdzv-id", "j"], "--rdzv-id needs --nnodes"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "expected 0 to 1"),
+        (["--nnodes", "1:3", "--node-rank", "0", "--rdzv-endpoint", "h:1"], "needs a fixed --nnodes"),
+        (["--nnodes", "2"], "needs --rdzv-endpoint"),
+        (["--nnodes", "two", "--rdzv-endpoint", "h:1"], "expected a number of nodes"),
+    ],
+)
+def test_node_options_misused_are_usage_errors(extra: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--data", "nowhere", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_each_node_runs_torchrun_with_its_node_rank() -> None:
+    """The node rank reaches the ranks through the environment (torchrun's c10d ignores
+    --node-rank); restarts get a store per attempt as before."""
+    rdzv = launch.Rendezvous(nnodes="2", endpoint="h:29400", id="job", max_restarts=1, node_rank=1)
+    cmd = launch.build_torchrun_command(TrainConfig(data="d"), nproc=1, rdzv=rdzv)
+    assert cmd[:3] == ["env", f"{launch.SHARE_STORE_OFF}=1", f"{NODE_RANK}=1"]
+    assert cmd[cmd.index("--rdzv-id") + 1] == "job" and "--node-rank" not in cmd
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return kids + [d for k in kids for d in _descendants(k)]
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    env = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+    return env.get("LOCAL_RANK")
+
+
+@pytest.mark.slow
+def test_a_killed_node_rank_is_restarted_and_the_run_ends_as_if_never_killed(
+    plan_file: Path, nodes: Path, tmp_path: Path
+) -> None:
+    """--max-restarts 1 on both nodes: node 1's rank is killed (SIGKILL) after the first
+    checkpoint; node 0's rank loses its peer, both worker groups restart, resume from node 0's
+    checkpoint (node 1's directory has none) and end with the parameters and losses of a
+    two-node run never killed (every rank's RNG comes back: dropout draws differ per rank)."""
+    data, epochs = (nodes / "node0", nodes / "node1"), 4
+    trainer = ("--dropout", "0.3", "--deterministic", "--eval-every", "4")
+    (s0, s1), straight = two_nodes(plan_file, data, tmp_path / "straight", epochs, trainer=trainer)
+    assert s0.returncode == 0 and s1.returncode == 0, s0.stderr[-3000:] + s1.stderr[-3000:]
+    work = tmp_path / "killed"
+    procs = start_two_nodes(plan_file, data, work, epochs, ("--max-restarts", "1"), trainer)
+    ckpt, deadline = checkpoint.path_in(work / "ck0"), time.monotonic() + 300
+    while not ckpt.exists():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    victim = next(p for p in _descendants(procs[0].pid) if _rank_of(p) == "0")  # node 1's launcher came first
+    done_at_kill = torch.load(ckpt, weights_only=True)["epoch"]
+    os.kill(victim, signal.SIGKILL)
+    n0, n1 = finish(procs)
+    assert done_at_kill < epochs
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "exitcode: -9" in n1.stderr  # node 1's torchrun saw the kill and restarted its group
+    a, b = (MetricsDoc.read(p).model_dump(mode="json") for p in (straight, work / "metrics.json"))
+    assert [e["epoch"] for e in b["epochs"]] == list(range(1, epochs + 1))
+    assert [e["loss"] for e in b["epochs"]] == [e["loss"] for e in a["epochs"]]
+    assert b["rank_param_digests"] == a["rank_param_digests"] and b["test_acc"] == a["test_acc"]
+    assert not checkpoint.path_in(work / "ck1").exists()
+
+
+def _stats(rows: dict[str, int]) -> dict:
+    tiers = {t: {"rows": n, "bytes": n * 64, "seconds": 0.0} for t, n in rows.items()}
+    return {
+        "asked": sum(rows.values()),
+        "seconds": 0.1,
+        "tiers": tiers,
+        "ssd_bins": {},
+        "bin_rows": {"gpu0": rows["gpu"]},
+    }
+
+
+def test_each_nodes_part_of_an_epoch_and_its_straggler() -> None:
+    """Ranks grouped by node: seeds summed, data wait averaged, read shares from the node's own
+    stats; the node whose ranks waited for data far longer than the others' is named."""
+    timing = [(0, "a", 10.0, 1000, 0.5), (0, "a", 10.0, 1000, 0.7), (1, "b", 10.0, 1000, 4.0), (1, "b", 9.0, 1000, 5.0)]
+    stats = [_stats({"gpu": 30, "cpu": 50, "ssd": 20})] * 2 + [_stats({"gpu": 10, "cpu": 10, "ssd": 80})] * 2
+    got = per_node(timing, stats, 10.0)
+    a, b = got["nodes"]
+    assert (a["node"], a["ranks"], a["seeds"], a["seeds_per_s"]) == (0, 2, 2000, 200.0)
+    assert a["data_wait_s"] == pytest.approx(0.6) and b["data_wait_s"] == pytest.approx(4.5)
+    assert a["read_share_per_tier"] == {"gpu": 0.3, "cpu": 0.5, "ssd": 0.2} and b["read_share_per_tier"]["ssd"] == 0.8
+    assert got["straggler"] is not None and got["straggler"].startswith("node 1 (b)")
+    # Waits alike, or a difference too small for the epoch: nobody named.
+    even = [dict(a, data_wait_s=1.0), dict(b, data_wait_s=1.1)]
+    assert straggler(even, 10.0) is None
+    assert straggler([dict(a, data_wait_s=0.01), dict(b, data_wait_s=0.05)], 10.0) is None
