@@ -100,13 +100,23 @@ def predict(
     for k in range(1, layout.depth + 1):
         form = layer_form(loaded, opts.engine, k)
         in_width = placed.feature_dim if k == 1 else loaded.widths[k - 2]
-        shape = infer_predict.Shape(k, in_width, loaded.widths[k - 1], input_row_bytes(loaded, layout, k), form)
+        out_row = loaded.widths[k - 1] * np.dtype(layout.work(k)[2]).itemsize
+        shape = infer_predict.Shape(
+            k, in_width, loaded.widths[k - 1], input_row_bytes(loaded, layout, k), out_row, form
+        )
         if form is None:
             out.append(infer_predict.predict_gather(shape, indptr, index_bytes, opts.batch_size))
             continue
-        with torch.inference_mode():
-            compute = infer_predict.calibrate(form, in_width, shape.width, opts.batch_size, device)
         budget = rank_budget(memory, opts.nproc)
+        largest = max(
+            b - a
+            for lo, hi in ranges
+            for a, b in broadcast.partitions(indptr, lo, hi, shape.width, in_width, opts.batch_size, budget)
+        )
+        with torch.inference_mode():
+            compute = infer_predict.calibrate(
+                form, in_width, shape.width, opts.batch_size, device, largest, layout.num_nodes
+            )
         out.append(
             infer_predict.predict_broadcast(
                 shape,
@@ -149,7 +159,7 @@ def layer_line(layer: int, pr: LayerPrediction) -> str:
     spilled = f", {pr.spilled_edge_bytes / 1e9:.3g} GB of edges spilled" if pr.spilled_edge_bytes else ""
     when = (
         f"{pr.seconds:.1f} s ({'reads' if (pr.read_s or 0) >= (pr.compute_s or 0) else 'compute'} bound: "
-        f"reads {pr.read_s or 0:.1f} s, compute {pr.compute_s or 0:.1f} s)"
+        f"reads {pr.read_s or 0:.1f} s, compute {pr.compute_s or 0:.1f} s; then writes {pr.write_s or 0:.1f} s)"
         if pr.seconds is not None
         else "time not predicted"
     )

@@ -29,7 +29,8 @@ from trainer import broadcast
 from trainer.models import Scatter
 
 CALIBRATION_EDGES = 1 << 18  # edges bucketed and scattered to time the per-edge work
-CALIBRATION_DESTINATIONS = 1 << 15
+CALIBRATION_SUMS = 1 << 26  # bytes of partial sums they are added into, at most: beyond the CPU's caches
+CALIBRATION_RUNS = 16  # source blocks the edges come in
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Shape:
     in_width: int
     width: int
     row_bytes: int  # of the input as stored (layer 1: the placed features; else the work file)
+    out_row_bytes: int  # of the output as stored (the work file)
     form: Scatter | None
 
 
@@ -67,29 +69,36 @@ class Compute:
     per_edge: float
 
 
-def calibrate(form: Scatter, in_width: int, width: int, block: int, device: torch.device) -> Compute:
-    """Time one source block through the layer's transform and one slab of edges through the
+def calibrate(
+    form: Scatter, in_width: int, width: int, block: int, device: torch.device, rows: int, num_nodes: int
+) -> Compute:
+    """Time one source block through the layer's transform, and a slab of random in-edges of up
+    to ``rows`` destinations (a partition's; sums of at most :data:`CALIBRATION_SUMS` bytes, so
+    that they miss the caches as a partition's do) from ``num_nodes`` sources through the
     bucketing and the scatter-add, on ``device`` (the best of five each)."""
     x = torch.randn(block, in_width, device=device)
     rng = np.random.default_rng(0)
-    deg = rng.integers(0, 2 * CALIBRATION_EDGES // CALIBRATION_DESTINATIONS, CALIBRATION_DESTINATIONS)
+    dests = max(1, min(rows, CALIBRATION_SUMS // (4 * width)))
+    deg = rng.poisson(CALIBRATION_EDGES / dests, dests)
     indptr = np.concatenate([[0], np.cumsum(deg)])
-    indices = rng.integers(0, block, int(indptr[-1])).astype(np.int32)
-    acc = torch.zeros(CALIBRATION_DESTINATIONS, width, device=device)
+    edges = max(int(indptr[-1]), 1)
+    indices = rng.integers(0, num_nodes, int(indptr[-1])).astype(np.int32)
+    # as a stream adds them: block by block, each block's edges few, spread over all the sums, ascending
+    runs = np.array_split(rng.integers(0, dests, edges).astype(np.int32), CALIBRATION_RUNS)
+    local, dst = indices % block, np.concatenate([np.sort(r) for r in runs])[: indices.size]
+    acc = torch.zeros(dests, width, device=device)
+    msg = form.message(x).contiguous()
     add = broadcast._scatter_add(device)
 
     def transform() -> None:
         form.message(x)
         form.root(x)
 
-    def edges() -> None:
-        buckets = broadcast.Buckets(indptr, indices, 0, CALIBRATION_DESTINATIONS, block, block)
-        src, dst = buckets.of(0)
-        add(acc, dst, src, form.message(x).contiguous())
-
     with torch.inference_mode():
-        t_rows, t_edges = _best(transform, device), _best(edges, device)
-    return Compute(t_rows / block, max(t_edges - t_rows / 2, 0.0) / max(int(indptr[-1]), 1))
+        t_rows = _best(transform, device)
+        t_bucket = _best(lambda: broadcast.Buckets(indptr, indices, 0, dests, block, num_nodes), device)
+        t_add = _best(lambda: add(acc, dst, local, msg), device)
+    return Compute(t_rows / block, (t_bucket + t_add) / edges)
 
 
 def _best(fn: object, device: torch.device, tries: int = 5) -> float:
@@ -145,7 +154,7 @@ def predict_broadcast(
     input_bytes = n * shape.row_bytes
     csr = (n + passes) * indptr.dtype.itemsize + e * index_bytes
     read_bytes = streams * input_bytes + relayed + csr + spilled
-    read_s = None
+    read_s = write_s = None
     if rates is not None and rates.ssd() is not None:
         disk = rates.ssd()
         assert disk is not None
@@ -155,8 +164,11 @@ def predict_broadcast(
             stream = input_bytes / (disk * 1e9)
         # spilled edges and relayed messages: written, then read back
         read_s = streams * stream + (csr + 2 * spilled + relayed + written) / (disk * 1e9)
+        write_s = n * shape.out_row_bytes / (disk * 1e9)  # the layer's rows, after the stream
     compute_s = streams * n * compute.per_row + e * compute.per_edge if compute is not None else None
-    seconds = max(read_s or 0.0, compute_s or 0.0) if read_s is not None or compute_s is not None else None
+    seconds = None
+    if read_s is not None or compute_s is not None:  # the reads overlap the compute; the writes follow
+        seconds = max(read_s or 0.0, compute_s or 0.0) + (write_s or 0.0)
     return LayerPrediction(
         engine="broadcast",
         passes=passes,
@@ -167,6 +179,7 @@ def predict_broadcast(
         memory_bytes=memory,
         read_s=read_s,
         compute_s=compute_s,
+        write_s=write_s,
         seconds=seconds,
         machine=rates.machine if rates is not None else None,
     )

@@ -58,7 +58,8 @@ class LayerPrediction(Strict):
     memory_bytes: int = Field(ge=0)
     read_s: float | None = Field(default=None, ge=0)  # at the plan's sequential rates
     compute_s: float | None = Field(default=None, ge=0)  # measured here on one block and one slab
-    seconds: float | None = Field(default=None, ge=0)  # the longer of the two (reads overlap compute)
+    write_s: float | None = Field(default=None, ge=0)  # the layer's rows, at the plan's SSD rate
+    seconds: float | None = Field(default=None, ge=0)  # the longer of reads and compute (they overlap), then writes
     machine: str | None = None  # the plan's profile
     note: str | None = None
 
