@@ -47,6 +47,11 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         help="the MILP's solver: ortools (SCIP, default) or pulp-cbc (CBC through PuLP)",
     )
     registry_choices(solver, "moment.planner.flow.milp", "MILP_SOLVERS")
+    p.add_argument(
+        "--nodes",
+        metavar="N",
+        help="also predict the iteration with N such servers: local reads plus the gradient all-reduce over the NIC",
+    )
     p.add_argument("--out", metavar="plan.json", help="write the plan for `moment place` and the trainer")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the best layout with the flow on every link")
     p.add_argument("--json", action="store_true", help="machine-readable result")
@@ -79,6 +84,7 @@ def _machine_and_workload(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from moment.planner.nodes import check_nodes, nodes_prediction
     from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
 
     machine, workload = _machine_and_workload(args)
@@ -87,7 +93,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ssds = parse_range(args.ssds, "ssds") if args.ssds else [have_ssds]
     if args.top < 1:
         raise UsageError("--top must be at least 1")
+    nodes = None if args.nodes is None else check_nodes(args.nodes)
     if len(gpus) > 1 or len(ssds) > 1:
+        if nodes is not None:
+            raise UsageError("--nodes needs one GPU count and one SSD count, not a range")
         return _sweep(machine, workload, gpus, ssds, args)
     for target in (args.out, args.picture):
         if target:
@@ -105,10 +114,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             milp_solver=args.milp_solver,
             progress=stage_update(report, "plan search"),
         )
+    several = None if nodes is None else nodes_prediction(machine, workload, outcome.best.prop.iteration_s, nodes)
     if args.out:
         from moment.planner.planfile import save_plan
 
-        save_plan(machine, workload, outcome, args.out)
+        save_plan(machine, workload, outcome, args.out, several)
     if args.picture:
         plan_picture(outcome.best, args.picture)
     if args.json:
@@ -122,12 +132,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "best": outcome.best.to_dict(),
                     "ranking": [s.to_dict() for s in outcome.ranking],
                     "classic": {k: v.to_dict() for k, v in outcome.classic.items()},
+                    **({"nodes": several} if several is not None else {}),
                 },
                 indent=2,
             )
         )
         return 0
-    from moment.planner.report import busiest_links_table, print_layout, print_prediction, ranking_table
+    from moment.planner.report import busiest_links_table, nodes_line, print_layout, print_prediction, ranking_table
 
     srch = outcome.search
     out.print(f"[bold]{machine.name}[/]: {srch['gpus']} GPUs, {srch['ssds']} SSDs")
@@ -149,6 +160,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     print_layout(out, outcome.best)
     print_prediction(out, outcome.best, workload)
+    if several is not None:
+        out.print(nodes_line(several))
     out.print(busiest_links_table(outcome.best))
     best_s = outcome.best.prop.iteration_s
     out.print(ranking_table("top layouts", outcome.ranking, best_s))

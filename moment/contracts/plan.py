@@ -12,7 +12,7 @@ refused, and the parts other stages act on are checked for what would hurt them 
 * ``ranks``: numbered 0..n-1 in order, one GPU each (the trainer maps local rank r to ``ranks[r]``);
 * ``profile``, ``layout``, ``tier_shares``: what ``place`` and the trainer compare and report.
 
-The report-only parts (``predicted``, ``ranking``, ``classic``, ``links``, ``search``) are typed
+The report-only parts (``predicted``, ``ranking``, ``classic``, ``links``, ``search``, ``nodes``) are typed
 records too (what ``Scored.to_dict``, ``links_table`` and ``plan()`` write), so a plan written
 by ``moment plan`` reads back equal, field for field.
 """
@@ -184,6 +184,21 @@ class SearchStats(_Part):
     seconds: float
 
 
+class NodesPrediction(_Part):
+    """``moment plan --nodes N`` (report-only): the iteration with N such servers, the one-node
+    data time plus a ring all-reduce of the model's gradients over each node's NIC
+    (``moment.planner.nodes``)."""
+
+    nodes: Annotated[int, Field(ge=1)]
+    parameters: Annotated[int, Field(ge=0)]
+    classes: Annotated[int, Field(ge=1)]
+    nic_gbps: Annotated[float, Field(gt=0.0)]
+    nic_source: str
+    data_iteration_s: float
+    allreduce_s: Annotated[float, Field(ge=0.0)]
+    iteration_s: float
+
+
 def _invalid(loc: tuple[str | int, ...], message: str) -> ValidationError:
     """A validation error at ``loc`` (a cross-field check names the field it is about)."""
     error = PydanticCustomError("plan_value", "{why}", {"why": message})
@@ -213,6 +228,7 @@ class PlanDoc(Contract):
     search: SearchStats
     ranking: list[LayoutRecord]
     classic: dict[str, LayoutRecord]  # the profile's named layouts, scored
+    nodes: NodesPrediction | None = None  # --nodes N; absent from plans without it
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanDoc:

@@ -17,7 +17,8 @@ name that is not a plain file name, is one line naming the file and the field. F
 * ``bin_targets``: the share of all feature bytes each bin should serve (stage 3's targets);
 * ``ranks``: rank → GPU → PCI address → socket, for the trainer;
 * ``search``: candidate counts and time; ``ranking``: the top layouts; ``classic``: the
-  profile's named layouts scored beside it.
+  profile's named layouts scored beside it;
+* ``nodes`` (``--nodes N`` only): the iteration with N such servers (``moment.planner.nodes``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def plan_profile(doc: PlanDoc, given: Machine | None = None) -> tuple[Machine | 
     return machine, ""
 
 
-def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) -> PlanDoc:
+def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome, nodes: dict | None = None) -> PlanDoc:
     """The plan of ``outcome``'s best layout; validated as a reader would (a profile whose device
     ids cannot be bin names, for instance, is refused here rather than by ``moment place``)."""
     from moment.planner.scoring import bin_targets, links_table  # only a plan's writer scores: readers stay light
@@ -100,6 +101,8 @@ def plan_document(machine: Machine, workload: Workload, outcome: PlanOutcome) ->
         "ranking": [s.to_dict() for s in outcome.ranking],
         "classic": {name: s.to_dict() for name, s in outcome.classic.items()},
     }
+    if nodes is not None:
+        doc["nodes"] = nodes
     try:
         return PlanDoc.model_validate(doc)
     except ValidationError as exc:
@@ -111,8 +114,10 @@ def write_plan(doc: PlanDoc, path: str | Path) -> None:
     doc.write(path)
 
 
-def save_plan(machine: Machine, workload: Workload, outcome: PlanOutcome, path: str | Path) -> PlanDoc:
+def save_plan(
+    machine: Machine, workload: Workload, outcome: PlanOutcome, path: str | Path, nodes: dict | None = None
+) -> PlanDoc:
     """Build the plan of a ``moment.planner.plan.plan`` outcome and write it to ``path``."""
-    doc = plan_document(machine, workload, outcome)
+    doc = plan_document(machine, workload, outcome, nodes)
     write_plan(doc, path)
     return doc

@@ -88,6 +88,17 @@ def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
         console.print(f"  [yellow]{d['models_differ']}[/]")
 
 
+def nodes_line(n: dict) -> str:
+    """``moment plan --nodes N``'s prediction in one line (the plan's ``nodes`` record)."""
+    speed = n["nodes"] * n["data_iteration_s"] / n["iteration_s"] if n["iteration_s"] > 0 else float(n["nodes"])
+    return (
+        f"with {n['nodes']} such servers: {seconds(n['iteration_s'])} s per iteration = local reads "
+        f"{seconds(n['data_iteration_s'])} s + gradient all-reduce {seconds(n['allreduce_s'])} s "
+        f"({n['parameters']:,} parameters, ring over {n['nic_gbps']:.3g} GB/s NICs, {n['nic_source']}; "
+        f"compute not modelled): {speed:.2f}× one server's seeds/s"
+    )
+
+
 _LINK = re.compile(r"^(link|uplink) of (\S+) \(.*\) (up|down)$")
 
 

@@ -200,6 +200,9 @@ class Machine(_Strict):
     loose_slots: list[Slot] = Field(default_factory=list, description="slots whose place in the tree is unknown")
     layouts: dict[str, dict[str, str]] = Field(default_factory=dict)
     workload: dict[str, object] | None = None
+    nic_gbps: LinkGBps = Field(
+        default=None, description="GB/s per direction of one node's network link (moment plan --nodes)"
+    )
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
