@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from moment.cli.plan import workload_parameters
 from moment.contracts.plan import read_plan
 from moment.planner.nodes import DEFAULT_NIC_GBPS, nodes_prediction, ring_allreduce_s
 from moment.planner.workload import Workload
@@ -37,14 +38,15 @@ def test_ring_allreduce_by_hand(nodes: int, factor: float) -> None:
 def test_prediction_adds_the_allreduce_of_the_models_gradients(nodes: int) -> None:
     machine = resolve_profile("moment-machine-b").model_copy(update={"nic_gbps": 12.5})
     workload = Workload(feature_dim=100, hidden=64, fanouts=[10, 5], model="graphsage")
-    got = nodes_prediction(machine, workload, 0.25, nodes)
     params = sage_parameters(100, 64, 19)  # 15,315
+    assert workload_parameters(workload) == params == 15_315
+    got = nodes_prediction(machine, params, 0.25, nodes)
     allreduce = 2 * (nodes - 1) / nodes * params * 4 / 12.5e9  # float32 gradients
-    assert got["parameters"] == params == 15_315
+    assert got["parameters"] == params
     assert got["nic_gbps"] == 12.5 and "profile" in got["nic_source"]
     assert got["allreduce_s"] == pytest.approx(allreduce)
     assert got["iteration_s"] == pytest.approx(0.25 + allreduce)
-    default = nodes_prediction(resolve_profile("moment-machine-b"), workload, 0.25, nodes)
+    default = nodes_prediction(resolve_profile("moment-machine-b"), params, 0.25, nodes)
     assert default["nic_gbps"] == DEFAULT_NIC_GBPS == 25.0
     assert default["allreduce_s"] == pytest.approx(allreduce / 2)  # twice the bandwidth
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moment.cli.args import registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
 from moment.fileio import check_file_target
 from moment.progress import Reporter, stage_update
+
+if TYPE_CHECKING:
+    from moment.planner.workload import Workload
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -83,6 +87,16 @@ def _machine_and_workload(args: argparse.Namespace):
     return machine, load_workload(machine.workload, args.workload)
 
 
+def workload_parameters(workload: Workload) -> int:
+    """Parameters of the workload's model, by the trainer's own count (formulas where the model
+    registers them, no PyG import) at its feature width, ``hidden`` and fan-outs, with
+    :data:`~moment.planner.nodes.DEFAULT_CLASSES` classes (a workload names none)."""
+    from moment.planner.nodes import DEFAULT_CLASSES
+    from trainer.memory import model_parameters, shape_of_workload  # torch: only for --nodes
+
+    return model_parameters(shape_of_workload(workload, ranks_per_node=1, sockets=1, classes=DEFAULT_CLASSES))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from moment.planner.nodes import check_nodes, nodes_prediction
     from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
@@ -114,7 +128,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             milp_solver=args.milp_solver,
             progress=stage_update(report, "plan search"),
         )
-    several = None if nodes is None else nodes_prediction(machine, workload, outcome.best.prop.iteration_s, nodes)
+    several = None
+    if nodes is not None:
+        several = nodes_prediction(machine, workload_parameters(workload), outcome.best.prop.iteration_s, nodes)
     if args.out:
         from moment.planner.planfile import save_plan
 

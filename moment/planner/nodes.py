@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from moment.errors import UsageError
 
 if TYPE_CHECKING:
-    from moment.planner.workload import Workload
     from moment.topology.model import Machine
 
 # 200 Gb/s per node, one direction: one NVIDIA ConnectX-6 HDR InfiniBand (or 200 GbE RoCE) adapter,
@@ -47,17 +46,10 @@ def ring_allreduce_s(param_bytes: float, nodes: int, gbps: float) -> float:
     return 2 * (nodes - 1) / nodes * param_bytes / (gbps * 1e9)
 
 
-def workload_parameters(workload: Workload) -> int:
-    """Parameters of the workload's model, by the trainer's own count (formulas where the model
-    registers them, no PyG import) at the workload's widths and fan-outs, :data:`DEFAULT_CLASSES`."""
-    from trainer.memory import model_parameters, shape_of_workload  # torch: only for --nodes
-
-    return model_parameters(shape_of_workload(workload, ranks_per_node=1, sockets=1, classes=DEFAULT_CLASSES))
-
-
-def nodes_prediction(machine: Machine, workload: Workload, iteration_s: float, nodes: int) -> dict:
-    """The plan's ``nodes`` record: ``iteration_s`` (one node's prediction) plus the all-reduce."""
-    params = workload_parameters(workload)
+def nodes_prediction(machine: Machine, params: int, iteration_s: float, nodes: int) -> dict:
+    """The plan's ``nodes`` record: ``iteration_s`` (one node's prediction) plus the all-reduce of
+    ``params`` gradients (the CLI counts them with the trainer's own count: the planner sits
+    below the trainer and imports none of it)."""
     gbps, source = (
         (machine.nic_gbps, "the profile's nic_gbps")
         if machine.nic_gbps is not None
