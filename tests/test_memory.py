@@ -161,3 +161,20 @@ def test_a_rank_with_too_little_free_memory_after_loading_says_what_to_shrink(pl
     assert memory.live_refusal(b, need, "cuda:0") is None
     line = memory.live_refusal(b, need // 2, "cuda:0")
     assert line is not None and "\n" not in line and line.startswith("memory: cuda:0 has") and "--prefetch 1" in line
+
+
+def test_a_train_split_smaller_than_the_batch_is_budgeted_at_its_real_batches(small_placed: Path) -> None:
+    """Pre-sampling with 1,200 train ids and a nominal batch of 8,000 drew batches of 1,200 seeds:
+    its mean unique rows are for those, and a 64-seed training batch reads at least its seeds
+    (scaled from the nominal batch it was 3.3 rows)."""
+    from placement.placed import open_placed
+    from trainer.config import TrainConfig
+
+    p = open_placed(small_placed)
+    hot = p.manifest.hotness
+    train = int(p.array("train").size)
+    assert train < hot.batch_size  # the case: every pre-sampled batch was the whole split
+    same = memory.shape_of_placed(p, TrainConfig(data=str(small_placed)), ranks_per_node=1, sockets=1)
+    assert same.batch_size == train and same.unique_per_batch == pytest.approx(hot.mean_unique_per_batch)
+    small = memory.shape_of_placed(p, TrainConfig(data=str(small_placed), batch_size=64), ranks_per_node=1, sockets=1)
+    assert small.batch_size == 64 and 64 <= small.unique_per_batch < hot.mean_unique_per_batch

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
-from placement.sampler import csr_bytes, fits_on_gpu
+from placement.sampler import csr_bytes, fits_on_gpu, num_batches
 from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.staging import pinned_bytes, stage_bytes
 
@@ -238,15 +238,19 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gp
     m = placed.manifest
     hot = m.hotness
     fanouts = tuple(cfg.fanouts or hot.fanouts)
-    batch = int(cfg.batch_size or hot.batch_size)
+    # A train split smaller than the batch size makes smaller batches, in pre-sampling (whose mean
+    # unique rows are for its mean batch, not the nominal one) and in training alike.
+    train = max(1, int(placed.array("train").size))
+    presampled = max(1, round(train / num_batches(train, hot.batch_size)))
+    batch = min(int(cfg.batch_size or hot.batch_size), train)
     rows = {t: sum(b.count for b in m.bins if b.tier == t) for t in ("gpu", "cpu")}
     base = RunShape(
         nodes=m.num_nodes,
         feature_dim=m.feature_dim,
         row_bytes=placed.row_bytes,
         fanouts=tuple(hot.fanouts),
-        batch_size=hot.batch_size,
-        unique_per_batch=float(hot.mean_unique_per_batch or sampled(hot.fanouts, hot.batch_size)),
+        batch_size=presampled,
+        unique_per_batch=float(hot.mean_unique_per_batch or sampled(hot.fanouts, presampled)),
         model=cfg.model,
         hidden=int(cfg.hidden),
         heads=int(cfg.heads),
