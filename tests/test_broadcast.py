@@ -288,3 +288,22 @@ def test_the_dry_run_prints_the_prediction_and_writes_nothing(
     assert "1 over the input, the others over its relayed messages" in text
     assert main(args) == 2  # without --dry-run, --out is required
     assert "--out: required" in capsys.readouterr().err
+
+
+def test_the_space_check_counts_the_spilled_edges(
+    data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before any byte is written, the free-space check asks for the layer arrays and, beside
+    them, the largest layer's spilled edges (its scratch files live until its passes end)."""
+    import trainer.infer as ti
+
+    asked: list[int] = []
+    real = ti.check_free_space
+    monkeypatch.setattr(
+        ti, "check_free_space", lambda needs, error: (asked.append(sum(needs.values())), real(needs, error))
+    )
+    m = run(data, tmp_path / "o", nproc=2, memory=small_memory(2))
+    spilled = max(t.predicted.spilled_edge_bytes for t in m.throughput if t.predicted is not None)
+    arrays = run(data, tmp_path / "big", memory=10**9)  # nothing spilled: the arrays alone
+    assert spilled > 0 and asked == [asked[1] + spilled, asked[1]]
+    assert all(t.predicted is None or t.predicted.spilled_edge_bytes == 0 for t in arrays.throughput)

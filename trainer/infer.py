@@ -244,18 +244,21 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
             log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
             return Prepared(stage, loaded, layout, key, done=current)
     memory = opts.memory or default_memory(loaded.placed)
-    if not stage.data.exists():
-        check_free_space({out: layout.nbytes()}, InferenceError)
-        stage.create()
-        layout.create(stage.data)
-        write_inputs(stage.data / WORK, key, memory=memory)
-    else:  # the partitions (the chunks progress counts) were cut by the first run's budget
+    fresh = not stage.data.exists()
+    if not fresh:  # the partitions (the chunks progress counts) were cut by the first run's budget
         first = int(read_inputs(stage.data).get("memory") or memory)
         if opts.memory and opts.memory != first:
             log(f"keeping the interrupted run's --memory {first / 1e9:.3g} GB (its partitions are half done)")
         memory = first
     plan = read_plan(opts.plan) if opts.plan is not None else None
     predicted = predict(loaded, layout, opts, memory, device_for(plan=plan, requested=opts.device))
+    if fresh:
+        # Beside the layer arrays, a layer's spilled edges live in scratch files until its passes end.
+        scratch = max((layer.spilled_edge_bytes for layer in predicted), default=0)
+        check_free_space({out: layout.nbytes() + scratch}, InferenceError)
+        stage.create()
+        layout.create(stage.data)
+        write_inputs(stage.data / WORK, key, memory=memory)
     return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
 
