@@ -253,7 +253,12 @@ def test_the_cli_turns_sigterm_into_one_line_and_143(data: dict[str, Path], tmp_
     """A signalled in-process infer (``--nproc 1``) unwinds: one line, exit 143, OUT.partial kept
     for the rerun."""
     out = tmp_path / "emb"
-    proc = _moment(["infer", "--data", str(data["placed"]), "--checkpoint", str(data["ck"]), "--out", str(out)] + CPU)
+    # Small gather chunks (a progress record each): the run lasts seconds, not the few milliseconds
+    # the broadcast engine needs for 3,000 vertices once its prediction is made, so the signal lands.
+    slow = ["--engine", "gather", "--batch-size", "4"]
+    proc = _moment(
+        ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["ck"]), "--out", str(out)] + slow + CPU
+    )
     _wait_for(lambda: out.with_name("emb.partial").exists(), proc, "emb.partial")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
