@@ -265,8 +265,8 @@ class TieredFeatureStore:
         for k in which:
             lo, hi = edges[k], edges[k + 1]
             rows = uniq[lo:hi] - self._ssd[k].start
-            if self._slots[k] is not None:  # packed: read the file rows in file order
-                rows = np.asarray(self._slots[k][rows], dtype=np.int64)
+            if (slots := self._slots[k]) is not None:  # packed: read the file rows in file order
+                rows = np.asarray(slots[rows], dtype=np.int64)
                 order = np.argsort(rows)
                 rows = rows[order]
                 staged = np.arange(uniq.size) if staged is None else staged
@@ -384,13 +384,13 @@ class TieredFeatureStore:
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "io": {
                 "reader": type(self.reader).__name__,
-                "engine": getattr(self.reader, "engine", None),  # FileReader: native (compiled) or python
+                "engine": self.reader.engine,  # FileReader: native (compiled) or python
                 "preads": self.reader.preads - self._preads0,
                 "modes": dict(self.reader.modes),
                 "route": self.reader.route,
                 "probe": dict(self.reader.probe),
-                "config": getattr(self.reader, "config", None),
-                "routes": dict(getattr(self.reader, "routes", {})),
+                "config": self.reader.config,
+                "routes": dict(self.reader.routes),
             },
         }
 
