@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test install clean wheelhouse
+.PHONY: demo test typecheck install clean wheelhouse
 
 # The offline bundle for a GPU server without internet (README): its Python and CUDA major.
 WHEELHOUSE      ?= wheelhouse
@@ -24,8 +24,12 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
+# The type checker over moment, placement and trainer ([tool.mypy] in pyproject.toml).
+typecheck: install
+	$(BIN)/mypy
+
 wheelhouse: install
 	scripts/wheelhouse.sh $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 clean:
-	rm -rf $(VENV) moment-demo build *.egg-info
+	rm -rf $(VENV) moment-demo build *.egg-info .mypy_cache

@@ -97,7 +97,7 @@ def atomic_file(path: str | Path, binary: bool = False, replace: bool = True) ->
         raise OSError(exc.errno, exc.strerror, str(path)) from None  # the CLI prints "path: reason"
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; these files are for sharing
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

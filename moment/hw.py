@@ -40,7 +40,8 @@ def cuda_bus_ids() -> list[str]:
         out = []
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+            # torch's stubs omit the pci_* properties, which exist at run time (an old torch lacks them: below)
+            out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")  # type: ignore[attr-defined]
         return out
     except (ImportError, AttributeError, RuntimeError):
         return []

@@ -10,8 +10,9 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-# libc's pread(fd, buf, count, offset), linked by name; the buffer is passed as its address.
-_pread = types.ExternalFunction("pread", types.int64(types.int32, types.int64, types.uintp, types.int64))
+# libc's pread(fd, buf, count, offset), linked by name; the buffer is passed as its address. Any:
+# numba types its calls in compiled code.
+_pread: Any = types.ExternalFunction("pread", types.int64(types.int32, types.int64, types.uintp, types.int64))
 SIGNATURE = "UniTuple(int64, 2)(int64, int64, int64[:], int64[:], int64[:], int64)"
 
 
@@ -49,7 +50,7 @@ def compiled_or_none(factory: Callable[[bool], Any]) -> Any:
 
 
 @intrinsic
-def _fence(typingctx: Any) -> Any:
+def _fence_intrinsic(typingctx: Any) -> Any:
     """A sequentially consistent memory fence: orders this thread's ring accesses against the
     kernel's (the ring head/tail protocol of io_uring(7)), for the compiler and the CPU."""
 
@@ -60,8 +61,12 @@ def _fence(typingctx: Any) -> Any:
     return types.void(), codegen
 
 
+# What compiled code calls, with no arguments (numba passes the typing context): Any to a checker.
+_fence: Any = _fence_intrinsic
+
+
 # syscall(number, six arguments); io_uring_enter is 426 on x86-64 and arm64 (moment.uring checks).
-_syscall = types.ExternalFunction("syscall", types.int64(*[types.int64] * 7))
+_syscall: Any = types.ExternalFunction("syscall", types.int64(*[types.int64] * 7))
 IO_URING_ENTER, IORING_OP_READ, IORING_ENTER_GETEVENTS = 426, 22, 1
 U32 = 0xFFFFFFFF
 URING_SIGNATURE = (

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -140,13 +140,13 @@ def supervise(
 
 
 @contextlib.contextmanager
-def _handlers(handler: signal.Handlers | object) -> Iterator[None]:
+def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
     """``handler`` for SIGINT, SIGTERM and SIGHUP meanwhile (in the main thread; elsewhere the
     process's own handlers stay)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, handler) for s in SIGNALS}  # type: ignore[arg-type]
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:

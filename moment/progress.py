@@ -27,6 +27,8 @@ from moment.errors import UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress as Bars
+    from rich.progress import TaskID
 
 Update = Callable[[int, int], None]  # done, total: one stage's advance
 
@@ -112,8 +114,8 @@ class Reporter:
         self.interval = interval_s() if interval is None else interval
         self.clock = clock
         self.stages: dict[str, _Stage] = {}
-        self.bars = None
-        self.tasks: dict[str, object] = {}
+        self.bars: Bars | None = None
+        self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> Reporter:
         if self.live:
@@ -134,7 +136,7 @@ class Reporter:
         if self.bars is not None:
             if stage not in self.tasks:
                 self.tasks[stage] = self.bars.add_task(stage, total=total or None)
-            self.bars.update(self.tasks[stage], completed=done, total=total or None)  # type: ignore[arg-type]
+            self.bars.update(self.tasks[stage], completed=done, total=total or None)
             return
         now = self.clock()
         st = self.stages.get(stage)

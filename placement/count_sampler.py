@@ -23,9 +23,11 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import ModuleType
 
 import numpy as np
 
+numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; the kernel then runs as Python

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,7 +62,10 @@ CHUNK = 1 << 22  # entries per step of a full scan: tens of MB whatever the data
 class FeatureShape:
     """Sizes read from a manifest's ``meta``: shared by datasets and placed datasets."""
 
-    meta: dict[str, Any]
+    if TYPE_CHECKING:  # a Dataset's is computed once, a Placed's is a field: read-only here
+
+        @property
+        def meta(self) -> dict[str, Any]: ...
 
     @property
     def num_nodes(self) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from moment.contracts.tiers import TIERS
 from moment.errors import MomentError
 from placement.relabel import id_type
 
+numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
     import numba
     import numba.extending

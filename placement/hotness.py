@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from moment.progress import Update
 from placement.count_sampler import CountSampler
 from placement.dataset import Dataset
 
+numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; the kernels then run as Python

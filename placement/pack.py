@@ -140,7 +140,7 @@ def plan_pack(
         ids = ssd_rows(nodes)
         k = np.searchsorted(local, ids, side="right") - 1
         edges = np.searchsorted(k, np.arange(len(sizes) + 1))
-        for b in np.flatnonzero(np.diff(edges)):
+        for b in np.flatnonzero(np.diff(edges)).tolist():
             part = ids[edges[b] : edges[b + 1]]
             plan.unpacked_bytes += _moved(part - local[b], row_bytes)[0]
             moved, runs = _moved(np.sort(slot[part]), row_bytes)
@@ -158,13 +158,17 @@ def write_packed(src: Path, dst: Path, name: str, slots: np.ndarray, row_bytes: 
     to back, checksummed on the way and fsync'ed."""
     order = np.empty_like(slots)
     order[slots] = np.arange(slots.size, dtype=slots.dtype)  # the id-order row at each file row
-    rows = np.memmap(src, dtype=np.uint8, mode="r", shape=(slots.size, row_bytes)) if slots.size else None
+    rows = (  # (an empty file cannot be mapped)
+        np.memmap(src, dtype=np.uint8, mode="r", shape=(slots.size, row_bytes))
+        if slots.size
+        else np.empty((0, row_bytes), dtype=np.uint8)
+    )
     step = max(1, CHUNK_BYTES // row_bytes)
     hasher = new_hasher()
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(dst, "wb", buffering=0) as fh:
         for at in range(0, slots.size, step):
-            block = np.ascontiguousarray(rows[order[at : at + step]])  # type: ignore[index]
+            block = np.ascontiguousarray(rows[order[at : at + step]])
             view = memoryview(block.reshape(-1))
             hasher.update(view)
             while len(view):

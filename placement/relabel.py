@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -26,12 +27,13 @@ from moment.contracts.tiers import TIERS
 from moment.progress import Update
 from placement.writer import NpyWriter
 
+numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; the kernels then run as Python
     numba = None
 
-TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
+TIER_ORDER: dict[str, int] = {t: i for i, t in enumerate(TIERS)}
 CHUNK_ROWS = 1 << 18  # rows rewritten at once, at most ...
 CHUNK_EDGES = 1 << 21  # ... and at most this many edges (a row longer than that: alone), bounding memory
 GATHER_THREADS = 4  # the most threads gathering rows at once (memory-latency bound: more cores help)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from moment.errors import UsageError
 from moment.progress import Progress
@@ -304,7 +305,7 @@ class _Npy:
     Plain writes rather than a memory map keep resident memory at one block, however large the file.
     """
 
-    def __init__(self, path: Path, dtype: np.dtype | str, shape: tuple[int, ...]) -> None:
+    def __init__(self, path: Path, dtype: DTypeLike, shape: tuple[int, ...]) -> None:
         self.dtype = np.dtype(dtype)
         self.fh = open(path, "wb")  # noqa: SIM115 - closed by __exit__
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}

@@ -23,13 +23,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import BinaryIO
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 
+numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable sort is the fallback
@@ -85,7 +88,7 @@ class NpyWriter:
     the way: the manifest's SHA-256 without reading the file back, and resident memory of one
     block however large the file. Seconds spent hashing and in the final fsync are kept."""
 
-    def __init__(self, path: Path, dtype: np.dtype | str, shape: tuple[int, ...]) -> None:
+    def __init__(self, path: Path, dtype: DTypeLike, shape: tuple[int, ...]) -> None:
         self.path, self.dtype, self.shape = path, np.dtype(dtype), shape
         self.hasher = new_hasher()
         self.hash_s = self.fsync_s = 0.0
@@ -126,7 +129,7 @@ class NpyWriter:
         return self.digest
 
 
-def save_npy(path: Path, array: np.ndarray, dtype: np.dtype | type | None = None, chunk: int = 1 << 22) -> NpyWriter:
+def save_npy(path: Path, array: np.ndarray, dtype: DTypeLike | None = None, chunk: int = 1 << 22) -> NpyWriter:
     """``array`` as an .npy file of ``dtype`` (default its own) through :class:`NpyWriter`,
     converted ``chunk`` entries at a time (no full-size copy), closed: digest and timings kept."""
     out = NpyWriter(path, dtype or array.dtype, array.shape)
@@ -192,7 +195,10 @@ def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.n
     ``out``, of the same shape, where given)."""
     if group_rows_fast is None:
         grouped = np.take(rows, np.argsort(bins, kind="stable"), axis=0)
-        return grouped if out is None else np.copyto(out, grouped) or out
+        if out is None:
+            return grouped
+        np.copyto(out, grouped)
+        return out
     unit = next(u for u in (np.uint64, np.uint32, np.uint16, np.uint8) if rows.shape[1] % np.dtype(u).itemsize == 0)
     words = rows.view(unit)  # copy whole words: 8 bytes at a time where the row size allows
     dest = np.empty_like(words) if out is None else out.view(unit)
@@ -212,7 +218,7 @@ class _Source:
         self.row_bytes = features.shape[1] * features.dtype.itemsize if features.ndim == 2 else features.itemsize
         self.buffers = [np.empty((chunk_rows, self.row_bytes), dtype=np.uint8) for _ in range(2)]
         self.fd: int | None = None
-        name = getattr(features, "filename", None)
+        self.name = name = getattr(features, "filename", None)
         if isinstance(features, np.memmap) and name and features.flags.c_contiguous and features.shape[0]:
             self.fd, self.offset = os.open(name, os.O_RDONLY), int(features.offset)
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -232,7 +238,7 @@ class _Source:
         while got < len(view):
             k = os.preadv(self.fd, [view[got:]], self.offset + row * self.row_bytes + got)
             if k == 0:
-                raise OSError(f"{self.features.filename}: ends before row {end} (truncated while placing?)")
+                raise OSError(f"{self.name}: ends before row {end} (truncated while placing?)")
             got += k
         return buf
 

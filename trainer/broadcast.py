@@ -331,8 +331,8 @@ class Relay:
     the ones those passes would compute from the input (the same blocks through the same
     weights), so the bytes of the output do not change."""
 
-    messages: np.ndarray  # num_nodes × width float32 (a memory map)
-    roots: np.ndarray  # (r1 - r0) × width float32
+    messages: np.memmap  # num_nodes × width float32
+    roots: np.memmap  # (r1 - r0) × width float32
     r0: int
     writing: bool  # the first pass (writes), else a later one (reads)
 
@@ -428,29 +428,34 @@ def _stream(
         return None, msg, root, edges
 
     with ThreadPoolExecutor(1, thread_name_prefix="broadcast-read") as pool:
-        ahead = pool.submit(fetch, todo[0]) if todo else None
+        ahead = [pool.submit(fetch, todo[0])] if todo else []
         for i, k in enumerate(todo):
-            x, msg, root, edges = ahead.result()  # type: ignore[union-attr]
+            x, msg, root, edges = ahead.pop().result()
             if i + 1 < len(todo):  # the next block is read while this one is computed
-                ahead = pool.submit(fetch, todo[i + 1])
+                ahead.append(pool.submit(fetch, todo[i + 1]))
             s0, s1 = spans[k]
             lo, hi = max(s0, a), min(s1, b)
             done.blocks_read += 1
             if x is not None:
                 done.input_bytes += x.numel() * x.element_size()
                 done.input_rows += s1 - s0
-                msg = form.message(x).contiguous() if edges is not None or writing else None
-                full = form.root(x) if lo < hi or writing else None
+                if relay is not None and relay.writing:  # every block's messages and root terms, relayed
+                    msg, terms = form.message(x).contiguous(), form.root(x)
+                    _relay_block(relay, s0, s1, msg, terms)
+                    full: torch.Tensor | None = terms
+                else:
+                    msg = form.message(x).contiguous() if edges is not None else None
+                    full = form.root(x) if lo < hi else None
                 root = full[lo - s0 : hi - s0] if full is not None and lo < hi else None
-                if writing:
-                    _relay_block(relay, s0, s1, msg, full)  # type: ignore[arg-type]
             else:
                 done.message_rows += s1 - s0 if msg is not None else 0
                 done.root_rows += hi - lo if root is not None else 0
             if edges is not None:
+                assert msg is not None  # computed or relayed for every block with edges into the partition
                 src, dst = edges
                 add(acc, dst, src, msg)
             if lo < hi:  # the partition's own rows in this block: their root term, weighted by c
+                assert root is not None  # computed or relayed for every block holding partition rows
                 acc[lo - a : hi - a] += c[lo - a : hi - a] * root
             if update is not None:  # the stream's share of the partition's vertices
                 step = (b - a) * (i + 1) // len(todo) - (b - a) * i // len(todo)

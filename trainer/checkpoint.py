@@ -26,7 +26,7 @@ import pickle
 import random
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -56,7 +56,8 @@ META_KEYS = ("format", "epoch", "config", "data", "history", "tensors_sha256")  
 
 def rng_state() -> dict[str, Any]:
     """Every RNG the run draws from, as tensors and lists (weights_only-loadable)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # numpy's legacy state (the default form): its stubs also allow the dict of legacy=False
+    kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),

@@ -19,7 +19,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from moment.errors import UsageError
 from moment.options import OptionParser, Registry, add_arguments, ints, option, values
@@ -154,9 +154,28 @@ class TrainConfig:
 
     @property
     def layers(self) -> int:
+        return len(self.resolved_fanouts)
+
+    @property
+    def resolved_fanouts(self) -> tuple[int, ...]:
+        """The fan-outs, once given or taken from the placement (:meth:`with_sampling`)."""
         if self.fanouts is None:
             raise ValueError("fanouts not resolved yet (with_sampling)")
-        return len(self.fanouts)
+        return self.fanouts
+
+    @property
+    def resolved_batch_size(self) -> int:
+        """The batch size, once given or taken from the placement (:meth:`with_sampling`)."""
+        if self.batch_size is None:
+            raise ValueError("batch size not resolved yet (with_sampling)")
+        return self.batch_size
+
+    @property
+    def resolved_hidden(self) -> int:
+        """The hidden width: given, or the model's registered one (set when the config is made)."""
+        if self.hidden is None:
+            raise ValueError("hidden width not resolved")
+        return self.hidden
 
     def with_sampling(self, fanouts: Sequence[int], batch_size: int) -> TrainConfig:
         """This config with unset fan-outs and batch size taken from the placement's pre-sampling."""
@@ -192,7 +211,7 @@ class _RaisingParser(OptionParser):
     """The trainer's parser as ``moment train`` uses it: a bad value raises a UsageError (one
     line, exit 2, printed once by the CLI) instead of printing usage and exiting."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"trainer argument: {message}")
 
 

@@ -27,7 +27,7 @@ def epoch_batches(
     """Seed batches of ``rank`` for one training epoch: all ranks run the same number of steps,
     each id is a seed at most once per epoch across ranks (all but ``len(ids) % world_size``)."""
     batches = sampler.batches(
-        ids, cfg.batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size, drop_last_uneven=True
+        ids, cfg.resolved_batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=world_size, drop_last_uneven=True
     )
     return islice(batches, cfg.max_batches_per_epoch)
 

@@ -301,11 +301,11 @@ class TieredFeatureStore:
             self._count(GPU, where[GPU].size, where[GPU].size * self.row_bytes, time.perf_counter() - start)
             on_device[where[GPU]] = True
         start = time.perf_counter()
-        if ssd_stage is not None:
+        if ssd_stage is not None and self._dev_stage is not None:  # (the one with the other: _read_ssd)
             values = ssd_stage.view(self.dtype)
             out.index_copy_(0, _on(where[SSD], dev), values.index_select(0, _on(src[where[SSD]], dev)))
             on_device[where[SSD]] = True
-            self._dev_stage.release()  # type: ignore[union-attr]
+            self._dev_stage.release()
         pos = np.flatnonzero(~on_device)
         if pos.size:
             values = stage.view(self.dtype).to(dev, non_blocking=self.pin)

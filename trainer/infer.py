@@ -306,7 +306,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     engines = layer_engines(loaded, opts.engine)
     for i, name in enumerate(stages(layout.depth)):
         vertices = sum(int(s.timing.get(name, [0, 0.0])[0]) for s in states)
-        measured = {}
+        measured: dict[str, Any] = {}
         if i < layout.depth:
             measured = {
                 "read_bytes": sum(int(s.timing.get(name, [0] * 4)[2]) for s in states),

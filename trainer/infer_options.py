@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from moment.errors import UsageError
 from moment.options import Registry, option, path, positive
@@ -55,12 +55,14 @@ class InferOptions:
         type=positive,
         help="ranks, each taking a contiguous range of vertices (torchrun processes when more than 1; default 1)",
     )
-    layers: str = option(
+    layers: Literal["last", "all"] = option(
         "last",
         choices=_choices("LAYER_CHOICES"),
         help="last: embeddings and predictions; all: also logits.npy and every earlier hidden layer",
     )
-    dtype: str = option("float32", choices=_choices("DTYPES"), help="of the hidden-layer arrays")
+    dtype: Literal["float16", "float32"] = option(
+        "float32", choices=_choices("DTYPES"), help="of the hidden-layer arrays"
+    )
     batch_size: int = option(DEFAULT_BATCH, type=positive, help="destination vertices per chunk (default %(default)s)")
     device: str = option(
         "auto",

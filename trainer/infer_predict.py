@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,13 +102,13 @@ def calibrate(
     return Compute(t_rows / block, (t_bucket + t_add) / edges)
 
 
-def _best(fn: object, device: torch.device, tries: int = 5) -> float:
+def _best(fn: Callable[[], object], device: torch.device, tries: int = 5) -> float:
     """The shortest of ``tries`` timed calls after one untimed (compiles, allocator, thread pool)."""
-    fn()  # type: ignore[operator]
+    fn()
     times = []
     for _ in range(tries):
         start = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)

@@ -236,7 +236,7 @@ class Run:
         self.base = NeighborSampler(
             self.csr.indptr,
             self.csr.indices,
-            cfg.fanouts,
+            cfg.resolved_fanouts,
             device=device,
             seed=cfg.seed,
             csr_on_device=self.csr.where != "cpu",
@@ -270,7 +270,7 @@ class Run:
         try:
             self.store.close()
         finally:
-            self.base = None  # type: ignore[assignment]
+            del self.base  # the sampler's views of the CSR go before its registration does
             self.csr.close()
 
     def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
@@ -279,15 +279,17 @@ class Run:
 
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
         """Accuracy on a split, sharded over ranks and summed."""
-        seeds = self.base.batches(ids, self.cfg.batch_size, shuffle=False, rank=self.rank, world_size=self.world)
+        seeds = self.base.batches(
+            ids, self.cfg.resolved_batch_size, shuffle=False, rank=self.rank, world_size=self.world
+        )
         batches = self._batches(seeds, derive_seed(self.cfg.seed, EVAL_STREAM, epoch, split, self.rank))
         try:
             with compute_stream(self.device, self.stream):
                 correct, total = evaluate(self.module, iter(batches))
         finally:
             batches.close()
-        correct, total = all_reduce_sum([correct, total], self.device)
-        return correct / total if total else float("nan")
+        right, asked = all_reduce_sum([correct, total], self.device)
+        return right / asked if asked else float("nan")
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -296,7 +298,9 @@ class Run:
             drawn = epoch % pack.epochs if cfg.reuse_samples and pack is not None else epoch  # the batches' epoch
             seeds = epoch_batches(self.base, self.data.train, cfg, drawn, self.rank, self.world)
             steps = min(
-                num_batches(len(self.data.train), cfg.batch_size, self.world, self.rank, drop_last_uneven=True),
+                num_batches(
+                    len(self.data.train), cfg.resolved_batch_size, self.world, self.rank, drop_last_uneven=True
+                ),
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -125,7 +125,9 @@ def _sage_scatter(conv: nn.Module) -> Scatter | None:
     aggregation) have none."""
     if getattr(conv, "aggr", None) != "mean" or getattr(conv, "project", True) or getattr(conv, "normalize", True):
         return None
-    lin_l, lin_r = conv.lin_l, getattr(conv, "lin_r", None) if conv.root_weight else None
+    # PyG's Linear layers (untyped here): Any.
+    lin_l: Any = conv.lin_l
+    lin_r: Any = getattr(conv, "lin_r", None) if conv.root_weight else None
     bias = lin_l.bias
 
     def message(x: torch.Tensor) -> torch.Tensor:
@@ -222,7 +224,7 @@ def count_parameters(cfg: TrainConfig, in_dim: int, num_classes: int) -> int | N
     total, width = 0, in_dim
     for i in range(cfg.layers):
         last = i == cfg.layers - 1
-        params, width = count(cfg, width, num_classes if last else int(cfg.hidden), last)
+        params, width = count(cfg, width, num_classes if last else cfg.resolved_hidden, last)
         total += params
     return total
 
@@ -236,6 +238,6 @@ def build_model(cfg: TrainConfig, in_dim: int, num_classes: int) -> BlockGNN:
     convs, width = [], in_dim
     for i in range(cfg.layers):
         last = i == cfg.layers - 1
-        conv, width = make(cfg, width, num_classes if last else int(cfg.hidden), last)
+        conv, width = make(cfg, width, num_classes if last else cfg.resolved_hidden, last)
         convs.append(conv)
     return BlockGNN(convs, cfg.dropout)

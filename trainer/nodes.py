@@ -53,7 +53,17 @@ SPLITS = ("train", "val", "test")
 # (median), and at least this share of the epoch longer.
 STRAGGLER_RATIO, STRAGGLER_SHARE = 2.0, 0.10
 # Options that are each node's own: its files, its memory file system, its devices and readers.
-PER_NODE = ("data", "plan", "shm_dir", "io", "metrics_json", "checkpoint_dir", "overwrite", "prefetch", "device")
+PER_NODE: tuple[str, ...] = (
+    "data",
+    "plan",
+    "shm_dir",
+    "io",
+    "metrics_json",
+    "checkpoint_dir",
+    "overwrite",
+    "prefetch",
+    "device",
+)
 PER_NODE += ("sampling", "host_gather")
 
 

@@ -4,6 +4,7 @@ integer types, and choices read from a stage's registry."""
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from moment.cli.output import print_error
 from moment.options import OptionParser, Registry, non_negative, positive
@@ -14,7 +15,7 @@ __all__ = ["Parser", "non_negative", "positive", "registry_choices"]
 class Parser(OptionParser):
     """argparse that reports usage errors in one line, naming the verb (its ``prog``), and exits 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print_error(self.prog, f"{message} (see `{self.prog} --help`)")
         raise SystemExit(2)
 

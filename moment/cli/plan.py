@@ -202,7 +202,8 @@ def _sweep(machine, workload, gpus: list[int], ssds: list[int], args: argparse.N
     if args.out or args.picture:
         raise UsageError("--out/--picture need one GPU count and one SSD count, not a range")
     space = Space.of(machine)
-    todo, skipped = [], []
+    todo: list[tuple[int, int, str | None]] = []
+    skipped: list[tuple[int, int, str | None]] = []
     for g in gpus:
         for s in ssds:
             why = space.misfit(g, s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -21,7 +21,9 @@ from moment.contracts.metrics import EpochRecord
 from moment.contracts.placed import MANIFEST, PlacedManifest
 from moment.errors import MomentError
 
-FORMAT = "moment.checkpoint/3"
+FORMAT: Final = (
+    "moment.checkpoint/3"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 # Config fields that shape the parameters: a checkpoint made with other values cannot be loaded.
 SHAPING = ("model", "hidden", "heads", "fanouts")
 
@@ -70,11 +72,11 @@ class DataIdentity(Strict):
 
 
 class CheckpointMeta(Contract):
+    format: Literal["moment.checkpoint/3"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a training checkpoint"
     ERROR: ClassVar[type[MomentError]] = CheckpointError
 
-    format: Literal["moment.checkpoint/3"] = FORMAT
     epoch: int = Field(ge=0)  # epochs done
     config: dict[str, Any]  # the TrainConfig, as primitives
     data: DataIdentity

@@ -7,14 +7,16 @@ sidecar records N and the total so that a truncated, swapped or foreign counts f
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field, StrictFloat, StrictInt
 
 from moment.contracts import Contract
 from moment.errors import MomentError
 
-FORMAT = "moment.hotness/1"
+FORMAT: Final = (
+    "moment.hotness/1"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 
 
 class HotnessError(MomentError):
@@ -22,11 +24,11 @@ class HotnessError(MomentError):
 
 
 class HotnessMeta(Contract):
+    format: Literal["moment.hotness/1"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "the counts file's JSON sidecar"
     ERROR: ClassVar[type[MomentError]] = HotnessError
 
-    format: Literal["moment.hotness/1"] = FORMAT
     num_nodes: StrictInt = Field(ge=0)
     total: StrictInt = Field(ge=0)  # sum of the counts
     batches: StrictInt = Field(ge=0)

@@ -10,7 +10,7 @@ placement's relabelled ones).
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field, field_validator
 
@@ -18,7 +18,9 @@ from moment.contracts import Contract, Registered, Strict
 from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
 
-FORMAT = "moment.inference/1"
+FORMAT: Final = (
+    "moment.inference/1"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 MANIFEST = "inference.json"
 
 
@@ -81,11 +83,11 @@ class LayerThroughput(Strict):
 
 
 class InferenceManifest(Contract):
+    format: Literal["moment.inference/1"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "an inference manifest"
     ERROR: ClassVar[type[MomentError]] = InferenceError
 
-    format: Literal["moment.inference/1"] = FORMAT
     key: str = Field(pattern=r"^[0-9a-f]{64}$")  # digest of the inputs and options: same key, same bytes
     model: dict[str, Any]  # the checkpoint's training config (model, hidden, heads, fanouts, ...)
     checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")

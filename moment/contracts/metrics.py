@@ -8,7 +8,7 @@ place that says which there are and of what type, on writing and on reading.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -17,7 +17,9 @@ from moment.contracts.placed import PredictedWorkload
 from moment.contracts.plan import Share, TierShares
 from moment.errors import MomentError
 
-FORMAT = "moment.metrics/2"
+FORMAT: Final = (
+    "moment.metrics/2"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 
 
 class MetricsError(MomentError):
@@ -134,12 +136,12 @@ class MeasuredMemory(_Part):
 
 
 class MetricsDoc(Contract):
+    format: Literal["moment.metrics/2"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a training metrics file"
     ERROR: ClassVar[type[MomentError]] = MetricsError
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
-    format: Literal["moment.metrics/2"] = FORMAT
     complete: bool  # the run ended: test_acc and the digests are in
     config: dict[str, Any]  # the run's TrainConfig, as its to_dict()
     world_size: int = Field(ge=1)

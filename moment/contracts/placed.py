@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -32,7 +32,9 @@ from moment.contracts.plan import Share, TierShares
 from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 
-FORMAT = "moment.placed/3"
+FORMAT: Final = (
+    "moment.placed/3"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
@@ -176,11 +178,11 @@ class PackSummary(Strict):
 
 
 class PlacedManifest(Contract):
+    format: Literal["moment.placed/3"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
     WHAT: ClassVar[str] = "a placed dataset's manifest"
     ERROR: ClassVar[type[MomentError]] = PlacedError
 
-    format: Literal["moment.placed/3"] = FORMAT
     complete: Literal[True] = True
     run_id: str = Field(pattern=RUN_ID.pattern)  # in every bin's file name: what proves a bin is this run's
     key: str = Field(pattern=r"^[0-9a-f]{16}$")  # digest of the inputs: an identical re-run has nothing to do

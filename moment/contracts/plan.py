@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -31,7 +31,9 @@ from moment.contracts.tiers import Tier
 from moment.planner.workload import Workload
 from moment.topology.model import DeviceKind
 
-FORMAT = "moment.plan/2"
+FORMAT: Final = (
+    "moment.plan/2"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+)
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]{0,99}$")
 
 
@@ -117,7 +119,7 @@ class Rank(_Part):
 
 # A flow model beyond these two (moment.planner.flow.FLOW_MODELS) writes its figures as
 # <model>_iteration_s, <model>_gbps_per_gpu and <model>_bottleneck: typed here, by suffix.
-MODEL_FIGURES = {
+MODEL_FIGURES: dict[str, TypeAdapter[Any]] = {
     "_iteration_s": TypeAdapter(float),
     "_gbps_per_gpu": TypeAdapter(list[float]),
     "_bottleneck": TypeAdapter(list[str]),
@@ -208,11 +210,11 @@ def _invalid(loc: tuple[str | int, ...], message: str) -> ValidationError:
 class PlanDoc(Contract):
     """plan.json, read with :meth:`read` (one line naming the file and field on any problem)."""
 
+    format: Literal["moment.plan/2"] = FORMAT
     FORMAT = FORMAT
     WHAT = "plan file"
     model_config = ConfigDict(strict=True)
 
-    format: Literal["moment.plan/2"] = FORMAT
     created: str  # ISO 8601, UTC
     moment_version: str
     profile: PlanProfile

@@ -94,8 +94,8 @@ class LayoutBound:
             return best
         inside_gpus = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
         inside_rate = {cut: 0.0 for cut in self.cuts}
-        for cuts, ng, ns, r in zip(self.class_cuts, g, s, self.ssd_rate):
-            for cut in cuts:
+        for above, ng, ns, r in zip(self.class_cuts, g, s, self.ssd_rate):
+            for cut in above:
                 inside_gpus[cut] += ng
                 inside_rate[cut] += ns * r
         for cut, c in self.cuts.items():
@@ -127,8 +127,8 @@ class LayoutBound:
         inside = {cut: c.fixed_gpus for cut, c in self.cuts.items()}
         room_in = {cut: 0 for cut in self.cuts}  # free SSD slots inside each cut ...
         rate_in = {cut: 0.0 for cut in self.cuts}  # ... and the fastest SSD rate among them
-        for cuts, ng, n, r in zip(self.class_cuts, g, room, self.ssd_rate):
-            for cut in cuts:
+        for above, ng, n, r in zip(self.class_cuts, g, room, self.ssd_rate):
+            for cut in above:
                 inside[cut] += ng
                 if n > 0:
                     room_in[cut] += n

@@ -88,7 +88,9 @@ class SlotSpace:
 
 
 def slot_space(machine: Machine) -> SlotSpace:
-    positions, gpus, ssds = [], [], []
+    positions: list[Port] = []
+    gpus: list[Device] = []
+    ssds: list[Device] = []
     for port, _ in machine.iter_ports():
         dev = port.device
         movable = dev is not None and dev.kind in MOVABLE and port.slot is not None

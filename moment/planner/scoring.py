@@ -125,6 +125,7 @@ def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
     where = {p.device.id: (p.id, sock.id, p.device) for p, sock in s.machine.iter_ports() if p.device is not None}
     out = []
     for b in s.net.bins:
+        capacity: float | None
         if b.tier == "gpu":
             port, socket, capacity = None, None, workload.gpu_cache_rows() * workload.row_bytes / 1e9
         elif b.tier == "cpu":

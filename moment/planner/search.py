@@ -38,7 +38,7 @@ class SlotClass:
 class Candidate:
     layout: dict[str, str]  # port id -> device id
     prediction: flow.Prediction | None = None  # None until the layout is evaluated (many never are)
-    counts: tuple = ()
+    counts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # GPUs and SSDs per slot class
 
     @property
     def predicted(self) -> flow.Prediction:
@@ -211,7 +211,7 @@ class Space:
         """The distinct ways to put ``n_gpus`` GPUs into the classes (one per mirror image), by
         signature; remembered, as a sweep asks for each GPU count once per SSD count."""
         if n_gpus not in self.placements:
-            nothing, found = (0,) * len(self.classes), {}
+            nothing, found = (0,) * len(self.classes), dict[str, tuple[int, ...]]()
             for g in _distribute(n_gpus, [len(c.ports) if c.gpu_ok else 0 for c in self.classes]):
                 found.setdefault(self.signer(g, nothing), g)
             self.placements[n_gpus] = found
@@ -450,7 +450,7 @@ def count_layouts(classes: list[SlotClass], n_gpus: int, n_ssds: int, slots: boo
     they stand for), counted class by class rather than enumerated: a sweep asks for every count."""
     ways = {(0, 0): 1}  # (GPUs, SSDs) placed in the classes so far -> ways
     for c in classes:
-        n, nxt = len(c.ports), {}
+        n, nxt = len(c.ports), dict[tuple[int, int], int]()
         for (a, b), k in ways.items():
             for gi in range(min(n, n_gpus - a) + 1 if c.gpu_ok else 1):
                 for si in range(min(n - gi, n_ssds - b) + 1 if c.ssd_ok else 1):

@@ -11,11 +11,30 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from moment.topology import pci
-from moment.topology.model import Device, Link, Port, Slot, Socket, SocketLink, Switch
+from moment.topology.model import (
+    Device,
+    DeviceKind,
+    Link,
+    Port,
+    PortKind,
+    Slot,
+    Socket,
+    SocketLink,
+    SocketLinkKind,
+    Switch,
+)
 from moment.topology.pci import PciFunction
 
 # Order in which a multi-function device is named for its most important function.
-_KIND_RANK = {pci.GPU: 0, pci.NVME: 1, pci.NIC: 2, pci.STORAGE: 3, pci.OTHER: 4}
+# A device's kind by its primary function's class, in the order the primary function is chosen by.
+_DEVICE_KINDS: dict[str, DeviceKind] = {
+    pci.GPU: "gpu",
+    pci.NVME: "nvme",
+    pci.NIC: "nic",
+    pci.STORAGE: "storage",
+    pci.OTHER: "other",
+}
+_KIND_RANK = {k: i for i, k in enumerate(_DEVICE_KINDS)}
 _ADD_IN_KINDS = {pci.GPU, pci.NVME, pci.NIC, pci.STORAGE}
 
 
@@ -72,8 +91,7 @@ class _Builder:
         """One device from all the functions found below a port (a GPU's audio is not a device)."""
         endpoints = [f for f in functions if not f.is_bridge] or functions
         primary = min(endpoints, key=lambda f: (_KIND_RANK.get(pci.classify(f), 9), f.bdf))
-        kind = pci.classify(primary)
-        kind = kind if kind in _KIND_RANK else pci.OTHER
+        kind = _DEVICE_KINDS.get(pci.classify(primary), "other")
         index = self.kind_count[kind]
         self.kind_count[kind] += 1
         return Device(
@@ -90,7 +108,7 @@ class _Builder:
         )
 
     # --- ports ---------------------------------------------------------------------------
-    def make_port(self, f: PciFunction, kind: str, root_complex: str | None) -> Port:
+    def make_port(self, f: PciFunction, kind: PortKind, root_complex: str | None) -> Port:
         below = self.children.get(f.bdf, [])
         port = Port(
             id=f.bdf,
@@ -109,7 +127,7 @@ class _Builder:
         port.link = _link(f, child_link, empty=not below)
         return port
 
-    def synthetic_port(self, kind: str, link_from: PciFunction, root_complex: str | None) -> Port:
+    def synthetic_port(self, kind: PortKind, link_from: PciFunction, root_complex: str | None) -> Port:
         """A port a source does not list (NCCL omits root and downstream ports)."""
         self.synthetic_ports += 1
         return Port(
@@ -147,7 +165,7 @@ class _Builder:
     def root_ports(self) -> list[tuple[PciFunction, Port]]:
         """(first function, port) for every top-level port, in address order."""
         out: list[tuple[PciFunction, Port]] = []
-        integrated: dict[str, Port] = {}
+        integrated: dict[str, Device] = {}  # device address -> its device
         for f in self.children.get(None, []):
             rc = f.bdf.rsplit(":", 1)[0]
             if self.is_switch(f):  # NCCL lists the switch under the CPU, not its root port
@@ -162,11 +180,10 @@ class _Builder:
                 port.device = self.make_device([f])
             elif pci.classify(f) in _ADD_IN_KINDS:  # chipset SATA, RCiEP NICs, virtio in a VM
                 if f.device_address in integrated:
-                    integrated[f.device_address].device.functions.append(f.bdf)
+                    integrated[f.device_address].functions.append(f.bdf)
                     continue
                 port = Port(id=f"int-{f.bdf}", kind="integrated", root_complex=rc)
-                port.device = self.make_device([f])
-                integrated[f.device_address] = port
+                port.device = integrated[f.device_address] = self.make_device([f])
             else:
                 continue  # host bridges, integrated registers
             out.append((f, port))
@@ -276,7 +293,9 @@ def _cpu_family(functions: list[PciFunction]) -> str | None:
 
 def link_sockets(sockets: list[Socket], family: str | None) -> list[SocketLink]:
     """Inter-socket links: a chain (a 2-socket board has one link; more are rare here)."""
-    kind = "infinity-fabric" if family == "amd" else ("upi" if family not in (None, "qpi", "unknown") else "unknown")
+    kind: SocketLinkKind = (
+        "infinity-fabric" if family == "amd" else ("upi" if family not in (None, "qpi", "unknown") else "unknown")
+    )
     return [SocketLink(between=(a.id, b.id), kind=kind, family=family) for a, b in zip(sockets, sockets[1:])]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from moment.topology import bandwidth
-from moment.topology.model import Device, Link, NvLink, Port, Slot, Socket, Switch
+from moment.topology.model import Device, Link, NvLink, NvLinkVia, Port, Slot, SlotForm, Socket, Switch
 from moment.topology.pci import PciFunction, bus_of
 from moment.topology.sources.dmidecode import DmiSlot
 from moment.topology.sources.nvidia_smi import SmiTopo, smi_groups
@@ -105,8 +105,12 @@ def _functions_below(port: Port) -> list[str]:
     return []
 
 
-def _form(form: str) -> str:
-    return form if form in ("pcie", "m2", "u2", "e1s", "ocp") else "other"
+# dmidecode's slot forms that are a profile's too (the rest: "other").
+_FORMS: dict[str, SlotForm] = {"pcie": "pcie", "m2": "m2", "u2": "u2", "e1s": "e1s", "ocp": "ocp"}
+
+
+def _form(form: str) -> SlotForm:
+    return _FORMS.get(form, "other")
 
 
 def _width(width: int | None) -> int | None:
@@ -124,7 +128,7 @@ def nvlinks_from_smi(topo: SmiTopo, gpus: list[Device]) -> tuple[list[NvLink], l
         )
         return [], warnings
     index = {name: dev for name, dev in zip(topo.gpus, ordered)}
-    via = "nvswitch" if _all_pairs(topo) else "bridge"
+    via: NvLinkVia = "nvswitch" if _all_pairs(topo) else "bridge"
     arch = bandwidth.gpu_arch_of(ordered[0].model) if ordered else None
     links = [
         NvLink(between=(index[a].id, index[b].id), links=count, via=via, arch=arch)

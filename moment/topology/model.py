@@ -22,6 +22,8 @@ SCHEMA = "moment.topology/1"
 DeviceKind = Literal["gpu", "nvme", "nic", "storage", "other"]
 SlotForm = Literal["pcie", "pcie-double", "m2", "u2", "e1s", "ocp", "sxm", "onboard", "other"]
 PortKind = Literal["root_port", "downstream", "integrated"]
+SocketLinkKind = Literal["upi", "qpi", "infinity-fabric", "unknown"]
+NvLinkVia = Literal["bridge", "nvswitch"]
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
 
@@ -163,7 +165,7 @@ class SocketLink(_Strict):
     """The inter-socket link (UPI/QPI/Infinity Fabric) between two sockets."""
 
     between: tuple[str, str]
-    kind: Literal["upi", "qpi", "infinity-fabric", "unknown"] = "upi"
+    kind: SocketLinkKind = "upi"
     family: str | None = Field(default=None, description="key of the bandwidth table")
     links: int | None = Field(default=None, ge=1)
     gbps: LinkGBps = Field(default=None, description="measured GB/s per direction")
@@ -178,7 +180,7 @@ class NvLink(_Strict):
     between: tuple[str, str]
     links: int = Field(default=1, ge=1)
     arch: str | None = None
-    via: Literal["bridge", "nvswitch"] = "bridge"
+    via: NvLinkVia = "bridge"
     gbps: LinkGBps = Field(default=None, description="measured GB/s per direction")
 
     def bandwidth_gbps(self) -> float:

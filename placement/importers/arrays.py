@@ -35,6 +35,8 @@ from placement.dataset import (
 )
 from placement.importers import csr, publish, readers
 
+EDGE_FORMS = "give either --edges (an edge list), or --indptr with --indices"
+
 
 def import_arrays(
     out: str | Path,
@@ -71,7 +73,7 @@ def import_arrays(
     ``copy_features``: the manifest records the file's identity (placement.dataset.feature_source).
     """
     if (edges is None) == (indptr is None and indices is None) or (indptr is None) != (indices is None):
-        raise UsageError("give either --edges (an edge list), or --indptr with --indices")
+        raise UsageError(EDGE_FORMS)
     out = Path(out)
     if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
         raise UsageError(f"feature_dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
@@ -86,7 +88,12 @@ def import_arrays(
         )
     labs = _npy(labels, "labels")
     classes = _check_labels(labs, labels, n, features, chunk)
-    source = _EdgeList(edges, n) if edges is not None else _Csr(indptr, indices, n, chunk)
+    if edges is not None:
+        source: _EdgeList | _Csr = _EdgeList(edges, n)
+    elif indptr is not None and indices is not None:
+        source = _Csr(indptr, indices, n, chunk)
+    else:
+        raise UsageError(EDGE_FORMS)
     splits = {name: _read_split(path, name, n) for name, path in zip(SPLITS, (train, val, test)) if path is not None}
     _check_splits(splits, labs, labels)
     memory = memory or csr.default_memory()

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from moment.contracts.dataset import FILES, DatasetError
 from moment.progress import Progress
 from placement.importers import kernels
 
+T = TypeVar("T")
 Edges = Iterator[tuple[np.ndarray, np.ndarray]]  # chunks of (sources, destinations), integers, ids checked
 
 CHUNK_BYTES = 64  # RAM per input edge: three chunks in flight (int64 pairs) and a chunk grouped by window
@@ -104,7 +105,7 @@ def _ints(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def prefetched(chunks: Edges, ahead: bool) -> Edges:
+def prefetched(chunks: Iterator[T], ahead: bool) -> Iterator[T]:
     """The chunks, the next one read by a helper thread while this one is used (``ahead``)."""
     if not ahead:
         yield from chunks
@@ -312,7 +313,7 @@ class _Fill:
                         if kernels.group(s, d, self.ptr.size - 1, starts, self.self_loops, p, records, sizes) < 0:
                             self._changed((0, self.ptr.size - 1))
                         at = 0
-                        for w in np.flatnonzero(sizes):
+                        for w in np.flatnonzero(sizes).tolist():
                             files[(w, p)].write(records[at : at + sizes[w]].data)
                             at += int(sizes[w])
                     done += len(src)

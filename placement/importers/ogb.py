@@ -24,7 +24,7 @@ import numpy as np
 from moment.errors import UsageError
 from placement.dataset import Dataset, DatasetError
 from placement.importers.publish import Found, write_dataset
-from placement.importers.readers import ArrayFile, CsvArray, EdgeArray, csv_count, csv_width, gzip_ints, npz_member
+from placement.importers.readers import Array, CsvArray, EdgeArray, csv_count, csv_width, gzip_ints, npz_member
 
 SPLIT_FILES = {"train": "train.csv.gz", "val": "valid.csv.gz", "test": "test.csv.gz"}
 
@@ -61,15 +61,13 @@ def find(root: str | Path, split: str | None = None) -> Found:
     )
 
 
-def _binary(raw: Path) -> tuple[ArrayFile, ArrayFile, EdgeArray, dict[str, str], list[str]]:
+def _binary(raw: Path) -> tuple[Array, Array, EdgeArray, dict[str, str], list[str]]:
     """papers100M-bin: raw/data.npz and raw/node-label.npz, members streamed."""
     data = raw / "data.npz"
     feats = npz_member(data, "node_feat", "features")
-    assert feats is not None
     n = feats.shape[0] if feats.shape else 0
     edges = EdgeArray(npz_member(data, "edge_index", "edges"), n, "edges", pairs=False)
     labs = npz_member(raw / "node-label.npz", "node_label", "labels")
-    assert labs is not None
     listed = npz_member(data, "num_nodes_list", "node count", required=False)
     if listed is not None:
         with listed.stream() as fh:
@@ -84,7 +82,7 @@ def _binary(raw: Path) -> tuple[ArrayFile, ArrayFile, EdgeArray, dict[str, str],
     return feats, labs, edges, files, [a.describe() for a in (feats, edges.arr, labs)]
 
 
-def _csv(raw: Path) -> tuple[CsvArray, CsvArray, EdgeArray, dict[str, str], list[str]]:
+def _csv(raw: Path) -> tuple[Array, Array, EdgeArray, dict[str, str], list[str]]:
     """The CSV raw layout (ogbn-arxiv, ogbn-products): counts from num-*-list.csv.gz, rows parsed in batches."""
     nodes, edge_count = raw / "num-node-list.csv.gz", raw / "num-edge-list.csv.gz"
     n, e = csv_count(nodes), csv_count(edge_count)

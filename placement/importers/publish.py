@@ -36,7 +36,7 @@ from placement.dataset import (
     write_import_manifest,
 )
 from placement.importers import csr, kernels
-from placement.importers.readers import ArrayFile, EdgeArray, rows
+from placement.importers.readers import Array, ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
@@ -52,8 +52,8 @@ class Found:
     """An importer's finding: which arrays to read and how (nothing is read yet)."""
 
     fmt: str
-    features: ArrayFile  # N × d
-    labels: ArrayFile  # N or N × 1, integer or float (NaN: unlabelled)
+    features: Array  # N × d
+    labels: Array  # N or N × 1, integer or float (NaN: unlabelled)
     edges: EdgeArray
     splits: Callable[[], dict[str, np.ndarray]]  # drawn or read once the labels are written
     split: str | None  # the convention or shipped split, for the manifest
@@ -154,7 +154,8 @@ def write_dataset(
             layout=layout,
         )
         clock("csr")
-        source = feature_source(found.features.path, found.features.offset) if refer else None
+        f = found.features
+        source = feature_source(f.path, f.offset) if refer and isinstance(f, ArrayFile) else None
         _write_features(None if refer else tmp / FILES["features"], found.features, dtype, progress)
         clock("features")
         classes, labelled = _write_labels(tmp, found, progress)
@@ -197,7 +198,8 @@ class _Phases:
     far below it is waiting on the disk or on a busy machine)."""
 
     def __init__(self) -> None:
-        self.last, self.cpu, self.took = time.perf_counter(), time.process_time(), {}
+        self.last, self.cpu = time.perf_counter(), time.process_time()
+        self.took: dict[str, tuple[float, float]] = {}
 
     def __call__(self, name: str) -> None:
         now, cpu = time.perf_counter(), time.process_time()
@@ -208,7 +210,7 @@ class _Phases:
         return "import phases: " + ", ".join(f"{k} {w:.2f} s (CPU {c:.2f} s)" for k, (w, c) in self.took.items())
 
 
-def check_feature_layout(f: ArrayFile) -> None:
+def check_feature_layout(f: Array) -> None:
     """A row-major N×d float array, or one line naming the file (before anything reads rows of it)."""
     if len(f.shape) != 2 or f.dtype.kind != "f" or f.fortran:
         raise DatasetError(
@@ -231,7 +233,7 @@ def _check_features(found: Found, feature_dtype: str | None) -> tuple[int, int, 
     return f.shape[0], f.shape[1], dtype
 
 
-def _check_labels_shape(labels: ArrayFile, n: int, features: ArrayFile) -> None:
+def _check_labels_shape(labels: Array, n: int, features: Array) -> None:
     if labels.shape not in ((n,), (n, 1)) or labels.dtype.kind not in "iuf":
         raise DatasetError(
             f"{labels.label}: labels must be N or N×1 numbers with N = {n:,} (the rows of "
@@ -280,7 +282,7 @@ def read_rate(path: Path, probe: int = 64 << 20) -> float | None:
     return got / took if took > 0 else None
 
 
-def in_place(f: ArrayFile, dtype: np.dtype, copy_features: bool) -> bool:
+def in_place(f: Array, dtype: np.dtype, copy_features: bool) -> bool:
     """Whether the features can be read where they are: a file of their own (not an archive member or
     a CSV), C order, already the dataset's dtype in this machine's byte order."""
     return (
@@ -293,7 +295,7 @@ def in_place(f: ArrayFile, dtype: np.dtype, copy_features: bool) -> bool:
     )
 
 
-def _write_features(target: Path | None, f: ArrayFile, dtype: np.dtype, progress: Progress | None) -> None:
+def _write_features(target: Path | None, f: Array, dtype: np.dtype, progress: Progress | None) -> None:
     """Block by block into ``target`` (None: read in place, only checked); a non-finite value, or one
     that overflows float16, is refused naming its row."""
     n, dim = f.shape

@@ -18,10 +18,10 @@ import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -142,6 +142,10 @@ def npy_or_raw(path: str | Path, what: str, dtype: str, row: int = 1) -> ArrayFi
     return ArrayFile(path, shape, np.dtype(dtype), 0, raw=True)
 
 
+@overload
+def npz_member(path: str | Path, key: str, what: str, required: Literal[True] = True) -> ArrayFile: ...
+@overload
+def npz_member(path: str | Path, key: str, what: str, required: bool) -> ArrayFile | None: ...
 def npz_member(path: str | Path, key: str, what: str, required: bool = True) -> ArrayFile | None:
     """Member ``key`` of an .npz archive, its header read from the (possibly compressed) stream.
 
@@ -180,7 +184,7 @@ class EdgeArray:
     """An edge list as E×2 (pairs, IGB) or 2×E (a row of sources, a row of destinations, OGB), read
     in chunks as (src, dst) int32 or int64 arrays; the CSR build checks every id against N."""
 
-    def __init__(self, arr: ArrayFile, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
+    def __init__(self, arr: Array, num_nodes: int, what: str = "edges", pairs: bool = True) -> None:
         if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
             raise DatasetError(
                 f"{arr.label}: {what} must be an E×2 or 2×E integer array, got {arr.dtype.name} of shape {arr.shape}"
@@ -191,17 +195,22 @@ class EdgeArray:
         self.interleaved = e2 != arr.fortran  # (E, 2) in C order or (2, E) in Fortran order: src, dst, src, ...
 
     def chunks(self, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        e = self.size
+        e, arr = self.size, self.streamed
         if self.interleaved:
-            with self.arr.stream() as fh:
+            with arr.stream() as fh:
                 for a in range(0, e, chunk):
-                    pairs = _ids(self.arr.read(fh, 2 * min(chunk, e - a))).reshape(-1, 2)
+                    pairs = _ids(arr.read(fh, 2 * min(chunk, e - a))).reshape(-1, 2)
                     yield pairs[:, 0], pairs[:, 1]
             return
-        with self.arr.stream() as fs, self.arr.stream(e) as fd:
+        with arr.stream() as fs, arr.stream(e) as fd:
             for a in range(0, e, chunk):
                 m = min(chunk, e - a)
-                yield _ids(self.arr.read(fs, m)), _ids(self.arr.read(fd, m))
+                yield _ids(arr.read(fs, m)), _ids(arr.read(fd, m))
+
+    @property
+    def streamed(self) -> Streamed:
+        """The array as what reads it (its own handle type: see :class:`Streamed`)."""
+        return self.arr
 
     def check(self, src: np.ndarray, dst: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
         """Every id of the chunk starting at edge ``at`` in [0, N), or one line naming the first
@@ -221,7 +230,7 @@ def _ids(a: np.ndarray) -> np.ndarray:
     return a if a.dtype in (np.dtype(np.int32), np.dtype(np.int64)) else a.astype(np.int64)
 
 
-def rows(arr: ArrayFile, count: int) -> Iterator[tuple[int, np.ndarray]]:
+def rows(arr: Streamed, count: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, block) of an N×d (or N) array, ``count`` rows at a time, front to back."""
     width = math.prod(arr.shape[1:])
     with arr.stream() as fh:
@@ -293,6 +302,28 @@ class CsvArray(_Sized):
             out[at : at + part.size] = part
             fh.done += len(lines)
         return out
+
+
+# What an importer reads an array from: a binary file (or .npz member) or a gzip CSV (OGB's raw CSV).
+Array = ArrayFile | CsvArray
+
+
+class Streamed(Protocol):
+    """An array read front to back: ``read`` takes the handle that this array's ``stream`` opened
+    (a binary file for an ArrayFile, CSV lines for a CsvArray), whatever it is."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def stream(self, start: int = 0) -> AbstractContextManager[Any]: ...
+
+    def read(self, fh: Any, count: int) -> np.ndarray: ...
 
 
 def _bad_line(lines: list[str], width: int, dtype: np.dtype) -> tuple[int, str]:

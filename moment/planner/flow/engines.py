@@ -44,8 +44,8 @@ def networkx_max_flow(arcs: list[tuple[str, str, float]], source: str, sink: str
     """Max flow with networkx (preflow-push) on float capacities: the reference engine."""
     import networkx as nx
 
-    graph = nx.DiGraph()
-    mids = []
+    graph: nx.DiGraph[str | tuple[str, int]] = nx.DiGraph()
+    mids: list[tuple[str, int]] = []
     for i, (u, v, cap) in enumerate(arcs):
         # A middle node per arc keeps parallel arcs apart and lets flows be read back per arc.
         mid = ("arc", i)

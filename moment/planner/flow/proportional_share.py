@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from moment.errors import MomentError
 from moment.planner.flow.milp import MILP_SOLVERS
@@ -97,23 +98,24 @@ def proportional(
             skip |= {read_edge(bin_id), cls.uplink}
     # (gpu, path, variable, bytes moved per feature byte) for every route; a variable per path
     # only where there is a choice.
-    routes: list[tuple[str, list[str], object, float]] = []
-    for (b, g), alts in net.paths.items():
+    # The variables are the solver's (ortools' or the PuLP adapter's), untyped: Any.
+    routes: list[tuple[str, list[str], Any, float]] = []
+    for (bin_id, g), alts in net.paths.items():
         if len(alts) == 1:
-            routes.append((g, alts[0], u[b], net.moved(b)))
+            routes.append((g, alts[0], u[bin_id], net.moved(bin_id)))
             continue
         split = solver.Constraint(0.0, 0.0)
-        split.SetCoefficient(u[b], -1.0)
+        split.SetCoefficient(u[bin_id], -1.0)
         for i, path in enumerate(alts):
-            v = solver.NumVar(0.0, inf, f"f[{b},{g},{i}]")
+            v = solver.NumVar(0.0, inf, f"f[{bin_id},{g},{i}]")
             split.SetCoefficient(v, 1.0)
-            routes.append((g, path, v, net.moved(b)))
-    coef: dict[str, dict[object, float]] = defaultdict(lambda: defaultdict(float))
+            routes.append((g, path, v, net.moved(bin_id)))
+    coef: dict[str, dict[Any, float]] = defaultdict(lambda: defaultdict(float))
     for _, path, var, moved in routes:
         for e in path:
             if net.edges[e][2] < INF and e not in skip:
                 coef[e][var] += D * moved
-    spread: dict[object, float] = defaultdict(float)
+    spread: dict[Any, float] = defaultdict(float)
     for e, terms in coef.items():
         cap = net.edges[e][2]
         row = solver.Constraint(-inf, cap)
@@ -140,7 +142,7 @@ def proportional(
         _balance(solver, objective, spread, net, u)
     th = theta.solution_value()
     t = 0.0 if th >= THETA_MAX * (1 - 1e-6) else 1.0 / th  # (the second pass may give up 1e-7..1e-4 of θ)
-    value = {var: var.solution_value() / th for _, _, var, _ in routes}  # type: ignore[attr-defined]
+    value = {var: var.solution_value() / th for _, _, var, _ in routes}
     load = {e: sum(c * value[var] for var, c in terms.items()) for e, terms in coef.items()}
     for bin_id, cls in ssd_classes.items():  # per-SSD edges of a class, as carried by all of it
         load[read_edge(bin_id)] = load[cls.uplink] = G * D * net.moved(bin_id) * u[bin_id].solution_value() / th
@@ -148,8 +150,8 @@ def proportional(
     for g, path, var, _ in routes:
         if value[var] > 1e-12:
             gpu_edges[g].update(path)
-    share = {b.id: u[b.id].solution_value() / th for b in net.bins}
-    pred = finish(net, "proportional", t, share, load, gpu_edges)
+    shares = {b.id: u[b.id].solution_value() / th for b in net.bins}
+    pred = finish(net, "proportional", t, shares, load, gpu_edges)
     pred.link_load = sum(load[e] / net.edges[e][2] for e in load if e in coef) / max(t, 1e-12)
     pred.ssd_counts = {b: round(v.solution_value()) for b, v in count.items()}
     return pred
