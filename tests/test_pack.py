@@ -205,13 +205,17 @@ def test_another_seed_is_warned_about_and_reads_more_pages(
 
 
 @pytest.mark.slow
-def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
-    """Packed for two ranks and trained by two gloo ranks under torchrun: each rank's batches
-    are the replayed ones, so the pages moved are the replay's (no warning)."""
+@pytest.mark.parametrize("budget", [None, "0.33x"])
+def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(
+    budget: str | None, plan_file: Path, dataset: Path, tmp_path: Path
+) -> None:
+    """Packed (ordered, or into chunks within a budget) for two ranks and trained by two gloo
+    ranks under torchrun: each rank's batches are the replayed ones (each rank reads its own
+    batches' chunks), so the pages moved are the replay's (no warning)."""
     from trainer import launch
 
     out, metrics = tmp_path / "p2", tmp_path / "m.json"
-    place(plan_file, dataset, out, PlaceOptions(pack=True, pack_ranks=2, **OPTS))
+    place(plan_file, dataset, out, PlaceOptions(pack=True, pack_ranks=2, pack_budget=budget, **OPTS))
     argv = ["--data", str(out), "--plan", str(plan_file), "--device", "cpu", "--epochs", "1", "--hidden", "8"]
     cmd = launch.build_torchrun_command(launch.check_command([*argv, "--metrics-json", str(metrics)]), nproc=2)
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
