@@ -276,8 +276,8 @@ class TieredFeatureStore:
                 requests += reads
                 owner += [k] * len(reads)
                 continue
-            if self._slots[k] is not None:  # packed: read the file rows in file order
-                rows = np.asarray(self._slots[k][rows], dtype=np.int64)
+            if (slots := self._slots[k]) is not None:  # packed: read the file rows in file order
+                rows = np.asarray(slots[rows], dtype=np.int64)
                 order = np.argsort(rows)
                 rows = rows[order]
                 staged = np.arange(uniq.size) if staged is None else staged
@@ -364,7 +364,7 @@ class TieredFeatureStore:
         self._assemble_seconds = 0.0
         self._preads0 = self.reader.preads
         self._read_bytes0 = dict(self.reader.read_bytes)
-        self.chunks0 = self.chunks.counts()
+        self._chunks0 = self.chunks.counts()
 
     def stats(self) -> dict[str, Any]:
         """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
@@ -399,16 +399,16 @@ class TieredFeatureStore:
             "staging": self._host_stage.stats(),
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
-            "chunks": self.chunks.since(self.chunks0),  # budget-packed: batches read from their chunks
+            "chunks": self.chunks.since(self._chunks0),  # budget-packed: batches read from their chunks
             "io": {
                 "reader": type(self.reader).__name__,
-                "engine": getattr(self.reader, "engine", None),  # FileReader: native (compiled) or python
+                "engine": self.reader.engine,  # FileReader: native (compiled) or python
                 "preads": self.reader.preads - self._preads0,
                 "modes": dict(self.reader.modes),
                 "route": self.reader.route,
                 "probe": dict(self.reader.probe),
-                "config": getattr(self.reader, "config", None),
-                "routes": dict(getattr(self.reader, "routes", {})),
+                "config": self.reader.config,
+                "routes": dict(self.reader.routes),
             },
         }
 
