@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument(
         "--pack-epochs", type=int, default=1, help="epochs --pack replays; later ones reuse them (--reuse-samples)"
     )
-    ap.add_argument("--mem-limit", default="512M", help="memory cgroup limit per training run; 0: none")
+    ap.add_argument("--mem-limit", default="512MiB", help="memory cgroup limit per training run; 0: none")
     ap.add_argument("--worker", choices=("moment",), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--train-args", default="", help=argparse.SUPPRESS)
