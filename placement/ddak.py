@@ -34,6 +34,7 @@ import numpy as np
 
 from moment.contracts.tiers import TIERS
 from moment.errors import MomentError
+from placement.relabel import id_type
 
 try:
     import numba
@@ -220,14 +221,14 @@ def _hash_slot(v: int, salt: np.uint64) -> int:
     return int(x >> np.uint64(64 - _SLOT_BITS))
 
 
-def counting_order(hotness: np.ndarray, hmax: int) -> np.ndarray:
-    """Vertex ids by descending hotness, ties by ascending id: a stable counting sort, O(N + max)."""
+def counting_order(hotness: np.ndarray, hmax: int, out: np.ndarray) -> np.ndarray:
+    """``out`` = vertex ids by descending hotness, ties by ascending id: a stable counting sort,
+    O(N + max)."""
     start = np.zeros(hmax + 2, dtype=np.int64)
     for v in range(hotness.size):
         start[hmax - int(hotness[v]) + 1] += 1
     for k in range(1, hmax + 2):
         start[k] += start[k - 1]
-    out = np.empty(hotness.size, dtype=np.int64)
     for v in range(hotness.size):
         k = hmax - int(hotness[v])
         out[start[k]] = v
@@ -244,7 +245,8 @@ counting_order_fast = _compiled(counting_order)
 
 
 def hotness_order(hotness: np.ndarray) -> np.ndarray:
-    """Vertex ids (int64) hottest first, ties by ascending id.
+    """Vertex ids hottest first, ties by ascending id: int32 where the ids fit (4 bytes per
+    vertex less at the peak of a placement), else int64.
 
     With numba, a counting sort (faster than numpy's radix sort, and still linear when counts pass
     65535); else, or for counts far larger than N, a stable argsort on the narrowest unsigned key
@@ -254,8 +256,8 @@ def hotness_order(hotness: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     hmax = int(h.max())
     if numba is not None and hmax <= max(h.size, 1 << 16):
-        return counting_order_fast(h, hmax)
-    return argsort_order(h, hmax)
+        return counting_order_fast(h, hmax, np.empty(h.size, dtype=id_type(h.size)))
+    return argsort_order(h, hmax).astype(id_type(h.size))
 
 
 PRIORITIES = ("projected", "paper")
@@ -355,14 +357,14 @@ def _check_bins(bins: Sequence[BinSpec], n: int) -> list[BinSpec]:
 
 
 def _check_order(order: np.ndarray, n: int) -> np.ndarray:
-    """A caller's order as int64 (one compiled variant): n vertex ids in range (duplicates are
-    caught after placement)."""
+    """A caller's order as int32 or int64 (the kernels' two compiled variants): n vertex ids in
+    range (duplicates are caught after placement)."""
     o = np.asarray(order)
     if o.shape != (n,) or not np.issubdtype(o.dtype, np.integer):
         raise MomentError(f"order must be {n:,} integer vertex ids, got {o.dtype} with shape {o.shape}")
     if n and (int(o.min()) < 0 or int(o.max()) >= n):
         raise MomentError(f"order has vertex ids outside [0, {n})")
-    return o.astype(np.int64, copy=False)
+    return o if o.dtype in (np.int32, np.int64) else o.astype(np.int64)
 
 
 def _prepare(

@@ -1,8 +1,8 @@
 """Pre-sampling hotness: how often training will read each vertex's feature row.
 
-``presample`` runs the training sampler (``placement.sampler.NeighborSampler``, same fan-outs,
-batch size and seed) over the train split and counts, per vertex, the batches whose sampled
-vertex set contains it. A batch reads each of its unique vertices' feature rows once, so the
+``presample`` draws training batches over the train split (the trainer's fan-outs and batch
+size; the trainer's sampling, compiled and several batches at once: ``placement.count_sampler``)
+and counts, per vertex, the batches whose sampled vertex set contains it. A batch reads each of its unique vertices' feature rows once, so the
 counts are feature-row reads: the quantity a cache placement wants to capture.
 
 How many batches: by default (``epochs=None``) as many as the estimate needs. What a placement
@@ -28,7 +28,7 @@ truncated, swapped or foreign file from a good one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +37,8 @@ import numpy as np
 from moment.contracts.hotness import HotnessError, HotnessMeta
 from moment.fileio import atomic_file
 from moment.progress import Update
+from placement.count_sampler import CountSampler
 from placement.dataset import Dataset
-from placement.sampler import NeighborSampler, num_batches
 
 try:
     import numba
@@ -122,51 +122,48 @@ def presample(
     epochs: int | None = None,
     seed: int = 0,
     progress: Update | None = None,
-    device: str = "cpu",
     boundaries: Sequence[int] = (),
     tolerance: float = TOLERANCE,
+    threads: int | None = None,
 ) -> Hotness:
     """Count feature-row reads per vertex over sampled training batches.
 
-    Uses the training sampler exactly as one training process does (``batches`` with shuffle,
-    epoch by epoch, then ``sample``), so a sampler built with the same seed replays these batches.
-    ``epochs=None``: until the split-half gap at ``boundaries`` (rows: the cache sizes, hottest
-    first) is at most ``tolerance``, or ``ADAPTIVE_EPOCHS`` epochs; else exactly ``epochs``.
-    ``progress(done, total)`` is called after every batch (``total``: the most batches it may take).
+    The batches are those of one training process: the train split shuffled per epoch (by
+    ``(seed, epoch)``) and cut into ``batch_size`` seeds, each sampled with ``fanouts`` by
+    :class:`placement.count_sampler.CountSampler` (the trainer's sampling, compiled, ``threads``
+    batches at once). ``epochs=None``: until the split-half gap at ``boundaries`` (rows: the cache
+    sizes, hottest first) is at most ``tolerance``, or ``ADAPTIVE_EPOCHS`` epochs; else exactly
+    ``epochs``. ``progress(done, total)`` is called after every batch (``total``: the most
+    batches it may take).
     """
-    sampler = NeighborSampler(dataset.indptr(), dataset.indices(), fanouts, device=device, seed=seed)
-    train = dataset.split("train")
+    sampler = CountSampler(dataset.indptr(), dataset.indices(), fanouts, batch_size, seed=seed, threads=threads)
+    train = np.asarray(dataset.split("train"), dtype=np.int64)
     n = dataset.num_nodes
     ks = _boundaries(boundaries, n)
     budget = epochs if epochs is not None else ADAPTIVE_EPOCHS
-    per_epoch = num_batches(train.size, batch_size)
+    per_epoch = -(-train.size // batch_size)
     total = budget * per_epoch
     counts = np.zeros(n, dtype=np.int32)  # int32: a vertex is read at most once per batch
     snapshot: np.ndarray | None = None  # the counts at the last check: the first half of the sample
     halves_at = MIN_BATCHES // 2 if epochs is None else max(1, total // 2)
     done = unique = 0
     bound = None
-    for epoch in range(budget):
-        for seeds in sampler.batches(train, batch_size, shuffle=True, epoch=epoch):
-            nodes = sampler.sample(seeds).nodes.cpu().numpy()
-            counts[nodes] += 1  # nodes are unique within a batch, so no np.add.at needed
-            unique += nodes.size
-            done += 1
-            if progress is not None:
-                progress(done, total)
-            if done == halves_at and done < total:
-                if snapshot is not None:
-                    bound = split_half_gap(snapshot, counts, ks)
-                    if bound <= tolerance:
-                        break
-                if snapshot is None:
-                    snapshot = counts.copy()
-                else:
-                    np.copyto(snapshot, counts)
-                halves_at = 2 * done if epochs is None else -1
-        else:
-            continue
-        break  # converged
+    for nodes in sampler.sets(seed_batches(train, batch_size, seed, budget)):
+        counts[nodes] += 1  # nodes are unique within a batch, so no np.add.at needed
+        unique += nodes.size
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        if done == halves_at and done < total:
+            if snapshot is not None:
+                bound = split_half_gap(snapshot, counts, ks)
+                if bound <= tolerance:
+                    break  # converged
+            if snapshot is None:
+                snapshot = counts.copy()
+            else:
+                np.copyto(snapshot, counts)
+            halves_at = 2 * done if epochs is None else -1
     else:  # the budget ran out: the last gap, between the sample before and after the last check
         bound = split_half_gap(snapshot, counts, ks) if snapshot is not None else None
     return Hotness(
@@ -179,6 +176,13 @@ def presample(
         bound=bound,
         tolerance=tolerance if epochs is None else None,
     )
+
+
+def seed_batches(train: np.ndarray, batch_size: int, seed: int, epochs: int) -> Iterator[np.ndarray]:
+    """``epochs`` epochs of seed batches: the train ids shuffled per epoch, cut in order."""
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, 0, epoch]).permutation(train)
+        yield from (order[a : a + batch_size] for a in range(0, order.size, batch_size))
 
 
 def _boundaries(boundaries: Sequence[int], n: int) -> list[int]:

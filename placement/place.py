@@ -152,6 +152,7 @@ def place(
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
     _preflight(run, specs, placed, log)
     _begin(run, stage, hot, placed)
+    hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
     written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
     files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
@@ -367,6 +368,14 @@ def _preflight(run: PlaceRun, specs: list[BinSpec], placed: Placement, log: Call
         "topology at; a plain copy's speed)"
     )
     check_free_space(needs)
+
+
+def _mapped(data: Path, hot: Hotness, placed: Placement) -> tuple[Hotness, Placement]:
+    """The counts and ``bin_of`` swapped for read-only maps of the files ``_begin`` saved (the
+    same values): what follows reads them in order, once or twice, so they can live in the page
+    cache instead of anonymous memory while the id maps are built (6 bytes per vertex less)."""
+    counts = np.load(data / "hotness.npy", mmap_mode="r")
+    return replace(hot, counts=counts), replace(placed, bin_of=np.load(data / "bin_of.npy", mmap_mode="r"))
 
 
 def _begin(run: PlaceRun, stage: Staging, hot: Hotness, placed: Placement) -> None:

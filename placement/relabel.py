@@ -13,7 +13,11 @@ nothing else of N entries is held and nothing is read back to checksum it.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import itertools
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +32,9 @@ except ImportError:  # pragma: no cover - numba is a dependency; the kernels the
     numba = None
 
 TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
-CHUNK_ROWS = 1 << 18  # rows rewritten at once
+CHUNK_ROWS = 1 << 18  # rows rewritten at once, at most ...
+CHUNK_EDGES = 1 << 21  # ... and at most this many edges (a row longer than that: alone), bounding memory
+GATHER_THREADS = 4  # the most threads gathering rows at once (memory-latency bound: more cores help)
 
 
 @dataclass
@@ -95,14 +101,27 @@ def _gather_rows_py(
 _gather_rows = numba.njit(cache=True, nogil=True)(_gather_rows_py) if numba is not None else _gather_rows_py
 
 
-def _rows(indptr: np.ndarray, indices: np.ndarray, r: Relabel, row: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """New rows [row, end): their degrees and their neighbour lists in new ids, one after the other."""
-    olds = r.new_to_old[row:end].astype(np.int64)
-    starts = np.asarray(indptr[olds], dtype=np.int64)
-    lens = np.asarray(indptr[olds + 1], dtype=np.int64) - starts
+def _extents(
+    indptr: np.ndarray, r: Relabel, max_rows: int, max_edges: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """The chunks of new rows, front to back: (the row after the chunk, each row's first edge in
+    the old CSR, its degree). A chunk has at most ``max_rows`` rows and ``max_edges`` edges, one
+    row at least (hot vertices have huge rows, and the hottest come first)."""
+    n, row = r.new_to_old.size, 0
+    while row < n:
+        olds = r.new_to_old[row : min(n, row + max_rows)].astype(np.int64)
+        starts = np.asarray(indptr[olds], dtype=np.int64)
+        lens = np.asarray(indptr[olds + 1], dtype=np.int64) - starts
+        take = max(1, int(np.searchsorted(np.cumsum(lens), max_edges, side="right")))
+        row += take
+        yield row, starts[:take], lens[:take]
+
+
+def _gather(indices: np.ndarray, r: Relabel, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The rows' neighbour lists in new ids, one after the other."""
     block = np.empty(int(lens.sum()), dtype=indices.dtype)
     _gather_rows(indices, starts, lens, r.old_to_new, block)
-    return lens, block
+    return block
 
 
 def rewrite_csr(
@@ -113,25 +132,36 @@ def rewrite_csr(
     out_indices: NpyWriter,
     chunk_rows: int = CHUNK_ROWS,
     progress: Update | None = None,
+    chunk_edges: int = CHUNK_EDGES,
+    threads: int | None = None,
 ) -> None:
     """CSR in new ids: row r_new = old row new_to_old[r_new], neighbour ids mapped through
-    old_to_new; both files written front to back, ``chunk_rows`` rows at a time. The next chunk
-    is gathered in a thread (the compiled gather releases the GIL) while this one is checksummed
-    and written: the gather is bound by memory latency (a random row, a random id per edge)."""
+    old_to_new; both files written front to back, at most ``chunk_rows`` rows and
+    ``chunk_edges`` edges at a time. The gather is bound by memory latency (a random row, a
+    random id per edge) and releases the GIL, so ``threads`` (default: the usable cores, at most
+    ``GATHER_THREADS``) gather the next chunks while this one is checksummed and written; at most
+    ``threads + 1`` chunks are held."""
     n = r.new_to_old.size
+    threads = threads or max(1, min(GATHER_THREADS, len(os.sched_getaffinity(0))))
     out_indptr.write(np.zeros(1, dtype=np.int64))
     end_of_last = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-csr") as pool:
-        ahead = pool.submit(_rows, indptr, indices, r, 0, min(n, chunk_rows)) if n else None
-        for row in range(0, n, chunk_rows):
-            lens, block = ahead.result()
-            end = min(n, row + chunk_rows)
-            if end < n:
-                ahead = pool.submit(_rows, indptr, indices, r, end, min(n, end + chunk_rows))
+    chunks = _extents(indptr, r, chunk_rows, chunk_edges)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="moment-csr") as pool:
+        ahead: deque[tuple[int, np.ndarray, Future[np.ndarray]]] = deque()
+
+        def submit() -> None:
+            for end, starts, lens in itertools.islice(chunks, 1):
+                ahead.append((end, lens, pool.submit(_gather, indices, r, starts, lens)))
+
+        for _ in range(threads + 1):
+            submit()
+        while ahead:
+            end, lens, block = ahead.popleft()
+            submit()
             ends = np.cumsum(lens) + end_of_last
             out_indptr.write(ends)
             end_of_last = int(ends[-1])
-            out_indices.write(block)
+            out_indices.write(block.result())
             if progress:
                 progress(end, n)
 

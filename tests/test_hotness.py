@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from moment.errors import MomentError
-from placement.dataset import open_dataset, write_manifest
-from placement.hotness import Hotness, access_curve, hottest_first, presample, sidecar, split_half_gap
+from placement.count_sampler import CountSampler
+from placement.dataset import Dataset, open_dataset, write_manifest
+from placement.hotness import (
+    Hotness,
+    access_curve,
+    hottest_first,
+    presample,
+    seed_batches,
+    sidecar,
+    split_half_gap,
+)
 from placement.sampler import NeighborSampler
 
 FANOUTS = (5, 4)
@@ -53,17 +65,24 @@ def hot(dataset_dir: Path) -> Hotness:
     return presample(open_dataset(dataset_dir), FANOUTS, BATCH, epochs=2, seed=9)
 
 
+def _recount(sets: Iterable[np.ndarray], n: int) -> tuple[np.ndarray, list[int]]:
+    counts, sizes = np.zeros(n, dtype=np.int64), []
+    for nodes in sets:
+        assert np.unique(nodes).size == len(nodes), "a batch's vertex set has each vertex once"
+        sizes.append(len(nodes))
+        for v in nodes.tolist():
+            counts[v] += 1
+    return counts, sizes
+
+
+def _count_sets(ds: Dataset, fanouts: tuple[int, ...], batch: int, seed: int, epochs: int, threads: int = 1):
+    sampler = CountSampler(ds.indptr(), ds.indices(), fanouts, batch, seed=seed, threads=threads)
+    return sampler.sets(seed_batches(np.array(ds.split("train")), batch, seed, epochs))
+
+
 def test_counts_equal_a_brute_force_recount(dataset_dir: Path, hot: Hotness) -> None:
     ds = open_dataset(dataset_dir)
-    sampler = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), FANOUTS, seed=9)
-    counts = np.zeros(ds.num_nodes, dtype=np.int64)
-    sizes = []
-    for epoch in range(2):
-        for seeds in sampler.batches(np.array(ds.split("train")), BATCH, epoch=epoch):
-            nodes = sampler.sample(seeds).nodes.tolist()
-            sizes.append(len(nodes))
-            for v in nodes:
-                counts[v] += 1
+    counts, sizes = _recount(_count_sets(ds, FANOUTS, BATCH, seed=9, epochs=2), ds.num_nodes)
     assert np.array_equal(hot.counts, counts)
     assert hot.counts.dtype == np.int32  # in memory; int64 on disk (test_save_load_round_trip)
     assert hot.batches == len(sizes) == 2 * 15  # ceil(900 / 64) per epoch
@@ -73,17 +92,71 @@ def test_counts_equal_a_brute_force_recount(dataset_dir: Path, hot: Hotness) -> 
     assert (hot.counts[train] >= 2).all(), "every seed is read at least once per epoch"
 
 
+def test_same_seed_same_counts_whatever_the_threads(dataset_dir: Path, hot: Hotness) -> None:
+    ds = open_dataset(dataset_dir)
+    for threads in (1, 2, 3):
+        again = presample(ds, FANOUTS, BATCH, epochs=2, seed=9, threads=threads)
+        assert np.array_equal(again.counts, hot.counts)
+    assert not np.array_equal(presample(ds, FANOUTS, BATCH, epochs=2, seed=10).counts, hot.counts)
+
+
+def test_sets_are_the_trainers_where_rows_fit_the_fanouts(dataset_dir: Path) -> None:
+    """Rows of 8 neighbours and fan-outs of 8: nothing random is drawn, so each batch's set is
+    exactly the trainer's sampler's (same seeds, same hops, every target's whole row)."""
+    ds = open_dataset(dataset_dir)
+    trainer = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), (8, 8), seed=4)
+    batches = list(seed_batches(np.array(ds.split("train")), BATCH, seed=4, epochs=1))
+    sets = CountSampler(ds.indptr(), ds.indices(), (8, 8), BATCH, seed=4, threads=2).sets(iter(batches))
+    for seeds, nodes in zip(batches, sets, strict=True):
+        want = trainer.sample(torch.from_numpy(seeds)).nodes.numpy()
+        assert np.array_equal(np.sort(nodes), np.sort(want))
+        assert np.array_equal(nodes[: seeds.size], seeds)  # seeds first, as the trainer's
+
+
+def test_sets_follow_the_trainers_distribution(dataset_dir: Path) -> None:
+    """Rows of 8, fan-outs (5, 4): draws differ, the distribution must not. Over 20 epochs each,
+    the per-vertex counts of the two samplers agree within their noise, and so do set sizes."""
+    ds = open_dataset(dataset_dir)
+    epochs, n = 20, ds.num_nodes
+    ours, our_sizes = _recount(_count_sets(ds, FANOUTS, BATCH, seed=1, epochs=epochs, threads=2), n)
+    trainer = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), FANOUTS, seed=1)
+    train = np.array(ds.split("train"))
+    theirs, their_sizes = _recount(
+        (trainer.sample(s).nodes.numpy() for e in range(epochs) for s in trainer.batches(train, BATCH, epoch=e)), n
+    )
+    assert len(our_sizes) == len(their_sizes)
+    assert np.mean(our_sizes) == pytest.approx(np.mean(their_sizes), rel=0.01)
+    # Poisson-like noise: the difference of two counts c1, c2 has variance about c1 + c2.
+    z = (ours - theirs) / np.sqrt(np.maximum(ours + theirs, 1))
+    assert np.abs(z).max() < 5.5 and abs(z.mean()) < 0.05 and z.std() < 1.15
+    assert np.corrcoef(ours, theirs)[0, 1] > 0.99
+
+
+def test_floyd_draws_uniform_subsets(tmp_path: Path) -> None:
+    """A star: vertex 0 with 10 neighbours, fan-out 3, seed 0 every batch. Each neighbour is
+    drawn with probability 3/10 and each pair with 3·2/(10·9), as a uniform 3-subset."""
+    n, deg, trials = 11, 10, 20_000
+    indptr = np.array([0, deg] + [deg] * (n - 1), dtype=np.int64)
+    indices = np.arange(1, n, dtype=np.int64)
+    sampler = CountSampler(indptr, indices, (3,), 1, seed=5, threads=2)
+    hits, pairs = np.zeros(n), np.zeros((n, n))
+    for nodes in sampler.sets(iter([np.zeros(1, dtype=np.int64)] * trials)):
+        assert nodes[0] == 0 and nodes.size == 4
+        hits[nodes[1:]] += 1
+        pairs[np.ix_(nodes[1:], nodes[1:])] += 1
+    assert np.allclose(hits[1:] / trials, 0.3, atol=0.015)
+    off = pairs[1:, 1:][~np.eye(deg, dtype=bool)] / trials
+    assert np.allclose(off, 6 / 90, atol=0.012)
+
+
 def test_adaptive_sampling_stops_once_the_gap_is_within_tolerance(dataset_dir: Path, hot: Hotness) -> None:
     """By default pre-sampling checks the split-half gap at 10, 20, ... batches and stops at the
-    first check within the tolerance; the counts are those of the batches it ran (the replay of
-    the same sampler), and what it stopped at is recorded."""
+    first check within the tolerance; the counts are those of the batches it ran (the first ten
+    of the same draws), and what it stopped at is recorded."""
     ds = open_dataset(dataset_dir)
     loose = presample(ds, FANOUTS, BATCH, seed=9, boundaries=(30,), tolerance=0.5)
     assert loose.batches == 10 and loose.tolerance == 0.5 and loose.bound is not None and loose.bound <= 0.5
-    sampler = NeighborSampler(np.array(ds.indptr()), np.array(ds.indices()), FANOUTS, seed=9)
-    counts = np.zeros(ds.num_nodes, dtype=np.int64)
-    for seeds in list(sampler.batches(np.array(ds.split("train")), BATCH, epoch=0))[:10]:
-        counts[sampler.sample(seeds).nodes.numpy()] += 1
+    counts, _ = _recount(itertools.islice(_count_sets(ds, FANOUTS, BATCH, seed=9, epochs=1), 10), ds.num_nodes)
     assert np.array_equal(loose.counts, counts)
     # A tolerance never met: the whole budget (one epoch, 15 batches), and the gap it got to.
     strict = presample(ds, FANOUTS, BATCH, seed=9, boundaries=(30,), tolerance=1e-9)

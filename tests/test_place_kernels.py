@@ -34,7 +34,9 @@ def test_relabel_maps_are_the_stable_sort_by_tier_and_inverse() -> None:
     assert np.array_equal(np.diff(r.starts), np.bincount(bin_of, minlength=5)[r.order])
 
 
-def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_rows, chunk_edges", [(100, 1 << 22), (10_000, 50)])
+def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path, chunk_rows: int, chunk_edges: int) -> None:
+    """Many chunks by rows, and by edges: rows longer than the edge bound (up to 400) go alone."""
     rng = np.random.default_rng(1)
     n = 3000
     deg = rng.zipf(2.0, n).clip(0, 400)
@@ -44,7 +46,9 @@ def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path) -> None:
     r = rl.relabel(rng.integers(0, 4, n).astype(np.int16), ["gpu", "cpu", "ssd", "ssd"])
     out_ptr = NpyWriter(tmp_path / "indptr.npy", np.int64, (n + 1,))
     out_ind = NpyWriter(tmp_path / "indices.npy", np.int32, (indices.size,))
-    rl.rewrite_csr(indptr, indices, r, out_ptr, out_ind, chunk_rows=100)  # many chunks
+    seen: list[int] = []
+    rl.rewrite_csr(indptr, indices, r, out_ptr, out_ind, chunk_rows, lambda done, _: seen.append(done), chunk_edges)
+    assert len(seen) > 10 and len(seen) >= indices.size // max(chunk_edges, int(deg.max())) and seen[-1] == n
     for f in (out_ptr, out_ind):
         assert f.close() == file_digest(f.path)
     new_ptr, new_ind = np.load(tmp_path / "indptr.npy"), np.load(tmp_path / "indices.npy")

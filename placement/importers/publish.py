@@ -40,9 +40,11 @@ from placement.importers.readers import ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
-# import speed of the edges and labels / a copy's, as measured by scripts/bench_import.py on the shared
-# 2-core development VM (load average 8, 2 threads: 0.13×): pessimistic on an idle machine
-COPY_RATIO = 0.13
+# import speed of the edges and labels / a copy's, per byte, as measured by scripts/bench_pipeline.py
+# on the 2-core development VM, idle, 2 threads: 0.72× at 20 M vertices / 300 M edges (CSR, labels
+# and splits 30.0 s for 4.88 GB; a copy of all inputs 225 MB/s). Loaded (load average 8) it fell to
+# 0.13×: the CSR build is CPU-bound, so fewer free cores than the disks need slow it down.
+COPY_RATIO = 0.5
 
 
 @dataclass
