@@ -27,13 +27,14 @@ class Registry:
     registries live beside code that loads numba or torch, which ``moment --help`` and
     ``moment plan`` must not wait for. ``about``: a function of the module that writes the
     option's help from the registry (what each member does), read when the help is printed
-    (:class:`OptionParser`)."""
+    (:class:`OptionParser`); ``also``: choices the option has besides the members (``auto``),
+    first. Read each time, so that a member registered later (a test's) is a choice too."""
 
-    def __init__(self, module: str, name: str, about: str | None = None) -> None:
-        self.module, self.name, self.about = module, name, about
+    def __init__(self, module: str, name: str, about: str | None = None, also: tuple[str, ...] = ()) -> None:
+        self.module, self.name, self.about, self.also = module, name, about, also
 
     def names(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.name))
+        return (*self.also, *getattr(importlib.import_module(self.module), self.name))
 
     def help(self) -> str:
         """The option's help text, from the registry's own ``about`` function."""
@@ -47,9 +48,15 @@ class Registry:
 
 
 class OptionParser(argparse.ArgumentParser):
-    """argparse whose registry options take their help from the registry when it is printed."""
+    """argparse whose registry options take their help from the registry when it is printed, as
+    does its description where ``describe`` writes it (from a registry that ``moment --help``
+    must not wait to import)."""
+
+    describe: Callable[[], str] | None = None
 
     def format_help(self) -> str:
+        if self.describe is not None:
+            self.description = self.describe()
         for action in self._actions:
             if isinstance(action.choices, Registry) and action.choices.about:
                 action.help = action.choices.help() + (f" (default {action.default})" if action.default else "")

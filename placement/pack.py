@@ -11,8 +11,8 @@ the earlier batch's group; then by id); rows no replayed batch read follow in id
 change, so the trainer's batches are the ones replayed: each packed bin gets a slot map
 (``pack_<bin>.npy``: the file row of each of its rows, in id order) that the feature store and
 ``moment verify`` read through. A row read by three or more batches lies where the first two
-put it; the others read it there (DiskGNN's shared, page-reordered cache for such rows and its
-per-batch copies within a disk budget are not built).
+put it; the others read it there. Where many batches read the same rows, :mod:`placement.chunks`
+(``--pack-budget``) does better with extra disk: per-batch copies and a shared cache.
 
 The replay also counts what its batches move from the SSDs, page by page (the readers' count,
 :func:`moment.ssd_reads.pages_read`), packed and unpacked, and the reads (runs of consecutive
@@ -83,7 +83,7 @@ class PackPlan:
     reads: int  # runs of consecutive file rows read in the packed layout
 
 
-def _moved(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
+def pages_and_runs(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
     """Bytes of the pages reads of sorted, unique file ``rows`` touch, and the runs they form."""
     if rows.size == 0:
         return 0, 0
@@ -94,6 +94,65 @@ def _moved(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
 
 
 NEVER = np.iinfo(np.int64).max  # the batch that reads a row no replayed batch reads
+
+
+class SsdRows:
+    """The SSD bins (consecutive id ranges ``starts``/``counts``) as one row space: row
+    ``id - starts[0]``; bin ``b`` holds rows ``[local[b], local[b] + sizes[b])``."""
+
+    def __init__(self, starts: Sequence[int], counts: Sequence[int]) -> None:
+        self.base = int(starts[0]) if len(starts) else 0
+        self.local = np.asarray(starts, dtype=np.int64) - self.base
+        self.sizes = np.asarray(counts, dtype=np.int64)
+        self.total = int(self.sizes.sum())
+
+    def of(self, nodes: np.ndarray) -> np.ndarray:
+        """The sorted SSD rows of a batch's vertices (the others dropped)."""
+        nodes = np.asarray(nodes)
+        return np.sort(nodes[(nodes >= self.base) & (nodes < self.base + self.total)].astype(np.int64)) - self.base
+
+    def split(self, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """Sorted rows ``ids`` bin by bin: (bin, its rows as bin rows), bins without rows skipped."""
+        k = np.searchsorted(self.local, ids, side="right") - 1
+        edges = np.searchsorted(k, np.arange(len(self.sizes) + 1))
+        for b in np.flatnonzero(np.diff(edges)):
+            yield int(b), ids[edges[b] : edges[b + 1]] - self.local[b]
+
+
+@dataclass
+class Readers:
+    """Per SSD row: the first and second replayed batch that read it (NEVER: none) and how many did."""
+
+    first: np.ndarray
+    second: np.ndarray
+    count: np.ndarray
+
+
+def readers(
+    batches: Iterable[np.ndarray], rows: SsdRows, progress: Update | None = None, total: int = 0
+) -> tuple[Readers, int]:
+    """The replay's first pass: who reads each SSD row; and the batches there were."""
+    first = np.full(rows.total, NEVER, dtype=np.int64)
+    second = first.copy()
+    count = np.zeros(rows.total, dtype=np.int32)
+    done = 0
+    for i, nodes in enumerate(batches):
+        ids = rows.of(nodes)
+        seen = first[ids] != NEVER
+        again = ids[seen]
+        second[again[second[again] == NEVER]] = i
+        first[ids[~seen]] = i
+        count[ids] += 1
+        done += 1
+        if progress is not None:
+            progress(done, max(2 * total, 2 * done))
+    return Readers(first, second, count), done
+
+
+def first_reader_order(who: Readers, rows: np.ndarray) -> np.ndarray:
+    """``rows`` (of the row space) ordered by the first batch that reads them, then the second
+    (rows a later batch reads again lie together inside the earlier batch's group), then as given."""
+    return rows[np.lexsort((who.second[rows], who.first[rows]))]  # stable: ties keep their order
 
 
 def plan_pack(
@@ -110,40 +169,19 @@ def plan_pack(
     Rows are ordered by the first batch that reads them, then by the second (so the rows a later
     batch reads again lie together inside the earlier batch's group), then by id; rows no batch
     reads come last."""
-    base = int(starts[0]) if len(starts) else 0
-    local = np.asarray(starts, dtype=np.int64) - base
-    sizes = np.asarray(counts, dtype=np.int64)
-    end = base + int(sizes.sum())
-
-    def ssd_rows(nodes: np.ndarray) -> np.ndarray:
-        return np.sort(nodes[(nodes >= base) & (nodes < end)].astype(np.int64)) - base
-
-    first = np.full(int(sizes.sum()), NEVER, dtype=np.int64)
-    second = first.copy()
-    done = 0
-    for i, nodes in enumerate(batches()):
-        ids = ssd_rows(nodes)
-        seen = first[ids] != NEVER
-        again = ids[seen]
-        second[again[second[again] == NEVER]] = i
-        first[ids[~seen]] = i
-        done += 1
-        if progress is not None:
-            progress(done, max(2 * total, 2 * done))
-    slot = np.empty_like(first)
-    for b in range(len(sizes)):
-        lo, hi = local[b], local[b] + sizes[b]
-        order = np.lexsort((second[lo:hi], first[lo:hi]))  # stable: ties in id order
-        slot[lo + order] = np.arange(sizes[b])
-    plan = PackPlan([slot[local[b] : local[b] + sizes[b]].copy() for b in range(len(sizes))], 0, 0, 0, 0, 0)
+    rows = SsdRows(starts, counts)
+    who, done = readers(batches(), rows, progress, total)
+    slot = np.empty(rows.total, dtype=np.int64)
+    for b in range(len(rows.sizes)):
+        lo = int(rows.local[b])
+        order = first_reader_order(who, np.arange(lo, lo + rows.sizes[b]))
+        slot[order] = np.arange(rows.sizes[b])
+    plan = PackPlan([slot[lo : lo + n].copy() for lo, n in zip(rows.local, rows.sizes)], 0, 0, 0, 0, 0)
     for nodes in batches():
-        ids = ssd_rows(nodes)
-        k = np.searchsorted(local, ids, side="right") - 1
-        edges = np.searchsorted(k, np.arange(len(sizes) + 1))
-        for b in np.flatnonzero(np.diff(edges)):
-            part = ids[edges[b] : edges[b + 1]]
-            plan.unpacked_bytes += _moved(part - local[b], row_bytes)[0]
-            moved, runs = _moved(np.sort(slot[part]), row_bytes)
+        ids = rows.of(nodes)
+        for b, part in rows.split(ids):
+            plan.unpacked_bytes += pages_and_runs(part, row_bytes)[0]
+            moved, runs = pages_and_runs(np.sort(slot[part + rows.local[b]]), row_bytes)
             plan.packed_bytes += moved
             plan.reads += runs
         plan.useful_bytes += ids.size * row_bytes
@@ -192,6 +230,15 @@ def load_state(work: Path, key: str) -> tuple[list[Written], PackSummary] | None
     if not isinstance(state, dict) or state.get("key") != key:
         return None
     written = [Written(w["name"], Path(w["path"]), int(w["bytes"]), w["digest"]) for w in state["written"]]
-    if any(not w.path.is_file() or w.path.stat().st_size != w.bytes for w in written):
+    summary = PackSummary.model_validate(state["summary"])
+    files = [(w.path, w.bytes) for w in written]
+    for c in summary.chunks.bins.values() if summary.chunks else ():  # written under their .partial names
+        files += [(_partial(work, f.path), f.bytes) for f in (c.chunks, c.shared)]
+    if any(not path.is_file() or path.stat().st_size != size for path, size in files):
         return None
-    return written, PackSummary.model_validate(state["summary"])
+    return written, summary
+
+
+def _partial(work: Path, path: str) -> Path:
+    final = Path(path) if Path(path).is_absolute() else work / path
+    return final.with_name(final.name + ".partial")

@@ -32,6 +32,7 @@ from moment.progress import Progress, stage_update
 from moment.sizes import Size, parse_size
 from moment.topology.model import Machine
 from placement import pack as pk
+from placement.chunks import parse_budget
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
@@ -67,6 +68,9 @@ class PlaceOptions:
     pack: bool = False  # lay SSD rows out in the order the trainer's first batches read them (placement.pack)
     pack_epochs: int = 1  # training epochs replayed for --pack
     pack_ranks: int | None = None  # training ranks replayed for --pack (None: the plan's GPUs)
+    # disk space for per-batch chunks and shared caches (placement.chunks): '20GB' or '2x' (the SSD
+    # bins' bytes); None: the bins' rows ordered in place. Implies --pack.
+    pack_budget: str | None = None
 
 
 def _cache_sizes(opts: PlaceOptions) -> tuple[Size | None, Size | None]:
@@ -177,6 +181,9 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         raise UsageError(f"--tolerance {opts.tolerance}: a share of reads, between 0 and 1")
     if opts.pack_epochs < 1 or (opts.pack_ranks is not None and opts.pack_ranks < 1):
         raise UsageError("--pack-epochs and --pack-ranks: must be at least 1")
+    if opts.pack_budget is not None:
+        parse_budget(opts.pack_budget, 1)  # its form, now; its bytes once the bins are known
+        opts = replace(opts, pack=True)
     get_policy(opts.policy)
     _cache_sizes(opts)  # a mistyped size is refused before the dataset is scanned
     plan = read_plan(plan_path)
@@ -219,6 +226,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         {k: str(v) for k, v in dirs.items()},
         str(Path(dataset_path).resolve()),
         *([("pack", opts.pack_epochs, opts.pack_ranks)] if opts.pack else []),
+        *([("pack_budget", opts.pack_budget)] if opts.pack_budget is not None else []),
     )
     rate = scanned / max(time.perf_counter() - t0, 1e-6)
     run = PlaceRun(
@@ -338,12 +346,16 @@ def _least_rows(run: PlaceRun) -> dict[str, int]:
 
 def _space_needed(run: PlaceRun, bin_rows: dict[str, int]) -> dict[Path, int]:
     """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays."""
-    ds = run.ds
+    ds, opts = run.ds, run.opts
     needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
+    ssd_bytes = sum(bin_rows.get(t.bin, 0) for t in run.plan.bin_targets if t.tier == "ssd") * ds.row_bytes
+    budget = parse_budget(opts.pack_budget, ssd_bytes) if opts.pack_budget is not None else 0
     for t in run.plan.bin_targets:
         d = run.dirs.get(t.bin, run.out)
-        copies = 2 if run.opts.pack and t.tier == "ssd" else 1  # packing writes from an unpacked copy
-        needs[d] = needs.get(d, 0) + copies * bin_rows.get(t.bin, 0) * ds.row_bytes
+        size = bin_rows.get(t.bin, 0) * ds.row_bytes
+        if opts.pack and t.tier == "ssd":  # packing writes from an unpacked copy, or chunks beside the bin
+            size += size if opts.pack_budget is None else budget * size // max(ssd_bytes, 1)
+        needs[d] = needs.get(d, 0) + size
     return needs
 
 

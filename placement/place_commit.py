@@ -17,7 +17,7 @@ from moment.contracts.placed import MANIFEST, PlacedError, PlacedManifest, bin_f
 from moment.errors import MomentError
 from moment.outputs import INPUTS, Kind, Staging, read_inputs
 from placement import pack as pk
-from placement.placed import open_placed
+from placement.placed import open_placed, pack_files
 from placement.writer import STATE
 
 
@@ -31,6 +31,7 @@ def _placed_files(root: Path) -> list[Path]:
         if path.name == bin_file_name(b.name, m.run_id) and file_size(path) == b.bytes:
             owned.append(path)
     owned += [root / f.path for f in m.files.values() if file_size(root / f.path) == f.bytes]
+    owned += [path for path, f, name in pack_files(m, root) if path.name == name and file_size(path) == f.bytes]
     return [*owned, root / MANIFEST]
 
 
@@ -66,13 +67,14 @@ def intact(root: Path) -> bool:
 
 
 def _finish_bins(m: PlacedManifest, data: Path) -> None:
-    """Give every bin its final name (idempotent: a killed run may have renamed some already)."""
-    for b in m.bins:
-        final = Path(b.path) if Path(b.path).is_absolute() else data / b.path
+    """Give every bin and pack file its final name (idempotent: a killed run may have renamed
+    some already)."""
+    files = [(Path(b.path) if Path(b.path).is_absolute() else data / b.path, b.bytes) for b in m.bins]
+    for final, size in files + [(path, f.bytes) for path, f, _ in pack_files(m, data)]:
         partial = final.with_name(final.name + ".partial")
         if partial.exists():
             partial.replace(final)
-        elif file_size(final) != b.bytes:
+        elif file_size(final) != size:
             raise PlacedError(f"{final}: missing or truncated while committing; remove {data.parent} and run again")
 
 
@@ -87,6 +89,7 @@ def commit(stage: Staging, dirs: dict[str, Path], log: Callable[[str], None]) ->
         for name in SCRATCH:
             (stage.data / name).unlink(missing_ok=True)
     keep = [Path(b.path) for b in m.bins if Path(b.path).is_absolute()] if m else []
+    keep += [path for path, _, _ in pack_files(m, stage.data)] if m else []
     for note in stage.publish("place", keep=keep, external_dirs=dirs.values()):
         log(f"note: {note}")
     return validate_placed(stage.out)

@@ -106,8 +106,9 @@ def bin_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
 
 
 def packed(run: PlaceRun, spec: BinSpec) -> bool:
-    """Whether ``spec``'s bin is packed (``--pack``: SSD bins), i.e. first written unpacked."""
-    return run.opts.pack and spec.tier == "ssd"
+    """Whether ``spec``'s bin is packed (``--pack`` without ``--pack-budget``: SSD bins), i.e.
+    first written unpacked."""
+    return run.opts.pack and run.opts.pack_budget is None and spec.tier == "ssd"
 
 
 def partial(final: Path) -> Path:
@@ -221,7 +222,7 @@ def build_manifest(
         )
     entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
     written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
-    written_apart.update({key: f"{key}.npy" for key in (pack.slots.values() if pack else ())})  # slot maps
+    written_apart.update({key: f"{key}.npy" for key in (pack.map_keys if pack else ())})  # row maps
     for k, name in written_apart.items():
         path = data / name
         entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}

@@ -7,7 +7,9 @@ directory of their SSD (or ``bins/`` inside). Every file has its size and SHA-25
 the manifest. New ids are ranges: bin ``b`` holds ids ``[start, start + count)`` in a raw
 row-major file, so a vertex's location is a range lookup. In a packed placement (``moment place
 --pack``: :mod:`placement.pack`) an SSD bin's rows lie in the order training batches read them,
-and its slot map gives the file row of each: ``file row = slots[id - start]``.
+and its slot map gives the file row of each: ``file row = slots[id - start]``; packed within a
+budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
+rows lie beside it in per-batch chunks and a shared cache, whose row maps say which row is which.
 """
 
 from __future__ import annotations
@@ -18,12 +20,35 @@ from typing import Any
 
 import numpy as np
 
-from moment.contracts.placed import FORMAT, MANIFEST, PlacedError, PlacedManifest
+from moment.contracts.placed import FORMAT, MANIFEST, PackFile, PlacedError, PlacedManifest, bin_file_name
 from moment.errors import UsageError
 from placement.dataset import FeatureShape
 from placement.writer import file_digest
 
 __all__ = ["FORMAT", "MANIFEST", "Placed", "PlacedBin", "PlacedError", "open_placed", "verify"]
+
+
+@dataclass
+class ChunkFiles:
+    """An SSD bin's per-batch chunks and shared cache (``--pack-budget``: :mod:`placement.chunks`)
+    and the .npy row maps saying which bin row each of their rows is."""
+
+    chunks: Path
+    shared: Path
+    chunk_rows: Path
+    chunk_offsets: Path
+    shared_rows: Path
+
+
+def pack_files(m: PlacedManifest, root: Path) -> list[tuple[Path, PackFile, str]]:
+    """The chunk and shared files of a placement packed within a budget: where each lies, its
+    entry, and the name this run gave it (what proves it is the run's)."""
+    chunks = m.pack.chunks.bins.items() if m.pack and m.pack.chunks else ()
+    return [
+        (_abs(root, f.path), f, bin_file_name(f"{name}-{kind}", m.run_id))
+        for name, c in chunks
+        for kind, f in (("chunks", c.chunks), ("shared", c.shared))
+    ]
 
 
 @dataclass
@@ -38,12 +63,21 @@ class PlacedBin:
     target: float
     achieved: float
     slots: Path | None = None  # packed: the .npy of each row's file row (None: rows in id order)
+    chunks: ChunkFiles | None = None  # packed within a budget: its chunks and shared cache
 
     def file_rows(self, local: np.ndarray) -> np.ndarray:
         """File rows of the bin's rows ``local`` (ids minus ``start``)."""
         if self.slots is None:
             return local
         return np.asarray(np.load(self.slots, mmap_mode="r")[local], dtype=np.int64)
+
+    def copies(self) -> list[tuple[Path, np.ndarray]]:
+        """Files holding copies of the bin's rows (a budget's chunks and shared cache), each with
+        the bin row at each of its rows."""
+        if self.chunks is None:
+            return []
+        c = self.chunks
+        return [(c.chunks, np.load(c.chunk_rows, mmap_mode="r")), (c.shared, np.load(c.shared_rows, mmap_mode="r"))]
 
 
 @dataclass
@@ -94,6 +128,14 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
     m = PlacedManifest.read(manifest)
     slots = {name: root / m.files[key].path for name, key in m.pack.slots.items()} if m.pack else {}
+    chunks = {
+        name: ChunkFiles(
+            _abs(root, c.chunks.path),
+            _abs(root, c.shared.path),
+            *(root / m.files[k].path for k in (c.chunk_rows, c.chunk_offsets, c.shared_rows)),
+        )
+        for name, c in (m.pack.chunks.bins.items() if m.pack and m.pack.chunks else ())
+    }
     bins = [
         PlacedBin(
             b.name,
@@ -106,12 +148,14 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
             b.target,
             b.achieved,
             slots.get(b.name),
+            chunks.get(b.name),
         )
         for b in m.bins
     ]
     placed = Placed(root, m.model_dump(mode="json"), bins, m)
     checks = [(b.path, b.bytes, b.digest) for b in bins]
     checks += [(root / f.path, f.bytes, f.digest) for f in m.files.values()]
+    checks += [(path, f.bytes, f.digest) for path, f, _ in pack_files(m, root)]
     for file, size, digest in checks:
         if not file.is_file():
             raise PlacedError(f"{file}: missing (listed in {manifest})")
@@ -157,6 +201,16 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
         raise PlacedError(
             f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)"
         )
+    for b in placed.bins:  # copies of bin rows (--pack-budget's chunks and shared caches) against the bin
+        for path, at in b.copies():
+            if at.size == 0:
+                continue
+            k = np.unique(rng.integers(0, at.size, size=min(sample, at.size)))
+            copy = np.memmap(path, dtype=np.uint8, mode="r", shape=(at.size, placed.row_bytes))
+            if not np.array_equal(
+                copy[k], placed.read_rows(b.start + np.asarray(at[k], dtype=np.int64)).view(np.uint8)
+            ):
+                raise PlacedError(f"{path}: rows differ from their bin {b.name}'s ({k.size} sampled)")
     back = np.asarray(placed.array("new_to_old")[new])
     if not np.array_equal(back, old):
         raise PlacedError(f"{placed.file('new_to_old')}: not the inverse of old_to_new")

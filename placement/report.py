@@ -54,6 +54,13 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
             f"bytes, {pack['unpacked_bytes'] / useful:.2f}× with rows in id order; train with that seed and rank count "
             "(--reuse-samples past those epochs)"
         )
+    if pack and pack.get("chunks"):
+        c = pack["chunks"]
+        console.print(
+            f"per-batch chunks and shared caches beside the SSD bins: {c['bytes'] / 1e9:.3f} GB of the "
+            f"{c['budget'] / 1e9:.3f} GB --pack-budget; rows read by more than {c['threshold']} replayed batches "
+            "are shared, the others copied into each batch's chunk"
+        )
 
 
 def print_timings(console: Console, manifest: dict[str, Any]) -> None:

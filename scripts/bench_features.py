@@ -26,7 +26,7 @@ import torch
 from moment.topology.measure import random_read
 from placement.placed import open_placed
 from trainer.featurestore import TieredFeatureStore
-from trainer.readers import IO_CHOICES, make_reader
+from trainer.readers import READERS, make_reader
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--device", default="cpu", help="where get() returns the rows: cpu or cuda")
-    ap.add_argument("--io", choices=IO_CHOICES, default="auto", help="SSD reader (trainer's --io)")
+    ap.add_argument("--io", choices=("auto", *READERS), default="auto", help="SSD reader (trainer's --io)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here as JSON")
     args = ap.parse_args()
     placed = open_placed(args.placed)

@@ -2,7 +2,7 @@
 per feature byte, seconds per step, seeds/s and accuracy, against the prediction and the IO
 limit, in one run.
 
-One synthetic dataset (``--dim`` float32 rows: 128 → 512 B, eight to a 4 KiB page) placed three
+One synthetic dataset (``--dim`` float32 rows: 128 → 512 B, eight to a 4 KiB page) placed four
 times with the same hotness: (a) ``moment place`` as today, SSD rows in id order; (b) ``moment
 place --pack`` (``--pack-epochs``, one CPU rank, seed 0: the batches it replays are the ones
 trained; epochs past them are trained with ``--reuse-samples``); (c) every row in the CPU cache,
@@ -15,14 +15,22 @@ virtual disk with 512 B blocks it does not see 4 KiB pages), the placement's pre
 amplification, seconds per step, seeds/s, test accuracy, and the placement's time (packing
 against writing the bins). Then (b)'s IO limit, as the issue defines it: the larger of (c)'s
 step and (b)'s pages per step over the disk's sequential rate (the packed bins read front to
-back, pages dropped first). Run:
-    python scripts/bench_pack.py --work /tmp/bench-pack --epochs 3
+back, pages dropped first). (d) ``moment place --pack-budget`` (``--pack-budget``, default 1x the SSD
+bins): per-batch chunks and a shared cache beside the bins in id order, trained like (b); its
+packing time is reported against a plain copy of the same bytes (the chunk and shared files
+copied, pages dropped first) and its disk space against the budget. ``--preset high-reuse``: a
+graph where many batches read the same rows (100k vertices, 128 B rows, 5% training vertices,
+three epochs replayed and trained: a row is read by about ten batches), no memory limit (the
+features are smaller than a Python process). Run:
+    python scripts/bench_pack.py --work /tmp/packs-bench --epochs 3
+    python scripts/bench_pack.py --work /tmp/packs-reuse --preset high-reuse
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -86,8 +94,10 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]
     from placement.synth import synthesize
 
     work.mkdir(parents=True, exist_ok=True)
-    ds = work / f"ds-{args.nodes}-{args.dim}"
-    synthesize(ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0)
+    ds = work / f"ds-{args.nodes}-{args.dim}-{args.train}"
+    synthesize(
+        ds, nodes=args.nodes, avg_degree=args.degree, dim=args.dim, dtype="float32", seed=0, train_fraction=args.train
+    )
     machine = resolve_profile("moment-machine-b")
     fanouts = [int(f) for f in args.fanouts.split(",")]
     workload = load_workload(machine.workload, fanouts=fanouts, batch_size=args.batch_size)
@@ -98,6 +108,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]
         ("unpacked", args.cpu_cache, False),
         ("packed", args.cpu_cache, True),
         ("ram", "100%", False),
+        ("chunks", args.cpu_cache, True),
     ):
         out = work / f"placed-{name}"
         opts = PlaceOptions(
@@ -108,17 +119,66 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]
             pack=pack,
             pack_epochs=args.pack_epochs,
             pack_ranks=1,
+            pack_budget=args.pack_budget if name == "chunks" else None,
         )
         placed[name] = {"dir": out, "manifest": place(work / "plan.json", ds, out, opts)}
     return ds, placed
 
 
+PRESETS = {
+    "high-reuse": {
+        "nodes": 100_000,
+        "dim": 32,
+        "train": 0.05,
+        "pack_epochs": 3,
+        "epochs": 3,
+        "mem_limit": "0",
+        "pack_budget": "3x",
+    },
+}
+
+
+def plain_copy_s(paths: list[Path], into: Path, block: int = 8 << 20) -> float:
+    """Seconds to copy ``paths`` (pages dropped first) into ``into`` and fsync: what writing the
+    same bytes costs without packing them."""
+    drop_cached(paths)
+    into.mkdir(parents=True, exist_ok=True)
+    buf = bytearray(block)
+    start = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f, open(into / path.name, "wb", buffering=0) as out:
+            while got := f.readinto(buf):
+                out.write(memoryview(buf)[:got])
+            os.fsync(out.fileno())
+    seconds = time.perf_counter() - start
+    for path in paths:
+        (into / path.name).unlink()
+    return seconds
+
+
+def report(name: str, r: dict, t: dict) -> None:
+    amp = (
+        f"SSD pages {r['pages'] / r['useful']:.2f}x the feature bytes (predicted {r['predicted']:.2f}x), "
+        if r["useful"]
+        else ""
+    )
+    print(
+        f"{name:9}: {amp}disk reads {r['disk'] / 2**20:.0f} MiB; {r['useful'] / 2**20:.0f} MiB from the SSD bins; "
+        f"{r['step_s'] * 1e3:.1f} ms/step, {r['seeds_per_s']:,.0f} seeds/s over {r['steps']} steps; test accuracy "
+        f"{r['test_acc']:.4f}; place: {t['total']:.1f} s, of which writing the bins {t['write_bins']:.1f} s"
+        + (f", packing {t['pack']:.1f} s" if "pack" in t else ""),
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", default="/tmp/bench-pack")
+    ap.add_argument("--work", default="/tmp/packs-bench")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a configuration of the options below (see above)")
     ap.add_argument("--nodes", type=int, default=2_000_000)
     ap.add_argument("--dim", type=int, default=128, help="float32 features per row (128: 512 B rows)")
     ap.add_argument("--degree", type=float, default=10)
+    ap.add_argument("--train", type=float, default=0.01, help="share of the vertices that are training seeds")
     ap.add_argument("--cpu-cache", default="2%")
     ap.add_argument("--fanouts", default="10,5")
     ap.add_argument("--batch-size", type=int, default=512)
@@ -126,6 +186,7 @@ def main() -> None:
     ap.add_argument(
         "--pack-epochs", type=int, default=1, help="epochs --pack replays; later ones reuse them (--reuse-samples)"
     )
+    ap.add_argument("--pack-budget", default="1x", help="(d)'s --pack-budget (default 1x: the SSD bins' size)")
     ap.add_argument("--mem-limit", default="512MiB", help="memory cgroup limit per training run; 0: none")
     ap.add_argument("--worker", choices=("moment",), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -135,6 +196,8 @@ def main() -> None:
     if args.worker:
         Path(args.out_json).write_text(json.dumps(worker(args)))
         return
+    for key, value in PRESETS.get(args.preset, {}).items():
+        setattr(args, key, value)
     work = Path(args.work)
     ds, placed = prepare(args, work)
     limit = parse_size(args.mem_limit)
@@ -145,49 +208,59 @@ def main() -> None:
         cgroup = None
     feat = ds / "features.npy"
     print(
-        f"features {feat.stat().st_size / 2**20:.0f} MiB ({args.dim * 4} B rows); "
+        f"features {feat.stat().st_size / 2**20:.0f} MiB ({args.dim * 4} B rows, {args.nodes:,} vertices, "
+        f"{args.train:.0%} training); "
         + (f"memory limit {limit / 2**20:.0f} MiB" if cgroup else "no memory limit")
-        + f" (the all-in-RAM run: none); {args.epochs} epoch(s)",
+        + f" (the all-in-RAM run: none); {args.epochs} epoch(s), {args.pack_epochs} replayed",
         flush=True,
     )
     reuse = "--reuse-samples" if args.epochs > args.pack_epochs else ""
-    runs = {"unpacked": (cgroup, ""), "packed": (cgroup, reuse), "ram": (None, "--shm-dir=")}
+    runs = {"unpacked": (cgroup, ""), "packed": (cgroup, reuse), "ram": (None, "--shm-dir="), "chunks": (cgroup, reuse)}
     results = {}
     for name, (group, train_args) in runs.items():
         p = placed[name]
         files = [f for f in (ds, p["dir"]) for f in f.rglob("*") if f.is_file()]
         files += [Path(b["path"]) for b in p["manifest"]["bins"] if Path(b["path"]).is_absolute()]
         extra = ["--data", str(p["dir"]), "--epochs", str(args.epochs), f"--train-args={train_args}"]
-        results[name] = r = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
-        t = p["manifest"]["timings_s"]
-        amp = (
-            f"SSD pages {r['pages'] / r['useful']:.2f}x the feature bytes (predicted {r['predicted']:.2f}x), "
-            if r["useful"]
-            else ""
-        )
-        print(
-            f"{name:9}: {amp}disk reads {r['disk'] / 2**20:.0f} MiB; {r['useful'] / 2**20:.0f} MiB from the SSD bins; "
-            f"{r['step_s'] * 1e3:.1f} ms/step, {r['seeds_per_s']:,.0f} seeds/s over {r['steps']} steps; test accuracy "
-            f"{r['test_acc']:.4f}; place: {t['total']:.1f} s, of which writing the bins {t['write_bins']:.1f} s"
-            + (f", packing {t['pack']:.1f} s" if "pack" in t else ""),
-            flush=True,
-        )
-    a, b, ram = results["unpacked"], results["packed"], results["ram"]
+        results[name] = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
+        report(f"({'abcd'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
+    a, b, ram, d = (results[k] for k in ("unpacked", "packed", "ram", "chunks"))
+    root = placed["packed"]["dir"]
     bins = [
-        Path(x["path"]) if Path(x["path"]).is_absolute() else placed["packed"]["dir"] / x["path"]
+        Path(x["path"]) if Path(x["path"]).is_absolute() else root / x["path"]
         for x in placed["packed"]["manifest"]["bins"]
         if x["tier"] == "ssd"
     ]
     gbps = sequential_gbps(bins)
     limit_s = max(ram["step_s"], b["pages"] / b["steps"] / (gbps * 1e9))
+    d_limit_s = max(ram["step_s"], d["pages"] / d["steps"] / (gbps * 1e9))
     print(
         f"packed vs unpacked: SSD pages per feature byte {b['pages'] / b['useful'] / (a['pages'] / a['useful']):.3f}x, "
         f"disk reads {b['disk'] / max(a['disk'], 1):.3f}x, seeds/s {b['seeds_per_s'] / a['seeds_per_s']:.2f}x, "
         f"test accuracy {b['test_acc'] - a['test_acc']:+.4f}; packed measured/predicted amplification "
         f"{b['pages'] / b['useful'] / b['predicted']:.3f}\n"
-        f"IO limit of a packed step: max(all-in-RAM step {ram['step_s'] * 1e3:.1f} ms, its pages / the disk's "
-        f"sequential {gbps:.2f} GB/s = {b['pages'] / b['steps'] / (gbps * 1e9) * 1e3:.1f} ms) = {limit_s * 1e3:.1f} ms; "
-        f"packed step {b['step_s'] / limit_s:.2f}x it, unpacked {a['step_s'] / limit_s:.2f}x"
+        f"chunks vs unpacked: SSD pages per feature byte {d['pages'] / d['useful'] / (a['pages'] / a['useful']):.3f}x "
+        f"(vs packed {d['pages'] / d['useful'] / (b['pages'] / b['useful']):.3f}x), seeds/s "
+        f"{d['seeds_per_s'] / a['seeds_per_s']:.2f}x, test accuracy {d['test_acc'] - a['test_acc']:+.4f}; "
+        f"measured/predicted amplification {d['pages'] / d['useful'] / d['predicted']:.3f}\n"
+        f"IO limit of a step: max(all-in-RAM step {ram['step_s'] * 1e3:.1f} ms, its pages / the disk's sequential "
+        f"{gbps:.2f} GB/s): packed {limit_s * 1e3:.1f} ms, chunks {d_limit_s * 1e3:.1f} ms; packed step "
+        f"{b['step_s'] / limit_s:.2f}x its limit, chunks {d['step_s'] / d_limit_s:.2f}x, unpacked {a['step_s'] / limit_s:.2f}x"
+    )
+    m = placed["chunks"]["manifest"]
+    c, croot = m["pack"]["chunks"], placed["chunks"]["dir"]
+    copies = [
+        Path(f["path"]) if Path(f["path"]).is_absolute() else croot / f["path"]
+        for x in c["bins"].values()
+        for f in (x["chunks"], x["shared"])
+    ]
+    copy_s = plain_copy_s([f for f in copies if f.stat().st_size], work / "copy")
+    ssd_bytes = sum(x["bytes"] for x in m["bins"] if x["tier"] == "ssd")
+    print(
+        f"chunks on disk: {c['bytes'] / 2**20:.1f} MiB of the {c['budget'] / 2**20:.1f} MiB budget "
+        f"({c['bytes'] / ssd_bytes:.2f}x the SSD bins' {ssd_bytes / 2**20:.1f} MiB; rows read by more than "
+        f"{c['threshold']} replayed batches shared); packing {m['timings_s']['pack']:.1f} s (replay and writing) vs "
+        f"a plain copy of the same bytes {copy_s:.1f} s, writing the bins {m['timings_s']['write_bins']:.1f} s"
     )
 
 

@@ -134,7 +134,7 @@ def test_auto_is_posix_unless_a_probe_measured_kvikio_faster(tmp_path: Path, mon
         made.append(FakeKvikio(latency=0.002))
         return _CpuKvikioReader(threads=threads, module=made[-1])
 
-    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(fake_reader, True, "installed"))
+    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(fake_reader, "installed"))
     with make_reader("cuda", io="auto", threads=2) as reader:
         assert isinstance(reader, FileReader) and not made
     with make_reader("cuda", io="auto", threads=2, probe=[(path, 4096)]) as reader:
@@ -150,7 +150,7 @@ def test_asking_for_kvikio_without_gpudirect_storage_warns_that_posix_is_faster(
     (posix: 0.57). Asked for by name it is still made, with a warning; with cuFile, no warning."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     fake = FakeKvikio(cufile_available=cufile)
-    kind = readers.ReaderKind(lambda threads, direct: _CpuKvikioReader(threads=threads, module=fake), True, "fake")
+    kind = readers.ReaderKind(lambda threads, direct: _CpuKvikioReader(threads=threads, module=fake), "fake")
     monkeypatch.setitem(readers.READERS, "kvikio", kind)
     with make_reader("cuda", io="kvikio", threads=2) as reader:
         assert isinstance(reader, KvikioReader) and reader.route == ("direct" if cufile else "host")
@@ -283,7 +283,7 @@ def test_auto_keeps_posix_when_the_kvikio_reader_cannot_be_made(
     def broken(threads: int, direct: bool) -> KvikioReader:
         raise OSError("libcufile.so.0: cannot open shared object file")
 
-    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(broken, True, "installed"))
+    monkeypatch.setitem(readers.READERS, "kvikio", readers.ReaderKind(broken, "installed"))
     with make_reader("cuda", io="auto", threads=2, probe=[(path, 4096)]) as reader:
         assert isinstance(reader, FileReader)
     assert "kvikio reader cannot be made (libcufile.so.0" in capsys.readouterr().err

@@ -13,19 +13,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from moment import faults
 from moment.contracts.metrics import MetricsDoc
 from moment.contracts.placed import PlacedError, PlacedManifest
+from moment.errors import UsageError
 from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
+from placement.chunks import parse_budget, plan_chunks, write_gathered
 from placement.dataset import open_dataset
 from placement.pack import plan_pack
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed, verify
 from placement.synth import synthesize
+from placement.writer import file_digest
 from trainer.featurestore import TieredFeatureStore
 from trainer.loop import main as train_main
 
@@ -201,13 +205,17 @@ def test_another_seed_is_warned_about_and_reads_more_pages(
 
 
 @pytest.mark.slow
-def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
-    """Packed for two ranks and trained by two gloo ranks under torchrun: each rank's batches
-    are the replayed ones, so the pages moved are the replay's (no warning)."""
+@pytest.mark.parametrize("budget", [None, "0.33x"])
+def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(
+    budget: str | None, plan_file: Path, dataset: Path, tmp_path: Path
+) -> None:
+    """Packed (ordered, or into chunks within a budget) for two ranks and trained by two gloo
+    ranks under torchrun: each rank's batches are the replayed ones (each rank reads its own
+    batches' chunks), so the pages moved are the replay's (no warning)."""
     from trainer import launch
 
     out, metrics = tmp_path / "p2", tmp_path / "m.json"
-    place(plan_file, dataset, out, PlaceOptions(pack=True, pack_ranks=2, **OPTS))
+    place(plan_file, dataset, out, PlaceOptions(pack=True, pack_ranks=2, pack_budget=budget, **OPTS))
     argv = ["--data", str(out), "--plan", str(plan_file), "--device", "cpu", "--epochs", "1", "--hidden", "8"]
     cmd = launch.build_torchrun_command(launch.check_command([*argv, "--metrics-json", str(metrics)]), nproc=2)
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
@@ -236,3 +244,191 @@ def test_the_command_line_packs_and_says_what_it_saves(plan_file: Path, dataset:
         main([*args[:-1], str(tmp_path / "q"), "--pack-epochs", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "--pack-epochs" in err[0]
+
+
+# -- per-batch chunks and a shared cache within a disk budget (--pack-budget, placement/chunks.py) --
+
+
+BATCHES = [np.array([114, 103, 109]), np.array([109, 101]), np.array([103]), np.array([103, 109])]
+
+
+def test_the_budget_decides_which_rows_are_shared() -> None:
+    """By hand: one bin of 16 rows of 1 KiB, ids 100-115. Rows 3 and 9 are read by three
+    batches, 14 and 1 by one. Replicating everything takes 3 + 3 + 1 + 1 = 8 rows; sharing
+    3 and 9 takes 4 (the least: every row read, once). An 8 KiB budget replicates all; 6 KiB
+    shares the rows read by more than 2 batches; 3 KiB is refused in one line."""
+    full = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 8 << 10, "--pack-budget 8KiB")
+    assert (full.threshold, full.bytes, full.shared_rows[0].tolist()) == (3, 8 << 10, [])
+    assert full.chunk_rows[0].tolist() == [3, 9, 14, 1, 9, 3, 3, 9]
+    assert full.chunk_offsets[0].tolist() == [0, 3, 5, 6, 8]
+    plan = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 6 << 10, "--pack-budget 6KiB")
+    assert (plan.threshold, plan.bytes) == (2, 4 << 10)
+    # shared rows: first read by batch 0 both, then 9 (read again by batch 1) before 3 (batch 2)
+    assert plan.shared_rows[0].tolist() == [9, 3]
+    assert plan.chunk_rows[0].tolist() == [14, 1] and plan.chunk_offsets[0].tolist() == [0, 1, 2, 2, 2]
+    # pages: batch 0 its chunk (1) + shared rows 0-1 (1); batch 1 chunk (1) + shared 0 (1);
+    # batches 2 and 3 the shared page once each. In id order: 3 + 2 + 1 + 2 pages.
+    assert (plan.packed_bytes, plan.unpacked_bytes, plan.reads) == (6 * 4096, 8 * 4096, 6)
+    assert (plan.batches, plan.useful_bytes) == (4, 8 << 10)
+    with pytest.raises(UsageError, match=r"--pack-budget 3KiB: .* cannot hold even the shared cache") as err:
+        plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 3 << 10, "--pack-budget 3KiB")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("20GB", 20 * 10**9), ("512MiB", 512 << 20), ("1.5x", 1500), ("2048", 2048)]
+)
+def test_budgets_read_as_sizes_or_multiples_of_the_bins(text: str, want: int) -> None:
+    assert parse_budget(text, 1000) == want
+
+
+def test_a_bad_budget_is_one_line() -> None:
+    with pytest.raises(UsageError, match="--pack-budget 'lots': expected a size like 20GB"):
+        parse_budget("lots", 1000)
+
+
+def test_one_pass_scatters_every_row_to_its_copies(tmp_path: Path) -> None:
+    """10 rows of 8 B read 3 at a time, copied to two files (one with repeats and rows out of
+    order); each file holds the rows its row map names, and its digest is the file's."""
+    src = tmp_path / "src.bin"
+    rows = np.arange(80, dtype=np.uint8).reshape(10, 8)
+    src.write_bytes(rows.tobytes())
+    outputs = [
+        ("chunks", tmp_path / "c.bin", np.array([0, 4, 9, 1, 2, 4, 9, 9, 5])),
+        ("shared", tmp_path / "s.bin", np.array([7, 3, 8])),
+    ]
+    written = write_gathered(src, 10, 8, outputs, slice_rows=3)
+    for w, (_, path, at) in zip(written, outputs):
+        assert path.read_bytes() == rows[at].tobytes() and w.bytes == at.size * 8
+        assert w.digest == file_digest(path)
+
+
+@pytest.fixture(scope="module")
+def chunked(plan_file: Path, dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, MetricsDoc]:
+    """The placement of ``runs`` packed within a budget that shares some rows, trained two
+    epochs with --reuse-samples (one replayed)."""
+    root = tmp_path_factory.mktemp("pack-chunked")
+    place(plan_file, dataset, root / "c", PlaceOptions(pack_budget=CHUNK_BUDGET, **OPTS))
+    metrics = root / "m.json"
+    args = ["--data", str(root / "c"), "--plan", str(plan_file), "--device", "cpu", "--epochs", "2", "--hidden", "8"]
+    assert train_main([*args, "--eval-every", "2", "--reuse-samples", "--metrics-json", str(metrics)]) == 0
+    return root / "c", MetricsDoc.read(metrics)
+
+
+CHUNK_BUDGET = "0.33x"  # the test graph: full copies take 0.35x, every row once 0.27x
+
+
+def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
+    chunked: tuple[Path, MetricsDoc], runs: dict[str, tuple[Path, MetricsDoc]], dataset: Path
+) -> None:
+    """The bins stay whole and in id order; every chunk row and shared row is its bin row; the
+    files fit the budget, some rows are shared, and verify reads them back against the source."""
+    root = chunked[0]
+    m = PlacedManifest.read(root / "placed.json")
+    assert m.pack is not None and m.pack.chunks is not None and m.pack.slots == {}
+    c = m.pack.chunks
+    ssd_bytes = sum(b.bytes for b in m.bins if b.tier == "ssd")
+    assert c.bytes <= c.budget == int(0.33 * ssd_bytes) and c.threshold > 1
+    placed = open_placed(root)
+    src = np.asarray(open_dataset(dataset).features())
+    new_to_old = np.asarray(placed.array("new_to_old"))
+    shared = 0
+    for b in placed.bins:
+        if b.tier != "ssd":
+            continue
+        assert b.slots is None and b.chunks is not None
+        for path, at in b.copies():
+            copy = np.fromfile(path, dtype=src.dtype).reshape(-1, src.shape[1])
+            assert copy.tobytes() == src[new_to_old[b.start + np.asarray(at)]].tobytes()
+        shared += np.load(b.chunks.shared_rows).size
+    assert shared > 0
+    assert verify(root, sample=placed.num_nodes)["sampled"] > 0
+
+
+def test_chunks_move_fewer_pages_than_the_ordering_as_predicted(
+    chunked: tuple[Path, MetricsDoc], runs: dict[str, tuple[Path, MetricsDoc]]
+) -> None:
+    """Trained on the replayed batches (epoch 2 reusing epoch 1's), each batch reads its chunk
+    and shared pages: the pages per feature byte are the replay's count, the same in both
+    epochs, below the ordering's; the rows are the same (the loss is the unpacked run's)."""
+    doc = chunked[1]
+    first, second = doc.epochs
+    ordered = runs["packed"][1].epochs[0].ssd_read_amplification
+    assert first.loss == pytest.approx(runs["unpacked"][1].epochs[0].loss, rel=1e-5)
+    assert first.bytes_per_ssd == runs["unpacked"][1].epochs[0].bytes_per_ssd
+    assert first.ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.01)
+    assert second.ssd_read_amplification == pytest.approx(first.ssd_read_amplification)
+    assert first.ssd_read_amplification < 0.8 * ordered
+
+
+def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc], dataset: Path) -> None:
+    """A batch asked for under another batch's number still gets its own rows (from the bin):
+    the chunk is used only when its rows are the batch's."""
+    from placement.pack import replay
+
+    placed = open_placed(chunked[0])
+    pack = placed.manifest.pack
+    arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
+    nodes = [n for n, _ in zip(replay(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1), range(2))]
+    src = np.asarray(open_dataset(dataset).features())
+    new_to_old = np.asarray(placed.array("new_to_old"))
+    with TieredFeatureStore(placed, device="cpu", io="posix") as store:
+        assert store.chunks.first_batch(0, 0, 1) == 0 and store.chunks.first_batch(1, 0, 1) is None
+        for number, ids, right in ((0, nodes[0], True), (0, nodes[1], False), (1, nodes[1], True)):
+            store.reset_stats()
+            got = store.get(torch.from_numpy(ids), batch=number).numpy()
+            assert got.tobytes() == src[new_to_old[ids]].tobytes()
+            chunks = store.stats()["chunks"]
+            assert (chunks["used"] > 0, chunks["missed"] > 0) == (right, not right)
+
+
+@pytest.mark.parametrize("kind", ["chunks", "shared"])
+def test_a_flipped_byte_in_a_chunk_or_the_shared_cache_is_caught(
+    kind: str, plan_file: Path, dataset: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "c"
+    place(plan_file, dataset, out, PlaceOptions(pack_budget=CHUNK_BUDGET, **OPTS))
+    path = getattr(next(b.chunks for b in open_placed(out).bins if b.chunks is not None), kind)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(PlacedError, match=rf"{path.name}: checksum mismatch"):
+        verify(out, sample=0)
+
+
+@pytest.mark.parametrize("point", ["place:bins-written", "place:pack-planned", "place:packed", "place:bins-renamed"])
+def test_chunking_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """Killed before, during or after packing the chunks, or mid-commit, the re-run finishes a
+    placement that verifies; the SSD directory holds the bin, its chunks and shared cache only."""
+    out, ssd = tmp_path / "pk", tmp_path / "ssd"
+    opts = {**OPTS, "pack_budget": CHUNK_BUDGET}
+    call = (
+        "from placement.place import PlaceOptions, place; from pathlib import Path; "
+        f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions("
+        f"ssd_dirs={{'nvme0': Path({str(ssd)!r})}}, **{opts!r}))"
+    )
+    assert _killed_at(point, call) == faults.FAULT_EXIT
+    place(plan_file, dataset, out, PlaceOptions(ssd_dirs={"nvme0": ssd}, **opts))
+    placed = open_placed(out)
+    assert verify(out, sample=placed.num_nodes)["rows"] == placed.num_nodes
+    nvme0 = next(b for b in placed.bins if b.name == "nvme0")
+    assert nvme0.chunks is not None
+    assert sorted(p.name for p in ssd.iterdir()) == sorted(
+        p.name for p in (nvme0.path, nvme0.chunks.chunks, nvme0.chunks.shared)
+    )
+
+
+def test_the_command_line_refuses_a_budget_too_small_in_one_line(
+    plan_file: Path, dataset: Path, tmp_path: Path, capsys
+) -> None:
+    from moment.cli import main
+
+    args = ["place", "--plan", str(plan_file), "--dataset", str(dataset), "--gpu-cache", "1%", "--cpu-cache", "2%"]
+    assert main([*args, "--epochs", "1", "--out", str(tmp_path / "a"), "--pack-budget", "1KiB"]) != 0
+    err = capsys.readouterr().err  # progress lines, then the refusal (found after the replay)
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "--pack-budget 1KiB" in last and "cannot hold even the shared cache" in last
+    assert main([*args, "--epochs", "1", "--out", str(tmp_path / "b"), "--pack-budget", "some"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pack-budget 'some'" in err[0]

@@ -160,3 +160,141 @@ def test_a_registered_layer_trains_and_is_budgeted_as_itself(
     assert loop.main(argv) == 0
     doc = json.loads(metrics.read_text())
     assert doc["config"]["model"] == "graphconv" and np.isfinite(doc["epochs"][0]["loss"])
+
+
+class _ToyReader:
+    """A reader none of the built-in ones is: rows by numpy fancy indexing of a read-only memory
+    map of each bin (the page cache does the I/O), counting a "read" per request."""
+
+    on_device = False
+    device_type = "cpu"
+    route = "host"
+    engine = "memmap"
+    mode = None
+    config = None
+
+    def __init__(self) -> None:
+        self.preads = 0
+        self.modes: dict[str, str] = {}
+        self.read_bytes: dict[str, int] = {}
+        self.routes: dict[str, int] = {}
+        self.probe: dict[str, float] = {}
+        self._maps: dict[str, np.memmap] = {}
+        self.closed = False
+
+    def read_batch(self, requests: Any) -> list[float]:
+        import time
+
+        start, seconds = time.perf_counter(), []
+        for req in requests:
+            name = str(req.file)
+            if name not in self._maps:
+                self._maps[name] = np.memmap(name, dtype=np.uint8, mode="r")
+            out = req.out.reshape(len(req.rows), -1).view(np.uint8)
+            rows = self._maps[name].reshape(-1, out.shape[1])
+            out[:] = rows[np.asarray(req.rows)]
+            self.preads += 1
+            self.modes[name] = "memmap"
+            self.read_bytes[name] = self.read_bytes.get(name, 0) + out.nbytes
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+    def close(self) -> None:
+        self._maps.clear()
+        self.closed = True
+
+
+def test_a_registered_reader_trains_end_to_end(
+    monkeypatch: pytest.MonkeyPatch, small_placed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--io toy`` is a choice as soon as the reader is registered; a run reads every SSD row
+    through it and learns exactly what the built-in file reader's run learns (same seed)."""
+    from trainer import loop, readers
+
+    made: list[_ToyReader] = []
+
+    def make(threads: int, direct: bool) -> _ToyReader:
+        made.append(_ToyReader())
+        return made[-1]
+
+    monkeypatch.setitem(readers.READERS, "toy", readers.ReaderKind(make, "rows from a memory map"))
+    with pytest.raises(SystemExit):
+        loop.main(["--help"])
+    assert "toy rows from a memory map" in " ".join(capsys.readouterr().out.split())
+    docs = {}
+    for io in ("posix", "toy"):
+        metrics = tmp_path / f"{io}.json"
+        argv = ["--data", str(small_placed), "--fanouts", "5,3", "--batch-size", "64", "--device", "cpu"]
+        argv += ["--epochs", "1", "--max-batches-per-epoch", "3", "--io", io, "--metrics-json", str(metrics)]
+        assert loop.main(argv) == 0
+        docs[io] = json.loads(metrics.read_text())
+    assert len(made) == 1 and made[0].closed and made[0].preads > 0
+    toy, posix = docs["toy"], docs["posix"]
+    assert toy["prediction"]["ssd_route"] == {
+        "planned": None,
+        "run": "host",
+        "reader": "_ToyReader",
+        "engine": "memmap",
+    }
+    assert toy["epochs"][0]["bytes_per_ssd"] == posix["epochs"][0]["bytes_per_ssd"]
+    assert sum(toy["epochs"][0]["bytes_per_ssd"].values()) > 0  # the toy served SSD rows
+    assert toy["rank_param_digests"] == posix["rank_param_digests"]  # the same rows, so the same model
+    assert toy["epochs"][0]["loss"] == posix["epochs"][0]["loss"]
+
+
+def test_an_unregistered_reader_is_refused_in_one_line(small_placed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer import loop
+
+    with pytest.raises(SystemExit) as exit_:
+        loop.main(["--data", str(small_placed), "--device", "cpu", "--io", "toy"])
+    assert exit_.value.code == 2 and "argument --io: invalid choice: 'toy'" in capsys.readouterr().err
+
+
+def _toy_source() -> Any:
+    """A capture format none of the built-in sources reads: PCI functions as JSON lines, one
+    object per function with PciFunction's fields (what a tool like hwloc could be turned into)."""
+    from moment.errors import SourceError
+    from moment.topology.pci import PciFunction
+    from moment.topology.profiler import Source
+
+    def parse(text: str, label: str, notes: list[str]) -> list[PciFunction]:
+        try:
+            return [PciFunction(**json.loads(line)) for line in text.splitlines() if line.strip()]
+        except (ValueError, TypeError) as exc:
+            raise SourceError(label, f"not PCI functions as JSON lines: {exc}") from None
+
+    return Source("pci_json", "tree", parse, files=("pci-functions.jsonl",))
+
+
+def test_a_registered_capture_source_profiles_end_to_end(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder holding only the toy's file is profiled through it: the same machine as the real
+    lspci capture the toy's file was made from; the help names the file; a mangled one is skipped
+    with a warning naming it."""
+    import dataclasses
+
+    from moment.topology import profiler
+    from moment.topology.profile_io import load_profile
+    from moment.topology.sources.lspci_tree import parse_lspci_tree
+
+    capture = Path(__file__).parent / "fixtures" / "asus-esc8000a-e12"
+    functions = parse_lspci_tree((capture / "lspci-tv.txt").read_text(), "lspci-tv.txt", [])
+    folder = tmp_path / "asus-esc8000a-e12"
+    folder.mkdir()
+    (folder / "pci-functions.jsonl").write_text("".join(json.dumps(dataclasses.asdict(f)) + "\n" for f in functions))
+    monkeypatch.setitem(profiler.SOURCES, "pci_json", _toy_source())
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    assert "pci-functions.jsonl" in capsys.readouterr().out
+    assert main(["profile", "--from", str(folder), "--out", str(tmp_path / "toy.yaml")]) == 0
+    assert main(["profile", "--from", str(capture), "--out", str(tmp_path / "lspci.yaml")]) == 0
+    toy, real = load_profile(tmp_path / "toy.yaml"), load_profile(tmp_path / "lspci.yaml")
+    assert toy.sources == ["pci-functions.jsonl (asus-esc8000a-e12)", "tree from pci_json"]
+    assert toy.model_dump(exclude={"sources"}) == real.model_dump(exclude={"sources"})
+    assert len(toy.devices()) > 0
+    (folder / "pci-functions.jsonl").write_text('{"bdf": "0000:00:00.0", "colour": "red"}\n')
+    capsys.readouterr()
+    assert main(["profile", "--from", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "skipped pci-functions.jsonl: pci-functions.jsonl: not PCI functions as JSON lines" in err

@@ -139,7 +139,9 @@ class TrainConfig:
         "stage when registration fails",
     )
     io: str = option(
-        "auto", choices=Registry("trainer.readers", "IO_CHOICES", about="io_help"), help="how SSD bins are read"
+        "auto",
+        choices=Registry("trainer.readers", "READERS", about="io_help", also=("auto",)),
+        help="how SSD bins are read",
     )
 
     def __post_init__(self) -> None:

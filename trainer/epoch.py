@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
+from itertools import count, islice
 
 import numpy as np
 import torch
@@ -39,13 +39,21 @@ def epoch_sampler(base: NeighborSampler, seed: int) -> NeighborSampler:
 
 
 def make_prepare(
-    sampler: NeighborSampler, store: TieredFeatureStore, labels: np.ndarray, device: torch.device
+    sampler: NeighborSampler,
+    store: TieredFeatureStore,
+    labels: np.ndarray,
+    device: torch.device,
+    first_batch: int | None = None,
 ) -> Callable[[torch.Tensor], Prepared]:
-    """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``."""
+    """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``.
+    ``first_batch``: the replay index of the first batch (a budget-packed placement's chunks,
+    ``TieredFeatureStore.chunks.first_batch``); the prefetcher prepares batches in order."""
+    numbers = count(first_batch) if first_batch is not None else None
 
     def prepare(seeds: torch.Tensor) -> Prepared:
         batch = sampler.sample(seeds)
-        x = store.get(batch.nodes).to(device, torch.float32, non_blocking=True)
+        which = next(numbers) if numbers is not None else None
+        x = store.get(batch.nodes, batch=which).to(device, torch.float32, non_blocking=True)
         y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
         return Prepared(batch, x, y)
 

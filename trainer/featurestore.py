@@ -21,7 +21,8 @@ process that names the same path uses one copy: the first to come writes it, the
   kvikio (``io``: see :func:`trainer.readers.make_reader`). In a packed placement (``moment place
   --pack``) a bin's rows lie in the order training batches read them: the bin's slot map gives
   each row's file row, and the reader gets those, sorted (the rows one batch reads are then
-  mostly consecutive: few, long reads, few pages each).
+  mostly consecutive: few, long reads, few pages each); packed within a budget, a replayed
+  training batch reads its chunk and shared pages instead (:mod:`trainer.packs`).
 
 Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
 final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
@@ -46,6 +47,7 @@ import torch
 
 from moment.contracts.tiers import TIERS
 from placement.placed import Placed, PlacedBin, PlacedError
+from trainer.packs import BatchChunks
 from trainer.readers import Reader, ReadRequest, make_reader
 from trainer.shm import map_shared, not_in_memory
 from trainer.staging import Staging
@@ -113,6 +115,7 @@ class TieredFeatureStore:
         # packed bins: each row's file row, in memory (4 B per row; a mapping read at random would
         # fault its pages in, with readahead, again and again under memory pressure)
         self._slots = [None if b.slots is None else np.load(b.slots) for b in self._ssd]
+        self.chunks = BatchChunks(self.placed, self._ssd)  # packed within a budget: per-batch chunks
         cuda = self.device if self.device.type == "cuda" else None
         self._host_stage = Staging(torch.device("cpu"), self.pin, cuda, stage_reserve)
         self._dev_stage = Staging(self.device, False, cuda, stage_reserve) if self.reader.on_device else None
@@ -186,12 +189,12 @@ class TieredFeatureStore:
 
     # Reading #################################################################
 
-    def get(self, ids: torch.Tensor) -> torch.Tensor:
+    def get(self, ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
         """Rows of ``ids`` (new ids, any order, repeats allowed), in that order, on ``device``.
 
         Rows held in host memory and distinct SSD rows are first put in one staging buffer, then
         one gather (on the CPU, or on the GPU after one host→device copy) puts every row in
-        place; GPU-resident rows are gathered on the GPU."""
+        place; GPU-resident rows are gathered on the GPU. ``batch``: its replay index (``chunks.first_batch``)."""
         start = time.perf_counter()
         new = self._as_ids(ids)
         b = np.searchsorted(self._starts, new, side="right") - 1
@@ -210,7 +213,7 @@ class TieredFeatureStore:
             self._gather(t, row[where[t]], stage[at : at + k])
             src[where[t]] = np.arange(at, at + k)
             at += k
-        ssd_stage, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows])
+        ssd_stage, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows], batch)
         src[where[SSD]] = inverse if staged is None else staged[inverse]
         out = torch.empty((new.size, self.dim), dtype=self.dtype, device=self.device)
         if self.device.type == "cpu":
@@ -245,7 +248,7 @@ class TieredFeatureStore:
         self._count(tier, rows.size, rows.size * self.row_bytes, time.perf_counter() - start)
 
     def _read_ssd(
-        self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor
+        self, bins: np.ndarray, uniq: np.ndarray, host_stage: torch.Tensor, batch: int | None = None
     ) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """Read each distinct SSD row once, all bins together; returns the device staging buffer
         when the reader reads to the GPU, and where each of ``uniq`` was staged when a packed bin
@@ -261,22 +264,33 @@ class TieredFeatureStore:
         edges = [0, *np.searchsorted(uniq, self._ssd_starts[1:]).tolist(), uniq.size]
         which = [k for k in range(len(self._ssd)) if edges[k + 1] > edges[k]]
         staged = None
-        requests = []
+        requests, owner = [], []
         for k in which:
             lo, hi = edges[k], edges[k + 1]
             rows = uniq[lo:hi] - self._ssd[k].start
-            if self._slots[k] is not None:  # packed: read the file rows in file order
-                rows = np.asarray(self._slots[k][rows], dtype=np.int64)
+            chunk = self.chunks.requests(k, batch, rows, target[lo:hi])
+            if chunk is not None:  # a replayed batch: its chunk and shared rows
+                reads, landed = chunk
+                staged = np.arange(uniq.size) if staged is None else staged
+                staged[lo:hi] = lo + landed
+                requests += reads
+                owner += [k] * len(reads)
+                continue
+            if (slots := self._slots[k]) is not None:  # packed: read the file rows in file order
+                rows = np.asarray(slots[rows], dtype=np.int64)
                 order = np.argsort(rows)
                 rows = rows[order]
                 staged = np.arange(uniq.size) if staged is None else staged
                 staged[lo + order] = np.arange(lo, hi)
             requests.append(ReadRequest(self._ssd[k].path, rows, target[lo:hi]))
+            owner.append(k)
         seconds = self.reader.read_batch(requests)
+        done = np.zeros(len(self._ssd))
+        np.maximum.at(done, np.asarray(owner, dtype=np.int64), np.asarray(seconds, dtype=float))
         asked = np.bincount(bins - (len(self.placed.bins) - len(self._ssd)), minlength=len(self._ssd))
-        for k, secs in zip(which, seconds):
+        for k in which:
             unique = edges[k + 1] - edges[k]
-            self._bin_stats[k] += (asked[k], unique, unique * self.row_bytes, secs)
+            self._bin_stats[k] += (asked[k], unique, unique * self.row_bytes, done[k])
         self._ssd_unique += uniq.size
         self._count(SSD, bins.size, uniq.size * self.row_bytes, time.perf_counter() - start)
         return (stage if self._dev_stage is not None else None), staged
@@ -350,6 +364,7 @@ class TieredFeatureStore:
         self._assemble_seconds = 0.0
         self._preads0 = self.reader.preads
         self._read_bytes0 = dict(self.reader.read_bytes)
+        self._chunks0 = self.chunks.counts()
 
     def stats(self) -> dict[str, Any]:
         """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
@@ -366,10 +381,12 @@ class TieredFeatureStore:
                 "rows": int(r),
                 "unique_rows": int(u),
                 "bytes": int(n),
-                "read_bytes": moved.get(str(b.path), 0) - before.get(str(b.path), 0),
+                "read_bytes": sum(
+                    moved.get(str(f), 0) - before.get(str(f), 0) for f in (b.path, *self.chunks.files(k))
+                ),
                 "seconds": float(s),
             }
-            for b, (r, u, n, s) in zip(self._ssd, self._bin_stats)
+            for k, (b, (r, u, n, s)) in enumerate(zip(self._ssd, self._bin_stats))
         }
         asked = max(self._asked, 1)
         return {
@@ -382,15 +399,16 @@ class TieredFeatureStore:
             "staging": self._host_stage.stats(),
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
+            "chunks": self.chunks.since(self._chunks0),  # budget-packed: batches read from their chunks
             "io": {
                 "reader": type(self.reader).__name__,
-                "engine": getattr(self.reader, "engine", None),  # FileReader: native (compiled) or python
+                "engine": self.reader.engine,  # FileReader: native (compiled) or python
                 "preads": self.reader.preads - self._preads0,
                 "modes": dict(self.reader.modes),
                 "route": self.reader.route,
                 "probe": dict(self.reader.probe),
-                "config": getattr(self.reader, "config", None),
-                "routes": dict(getattr(self.reader, "routes", {})),
+                "config": self.reader.config,
+                "routes": dict(self.reader.routes),
             },
         }
 

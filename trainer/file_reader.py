@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +33,6 @@ from trainer.read_base import (
     _check_rows,
     _File,
     _finish_times,
-    _Pool,
     _pread_full,
     _Reader,
     _row_bytes,
@@ -53,25 +53,18 @@ class FileReader(_Reader):
     to ``"direct"`` or ``"buffered"``, the mode its latest read used. Files are opened once and
     kept open until :meth:`close`."""
 
-    on_device = False
     route = "host"  # how SSD bytes reach a GPU: through host memory (the plan's ssd_reads: host)
 
     def __init__(
         self, threads: int = 16, direct: bool = True, max_run_bytes: int = MAX_RUN_BYTES, engine: str = "auto"
     ) -> None:
-        self._pool = _Pool(threads, "moment-read")
+        super().__init__(threads, max_run_bytes, "moment-read")
         self.engine = pick_engine(engine)
         self._pread = native_preads() if self.engine == "pread" else None
         self._uring = uring_reads()[0] if self.engine == "io_uring" else None
         self._rings: list[Ring] = []
         self._local = threading.local()
-        self.threads = threads
         self.direct = direct
-        self.max_run_bytes = max_run_bytes
-        self.preads = 0
-        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
-        self.modes: dict[str, str] = {}
-        self.read_bytes: dict[str, int] = {}
         self._files: dict[FileRef, _File] = {}
 
     def read(self, file: FileRef, rows: np.ndarray, out: np.ndarray) -> float:
@@ -126,7 +119,7 @@ class FileReader(_Reader):
         self._files[key] = f
         return f
 
-    def _open_direct(self, path: FileRef) -> int | None:
+    def _open_direct(self, path: str | Path) -> int | None:
         if not self.direct or not hasattr(os, "O_DIRECT"):
             return None
         try:
@@ -181,6 +174,8 @@ class FileReader(_Reader):
         if ring is None:
             ring = self._local.ring = Ring()
             self._rings.append(ring)  # list.append is atomic: threads may add at once
+        if self._uring is None or ring.args is None:  # another engine, or the reader was closed
+            raise ReadError(errno.EBADF, f"{task.name}: no open io_uring ring to read with")
         got = np.zeros(len(task.sizes), dtype=np.int64)
         if self._uring(*ring.args, fd, task.buffer[1], task.offsets, task.dests, task.sizes, got) != 0:
             self._local.ring = None

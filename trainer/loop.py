@@ -273,8 +273,9 @@ class Run:
             self.base = None  # type: ignore[assignment]
             self.csr.close()
 
-    def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int) -> Prefetcher:
-        prepare = make_prepare(epoch_sampler(self.base, sampler_seed), self.store, self.data.labels, self.device)
+    def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int, first_batch: int | None = None) -> Prefetcher:
+        sampler = epoch_sampler(self.base, sampler_seed)
+        prepare = make_prepare(sampler, self.store, self.data.labels, self.device, first_batch)
         return Prefetcher(seeds, prepare, self.cfg.prefetch, self.device)
 
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
@@ -300,7 +301,8 @@ class Run:
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()
-            batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank))
+            first = self.store.chunks.first_batch(drawn, self.rank, self.world)  # budget-packed: the batches' chunks
+            batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank), first)
             try:
                 with self.metrics.progress(epoch, steps) as step, compute_stream(self.device, self.stream):
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)

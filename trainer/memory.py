@@ -47,6 +47,7 @@ import torch
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
 from placement.sampler import csr_bytes, fits_on_gpu, num_batches
 from trainer.models import LAYERS, LayerSize, activations_of
+from trainer.packs import index_bytes
 from trainer.staging import pinned_bytes, stage_bytes
 
 CUDA_CONTEXT = 1 << 30
@@ -80,7 +81,7 @@ class RunShape:
     csr_bytes: int = 0  # the graph as sampling holds it (indptr int64 + indices)
     sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
     csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
-    slot_map_bytes: int = 0  # a packed placement's slot maps, which every rank holds (moment place --pack)
+    slot_map_bytes: int = 0  # a packed placement's slot maps or chunk row maps, which every rank holds (--pack)
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -269,7 +270,8 @@ def shape_of_placed(placed: Any, cfg: Any, ranks_per_node: int, sockets: int, gp
         base,
         csr_bytes=csr_bytes(placed.array("indptr"), placed.array("indices")),
         csr_copies=base.sockets if shared else ranks_per_node,
-        slot_map_bytes=sum(b.slots.stat().st_size for b in placed.bins if getattr(b, "slots", None) is not None),
+        slot_map_bytes=sum(b.slots.stat().st_size for b in placed.bins if getattr(b, "slots", None) is not None)
+        + index_bytes(placed),
     )
     cuda = cfg.resolved_device().startswith("cuda")
     base = replace(base, sampling=predict_sampling(base, getattr(cfg, "sampling", "auto"), cuda, gpu_free))

@@ -57,6 +57,7 @@ from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
 from moment.progress import Reporter
 from trainer.config import TrainConfig
+from trainer.read_base import Reader
 
 MEMORY_TIERS = TIERS[:-1]
 
@@ -187,7 +188,7 @@ def read_share_rows(pred: dict[str, Any], epochs: list[dict[str, Any]]) -> list[
     asked = sum(sum(e["rows_per_tier"].values()) for e in epochs)
     if not asked:
         return []
-    rows = []
+    rows: list[tuple[str, float, float]] = []
     for t in TIERS:
         rows.append((t, pred["tier_shares"][t], sum(e["rows_per_tier"].get(t, 0) for e in epochs) / asked))
     for name, share in pred["bin_shares"].items():
@@ -256,23 +257,23 @@ class Metrics:
         self.memory: dict[str, Any] | None = None  # rank 0's measured peaks (trainer.memory.measured)
         self.nodes: list[dict[str, Any]] | None = None  # several nodes: each one's prediction (trainer.nodes)
 
-    def note_ssd_route(self, planned: str | None, reader: Any) -> None:
+    def note_ssd_route(self, planned: str | None, reader: Reader) -> None:
         """Say (once, and in the prediction's ``note`` and ``ssd_route``) when the reader takes SSD
         bytes another way than the prediction assumes: the plan's workload ``ssd_reads: direct``
         (GPUDirect Storage, SSD → GPU peer to peer) against posix reads or kvikio's compat mode,
         which go through host memory, or the reverse. ``planned``: the plan's ``ssd_reads``
         (None without a plan: nothing to compare)."""
-        route = getattr(reader, "route", "host")
+        route = reader.route
         self.predicted["ssd_route"] = {
             "planned": planned,
             "run": route,
             "reader": type(reader).__name__,
-            "engine": getattr(reader, "engine", None),
+            "engine": reader.engine,
         }
         if planned is None or planned == route:
             return
         how = {"host": "through host memory", "direct": "straight to the GPU (GPUDirect Storage)"}
-        what = f"{type(reader).__name__}" + (f", {reader.mode}" if hasattr(reader, "mode") else "")
+        what = f"{type(reader).__name__}" + (f", {reader.mode}" if reader.mode else "")
         line = (
             f"the prediction assumes SSD reads {how[planned]} (plan workload ssd_reads: {planned}); this run "
             f"reads them {how[route]} ({what}): the SSD links it loads differ from the predicted ones"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -57,14 +57,45 @@ class ReadRequest:
 
 
 class Reader(Protocol):
-    """What the feature store asks of an SSD reader."""
+    """What the feature store, the run's metrics and ``io=auto``'s probe ask of an SSD reader:
+    every member they use (a reader in :data:`trainer.readers.READERS` is checked against it by
+    the type checker). The read-only ones may be plain attributes."""
 
-    on_device: bool  # reads into GPU memory (``out`` buffers are CUDA tensors), else host memory
     preads: int  # read calls issued so far
     modes: dict[str, str]  # file → how it is read ("direct", "buffered"; kvikio: see kvikio_mode)
     read_bytes: dict[str, int]  # file → bytes of the pages its reads touched so far (moment.ssd_reads.pages_read)
-    route: str  # how SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)
+    routes: dict[str, int]  # reads so far per path they took, where they take several (kvikio); else empty
     probe: dict[str, float]  # seconds per reader of the probe io=auto chose it by (empty otherwise)
+
+    @property
+    def on_device(self) -> bool:
+        """Reads go into GPU memory (``out`` buffers are tensors of ``device_type``), else host memory."""
+        ...
+
+    @property
+    def device_type(self) -> str:
+        """The torch device type of ``out`` buffers when ``on_device`` ("cuda"); "cpu" otherwise."""
+        ...
+
+    @property
+    def route(self) -> str:
+        """How SSD bytes reach a GPU: "host" (through host memory) or "direct" (GPUDirect Storage)."""
+        ...
+
+    @property
+    def engine(self) -> str | None:
+        """How reads are issued (the file reader's io_uring, pread, python); None: one way only."""
+        ...
+
+    @property
+    def mode(self) -> str | None:
+        """A mode that holds for every file (kvikio's compat setting), named in the run's notes."""
+        ...
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The I/O library's settings as it reports them (kvikio); None: none."""
+        ...
 
     def read_batch(self, requests: Sequence[ReadRequest]) -> list[float]:
         """Serve all requests, reads in flight together; per request the seconds from the start
@@ -186,13 +217,29 @@ def _pread_full(fd: int, view: memoryview, offset: int, name: str) -> None:
         view, offset = view[got:], offset + got
 
 
-class _Reader:
-    """What both readers share: planning a batch's reads (and counting the pages they touch, in
-    ``read_bytes``: what the SSD moves, whole pages, however few bytes of them a row needs),
-    closing, also as a context manager."""
+_R = TypeVar("_R", bound="_Reader")
 
-    threads: int
-    read_bytes: dict[str, int]
+
+class _Reader:
+    """What both readers share: their counters, planning a batch's reads (and counting the pages
+    they touch, in ``read_bytes``: what the SSD moves, whole pages, however few bytes of them a
+    row needs) on a pool of ``threads``, closing, also as a context manager."""
+
+    on_device = False
+    device_type = "cpu"
+    engine: str | None = None
+    mode: str | None = None
+    config: dict[str, Any] | None = None
+
+    def __init__(self, threads: int, max_run_bytes: int, pool_name: str) -> None:
+        self._pool = _Pool(threads, pool_name)
+        self.threads = threads
+        self.max_run_bytes = max_run_bytes
+        self.preads = 0
+        self.probe: dict[str, float] = {}  # seconds per reader, when io=auto chose by a probe
+        self.modes: dict[str, str] = {}
+        self.read_bytes: dict[str, int] = {}
+        self.routes: dict[str, int] = {}
 
     def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         raise NotImplementedError
@@ -206,7 +253,7 @@ class _Reader:
     def close(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> _Reader:
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, *exc: object) -> None:

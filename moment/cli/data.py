@@ -158,13 +158,23 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="lay each SSD bin's rows out in the order the trainer's first batches read them (replayed with "
         "--seed, the pre-sampling's fan-outs and batch size, --pack-ranks ranks): rows a batch reads share pages, "
-        "so rows smaller than a page move fewer bytes; train with the same --seed, ranks and CPU sampling",
+        "so rows smaller than a page move fewer bytes; train with the same --seed, ranks and CPU sampling "
+        "(the mode without --pack-budget)",
     )
     p.add_argument(
         "--pack-epochs", type=positive, default=1, help="training epochs --pack replays and packs for (default 1)"
     )
     p.add_argument(
         "--pack-ranks", type=positive, help="training ranks --pack replays (default: the plan's GPUs, one rank each)"
+    )
+    p.add_argument(
+        "--pack-budget",
+        metavar="SIZE",
+        help="implies --pack: instead of ordering the bins, copy each replayed batch's SSD rows into a chunk of its "
+        "own beside the bin (one large read per batch), rows many batches read into a shared page-reordered cache, "
+        "all within SIZE of extra disk (e.g. 20GB, or 2x the SSD bins); too small for the shared cache is refused "
+        "(default: none, the bins' rows ordered in place, no extra disk); train with --reuse-samples past "
+        "--pack-epochs",
     )
     p.add_argument("--pool", type=positive, default=100, help="DDAK pool size (default 100)")
     priority = p.add_argument(
@@ -279,6 +289,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         pack=args.pack,
         pack_epochs=args.pack_epochs,
         pack_ranks=args.pack_ranks,
+        pack_budget=args.pack_budget,
     )
     with Reporter(err) as bars:
         manifest = place(args.plan, args.dataset, args.out, opts, progress=bars, log=err.print)

@@ -18,18 +18,31 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile",
         help="build a topology profile of this machine or of saved captures",
-        description=(
-            "Profile a server's PCIe topology. With --from DIR, read the saved captures found there "
-            "(lspci-tv.txt, lspci-vvv.txt or lspci-vvnn.txt, dmidecode.txt, nvidia-smi-topo-m.txt, "
-            "nccl-topo.xml); without it, profile this machine (sysfs, lspci, dmidecode as root, nvidia-smi)."
-        ),
+        description="Profile a server's PCIe topology, from a folder of saved captures or this machine.",
     )
+    p.describe = _profile_description  # the capture files, from the sources' registry when --help is printed
     p.add_argument("--from", dest="source", metavar="DIR", help="folder of saved captures")
     p.add_argument("--out", metavar="FILE", help="write the YAML profile here (default: print it)")
     p.add_argument("--name", help="profile name (default: the folder name, or the host name)")
     p.add_argument("--picture", metavar="FILE.svg", help="also draw the topology as SVG")
     p.add_argument("--json", action="store_true", help="print the inventory as JSON")
     p.set_defaults(func=cmd_profile)
+
+
+def _profile_description() -> str:
+    """What ``moment profile`` reads, from the capture sources' registry (imported only for --help)."""
+    from moment.topology.profiler import SOURCES
+
+    files = ", ".join(" or ".join(s.files[:2]) for s in SOURCES.values() if s.files)
+    live = ", ".join(
+        (s.command[0] if s.command else s.name) + (" as root" if s.root_for else "")
+        for s in SOURCES.values()
+        if s.command or s.scan
+    )
+    return (
+        f"Profile a server's PCIe topology. With --from DIR, read the saved captures found there ({files}); "
+        f"without it, profile this machine ({live})."
+    )
 
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:

@@ -16,7 +16,9 @@ is its bin's ``capacity``, which the prediction's workload does not repeat.
 ``pack`` (``moment place --pack``, :mod:`placement.pack`): SSD rows lie in the order the replayed
 training batches read them; each SSD bin's slot map (a ``files`` entry: the file row of each of
 its rows) is what the readers go through, and ``prediction.ssd_amplification`` is the replay's
-page count of those batches.
+page count of those batches. With ``--pack-budget`` (:mod:`placement.chunks`) ``pack.chunks``
+lists instead, per SSD bin, its per-batch chunk file and shared cache (beside the bin, sizes and
+checksums like a bin's) and their row maps (``files`` entries).
 """
 
 from __future__ import annotations
@@ -159,9 +161,39 @@ class Prediction(Strict):
     workload: PredictedWorkload
 
 
+class PackFile(Strict):
+    """A file of packed rows on an SSD, beside its bin (named, like it, with the run id)."""
+
+    path: str  # as a bin's: relative to the placed directory, or absolute
+    bytes: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class BinChunks(Strict):
+    """One SSD bin's per-batch chunks and shared cache; the row maps are keys in ``files``."""
+
+    chunks: PackFile  # every replayed batch's chunk, back to back, in replay order
+    shared: PackFile  # the rows many batches read, once, page-reordered
+    chunk_rows: str  # the bin row at each row of ``chunks`` (each chunk in id order)
+    chunk_offsets: str  # each batch's first row in ``chunks`` (batches + 1 entries)
+    shared_rows: str  # the bin row at each row of ``shared``
+
+
+class PackChunks(Strict):
+    """``--pack-budget`` (:mod:`placement.chunks`): a chunk per replayed batch and SSD bin holding
+    the rows it reads, rows read by more than ``threshold`` batches in a shared cache instead."""
+
+    budget: int = Field(ge=0)  # bytes the chunks and shared caches may take
+    bytes: int = Field(ge=0)  # bytes they take
+    threshold: int = Field(ge=0)
+    bins: dict[str, BinChunks]
+
+
 class PackSummary(Strict):
     """A packed placement (``moment place --pack``, :mod:`placement.pack`): SSD rows laid out in
-    the order the replayed training batches first read them, and what those batches move."""
+    the order the replayed training batches first read them (``slots``), or, within a
+    ``--pack-budget``, copied into per-batch chunks and shared caches (``chunks``; bins in id
+    order, ``slots`` empty), and what those batches move."""
 
     epochs: int = Field(ge=1)  # training epochs replayed (the trainer's first ones)
     ranks: int = Field(ge=1)  # training ranks replayed (the trainer's world size)
@@ -175,6 +207,13 @@ class PackSummary(Strict):
     unpacked_bytes: int = Field(ge=0)  # pages those reads would move with rows in id order
     packed_bytes: int = Field(ge=0)  # ... and move in the packed layout
     reads: int = Field(ge=0)  # runs of consecutive file rows those reads form, packed
+    chunks: PackChunks | None = None  # None: the ordering (slots)
+
+    @property
+    def map_keys(self) -> list[str]:
+        """Keys in ``files`` of the row maps: the slot maps, or the chunk and shared row maps."""
+        chunks = self.chunks.bins.values() if self.chunks else ()
+        return [*self.slots.values(), *(k for c in chunks for k in (c.chunk_rows, c.chunk_offsets, c.shared_rows))]
 
     @property
     def amplification(self) -> float | None:
@@ -246,9 +285,10 @@ class PlacedManifest(Contract):
                 )
         if self.pack is not None:
             ssd = {b.name for b in self.bins if b.tier == "ssd"}
-            if set(self.pack.slots) != ssd:
-                raise ValueError("pack.slots: must name every SSD bin once")
-            missing = [k for k in self.pack.slots.values() if k not in self.files]
+            chunks = self.pack.chunks
+            if set(self.pack.slots if chunks is None else chunks.bins) != ssd or (chunks and self.pack.slots):
+                raise ValueError("pack: slots (or chunks.bins, with no slots) must name every SSD bin once")
+            missing = [k for k in self.pack.map_keys if k not in self.files]
             if missing:
-                raise ValueError(f"pack.slots: {', '.join(missing)} not in files")
+                raise ValueError(f"pack: {', '.join(missing)} not in files")
         return self

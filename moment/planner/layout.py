@@ -31,6 +31,20 @@ DEFAULT_SSD = Device(
 )
 
 
+def slot_of(port: Port) -> Slot:
+    """The slot of a port that :class:`SlotSpace` lists as a position (each has one)."""
+    if port.slot is None:
+        raise ValueError(f"port {port.id} has no slot")
+    return port.slot
+
+
+def device_of(port: Port) -> Device:
+    """The device of a port that :class:`SlotSpace` lists as a fixed GPU (each holds one)."""
+    if port.device is None:
+        raise ValueError(f"port {port.id} holds no device")
+    return port.device
+
+
 def gpu_fits(slot: Slot, double_width_known: bool) -> bool:
     """A GPU needs a double-width x16-class slot; where the profile never says which slots are
     double width (captures), any x8+ PCIe slot is allowed."""
@@ -67,10 +81,10 @@ class SlotSpace:
     fixed_gpus: list[Port] = field(default_factory=list)  # only where no GPU-capable slot exists
 
     def gpu_slots(self) -> list[Port]:
-        return [p for p in self.positions if gpu_fits(p.slot, self.double_width_known)]  # type: ignore[arg-type]
+        return [p for p in self.positions if gpu_fits(slot_of(p), self.double_width_known)]
 
     def ssd_slots(self) -> list[Port]:
-        return [p for p in self.positions if ssd_fits(p.slot)]  # type: ignore[arg-type]
+        return [p for p in self.positions if ssd_fits(slot_of(p))]
 
 
 def slot_space(machine: Machine) -> SlotSpace:
@@ -80,9 +94,9 @@ def slot_space(machine: Machine) -> SlotSpace:
         movable = dev is not None and dev.kind in MOVABLE and port.slot is not None
         if port.slot is not None and port.switch is None and (dev is None or movable):
             positions.append(port)
-        if movable:
-            (gpus if dev.kind == "gpu" else ssds).append(dev)  # type: ignore[union-attr]
-    double = any(p.slot.form == "pcie-double" for p in positions)  # type: ignore[union-attr]
+        if dev is not None and movable:
+            (gpus if dev.kind == "gpu" else ssds).append(dev)
+    double = any(slot_of(p).form == "pcie-double" for p in positions)
     space = SlotSpace(positions=positions, gpus=gpus, ssds=ssds, double_width_known=double)
     if not space.gpu_slots():
         space.fixed_gpus = [
@@ -125,15 +139,15 @@ def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Devic
     space = slot_space(machine)
     pool = {d.id: d for d in (devices if devices is not None else space.gpus + space.ssds)}
     by_id = {p.id: p for p in space.positions}
-    own = {p.id: p.device for p in space.fixed_gpus}
+    own = {p.id: device_of(p) for p in space.fixed_gpus}
     if len(set(layout.values())) != len(layout):
         raise MomentError("layout places the same device in two slots")
     out: dict[str, Device] = {}
     for port_id, dev_id in layout.items():
         if port_id in own:  # a GPU fixed in place: only its own, which the layout uses
-            if dev_id != own[port_id].id:  # type: ignore[union-attr]
-                raise MomentError(f"layout puts {dev_id!r} at {port_id!r}, where {own[port_id].id} is fixed in place")  # type: ignore[union-attr]
-            out[port_id] = own[port_id]  # type: ignore[assignment]
+            if dev_id != own[port_id].id:
+                raise MomentError(f"layout puts {dev_id!r} at {port_id!r}, where {own[port_id].id} is fixed in place")
+            out[port_id] = own[port_id]
             continue
         if port_id not in by_id:
             raise MomentError(
@@ -141,9 +155,9 @@ def assign_devices(machine: Machine, layout: dict[str, str], devices: list[Devic
             )
         if dev_id not in pool:
             raise MomentError(f"layout names device {dev_id!r}, which is not a GPU or NVMe SSD of {machine.name}")
-        port, dev = by_id[port_id], pool[dev_id]
-        if not fits(dev, port.slot, space.double_width_known):  # type: ignore[arg-type]
-            raise MomentError(f"{dev_id} ({dev.kind}) does not fit slot {port.slot.name!r} ({port.slot.form})")  # type: ignore[union-attr]
+        slot, dev = slot_of(by_id[port_id]), pool[dev_id]
+        if not fits(dev, slot, space.double_width_known):
+            raise MomentError(f"{dev_id} ({dev.kind}) does not fit slot {slot.name!r} ({slot.form})")
         out[port_id] = dev
     return out
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from moment.errors import UsageError
 from moment.planner import flow
 from moment.planner.bounds import LayoutBound
-from moment.planner.layout import SlotSpace, pick_devices, slot_space
+from moment.planner.layout import SlotSpace, device_of, pick_devices, slot_of, slot_space
 from moment.planner.network import Skeleton, device_link_gbps, skeleton_for, ssd_read_gbps, up_edge
 from moment.planner.workload import Workload
 from moment.progress import Update
@@ -37,8 +37,15 @@ class SlotClass:
 @dataclass
 class Candidate:
     layout: dict[str, str]  # port id -> device id
-    prediction: flow.Prediction | None = None
+    prediction: flow.Prediction | None = None  # None until the layout is evaluated (many never are)
     counts: tuple = ()
+
+    @property
+    def predicted(self) -> flow.Prediction:
+        """The prediction of an evaluated candidate (every ranked one is)."""
+        if self.prediction is None:
+            raise ValueError(f"layout {self.layout} was not evaluated")
+        return self.prediction
 
 
 @dataclass
@@ -67,12 +74,12 @@ def slot_classes(machine: Machine, space: SlotSpace) -> list[SlotClass]:
     parents = _parents(machine)
     groups: dict[str, list[Port]] = {}
     for port in space.positions:
-        slot = port.slot
+        slot = slot_of(port)
         bw = port.link.bandwidth_gbps()
-        key = f"{parents[port.id]}|{port.kind}|{slot.form}|{slot.width}|{bw}"  # type: ignore[union-attr]
+        key = f"{parents[port.id]}|{port.kind}|{slot.form}|{slot.width}|{bw}"
         groups.setdefault(key, []).append(port)
     for port in space.fixed_gpus:  # GPUs fixed in place that a layout may leave idle
-        key = f"{parents[port.id]}|fixed-gpu|{port.device.model}|{port.link.bandwidth_gbps()}"  # type: ignore[union-attr]
+        key = f"{parents[port.id]}|fixed-gpu|{device_of(port).model}|{port.link.bandwidth_gbps()}"
         groups.setdefault(key, []).append(port)
     gpu_ids = {p.id for p in space.gpu_slots() + space.fixed_gpus}
     ssd_ids = {p.id for p in space.ssd_slots()}
@@ -171,16 +178,16 @@ class Space:
     @property
     def own(self) -> dict[str, str]:
         """Port id -> the GPU fixed there, where a layout chooses among fixed GPUs."""
-        return {p.id: p.device.id for p in self.slots.fixed_gpus}  # type: ignore[union-attr]
+        return {p.id: device_of(p).id for p in self.slots.fixed_gpus}
 
     def devices(self, n_gpus: int, n_ssds: int) -> tuple[list[Device], list[Device]]:
         """The GPUs and SSDs a layout of these counts places (refused where they do not fit);
         where GPUs are fixed in place, all of them (a layout picks ``n_gpus``)."""
         if (why := self.misfit(n_gpus, n_ssds)) is not None:
             raise UsageError(f"{n_gpus} GPUs and {n_ssds} SSDs do not fit: {why}")
-        fixed = [p.device for p in self.slots.fixed_gpus]
+        fixed = [device_of(p) for p in self.slots.fixed_gpus]
         gpus = fixed if fixed else pick_devices(self.slots, "gpu", n_gpus)
-        return gpus, pick_devices(self.slots, "nvme", n_ssds)  # type: ignore[return-value]
+        return gpus, pick_devices(self.slots, "nvme", n_ssds)
 
     def misfit(self, n_gpus: int, n_ssds: int) -> str | None:
         """Why ``n_gpus`` GPUs and ``n_ssds`` SSDs do not fit the slots (the same words for every
@@ -291,7 +298,7 @@ def search(
             heapq.heappush(heap, (max(lb, bound(*cand.counts)), i, 0))
             continue
         if len(done) >= limit:
-            kth = sorted(c.prediction.iteration_s for c in done)[limit - 1]  # type: ignore[union-attr]
+            kth = sorted(c.predicted.iteration_s for c in done)[limit - 1]
             # Past the k-th best nothing can enter the ranking; layouts that may tie with the
             # best are still evaluated (up to ``ties``) so the tie is broken on headroom.
             if lb >= kth * (1 - 1e-9) and (lb > best_t * (1 + 1e-6) or len(done) >= limit + ties):
@@ -305,7 +312,7 @@ def search(
             progress(len(done), len(order))
     if progress is not None:  # the rest were settled by the bound
         progress(len(order), len(order))
-    tied = [c for c in done if c.prediction.iteration_s <= best_t * (1 + 1e-6)]  # type: ignore[union-attr]
+    tied = [c for c in done if c.predicted.iteration_s <= best_t * (1 + 1e-6)]
     for cand in tied:  # balanced shares decide among equally fast layouts
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
     done.sort(key=_rank_key)
@@ -363,7 +370,7 @@ def search_milp(
     while heap:
         lb, quick, key = heapq.heappop(heap)
         if len(found) >= limit:
-            kth = sorted(c.prediction.iteration_s for c in found)[limit - 1]  # type: ignore[union-attr]
+            kth = sorted(c.predicted.iteration_s for c in found)[limit - 1]
             if lb >= kth * (1 - 1e-9) and (lb > kth * (1 + 1e-6) or len(found) >= limit + ties):
                 break
         g = placements[key]
@@ -393,7 +400,7 @@ def search_milp(
         found[-1].prediction = pred
     if progress is not None:  # the rest were settled by the bound
         progress(len(placements), len(placements))
-    found.sort(key=lambda c: c.prediction.iteration_s)  # type: ignore[union-attr]
+    found.sort(key=lambda c: c.predicted.iteration_s)
     top = found[:keep] if keep else found
     for cand in top:  # the exact LP on the concrete layout, with balanced shares
         cand.prediction = evaluate(skeleton, {p: pool[d] for p, d in cand.layout.items()}, workload)
@@ -455,8 +462,8 @@ def count_layouts(classes: list[SlotClass], n_gpus: int, n_ssds: int, slots: boo
 
 def _rank_key(c: Candidate) -> tuple[float, float]:
     """Faster first; among equal times (1e-6), the one that loads the links least."""
-    p = c.prediction
-    return (round(p.iteration_s, 6 - int(math.floor(math.log10(max(p.iteration_s, 1e-12))))), p.link_load)  # type: ignore[union-attr]
+    p = c.predicted
+    return (round(p.iteration_s, 6 - int(math.floor(math.log10(max(p.iteration_s, 1e-12))))), p.link_load)
 
 
 def brute_force(machine: Machine, workload: Workload, n_gpus: int, n_ssds: int, limit: int = 50_000) -> SearchResult:

@@ -28,6 +28,7 @@ from moment import hw
 from moment.errors import MomentError, UsageError
 from moment.hw import cuda_bus_ids, parse_bdf
 from moment.preads import native_preads
+from moment.topology.model import Machine
 
 # Random reads per call of the compiled read loop in random_read (a few ms of reads at most).
 READ_CHUNK = 64
@@ -75,7 +76,7 @@ def file_spec(spec: str, machine: Any | None) -> tuple[str, str]:
     return path, dev
 
 
-def check_ssd(machine: Any, dev_id: str) -> None:
+def check_ssd(machine: Machine, dev_id: str) -> None:
     """``dev_id`` must name an NVMe SSD of ``machine`` (a GPU is not where a file sits)."""
     if not any(d.id == dev_id and d.kind == "nvme" for d in machine.devices()):
         raise UsageError(f"--file ...:{dev_id}: {dev_id} is not an NVMe SSD of {machine.name}")
@@ -248,26 +249,28 @@ def _synchronize(torch: Any, *devices: int) -> None:
 
 
 def apply_measurements(
-    machine, ssd: dict[str, ReadResult], dram: float | None, h2d: dict[str, float], peer: dict[tuple[str, str], float]
-):
+    machine: Machine,
+    ssd: dict[str, tuple[ReadResult, ReadResult]],
+    dram: float | None,
+    h2d: dict[str, float],
+    peer: dict[tuple[str, str], float],
+) -> Machine:
     """A copy of the profile with measured figures in place of table values.
 
     ``ssd``: device id → (page reads, large reads): ``iops`` from the first (when they were of
     :data:`PAGE_READ` bytes), ``read_gbps`` from the second; ``h2d``: GPU device id → host→GPU GB/s (set on the GPU's port
     link); ``peer``: (gpu, gpu) → GB/s (set on their NVLink, if they have one)."""
     m = machine.model_copy(deep=True)
-    devices = {}
-    for port, _ in m.iter_ports():
-        if port.device is not None:
-            devices[port.device.id] = port
+    ports = {port.device.id: (port, port.device) for port, _ in m.iter_ports() if port.device is not None}
     for dev_id, (pages, large) in ssd.items():
         check_ssd(machine, dev_id)
-        devices[dev_id].device.read_gbps = _figure(large.gbps)
+        device = ports[dev_id][1]
+        device.read_gbps = _figure(large.gbps)
         if pages.read_size == PAGE_READ:  # the planner counts IOPS in pages of this size
-            devices[dev_id].device.iops = round(pages.iops)
+            device.iops = round(pages.iops)
     for gpu, gbps in h2d.items():
-        if gpu in devices:
-            devices[gpu].link.gbps = _figure(gbps)
+        if gpu in ports:
+            ports[gpu][0].link.gbps = _figure(gbps)
     for nv in m.nvlinks:
         got = [peer[k] for k in (tuple(nv.between), tuple(reversed(nv.between))) if k in peer]
         if got:

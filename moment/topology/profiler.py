@@ -16,16 +16,17 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from moment.contracts import first_error
 from moment.errors import MomentError, SourceError
 from moment.topology import bandwidth, build, merge
-from moment.topology.model import Machine, NvLink
+from moment.topology.model import Machine, NvLink, Slot
 from moment.topology.pci import PciFunction
 from moment.topology.sources.dmidecode import DmiCapture, parse_dmidecode
 from moment.topology.sources.lspci_tree import parse_lspci_tree
@@ -46,7 +47,8 @@ class Source:
     :func:`build_profile` reads. ``files``: what ``moment profile --from DIR`` looks for (the
     first present wins); ``command``: what ``moment profile`` runs on this machine (None: from a
     folder only; ``root_for``: it needs root, and a profile without it lacks this); ``scan``: a
-    source read straight from this machine instead, given the sysfs root."""
+    source read straight from this machine instead, given the sysfs root; ``title``: how a
+    profile's ``sources`` names it where it gave the PCIe tree (default: ``name``)."""
 
     name: str
     into: str
@@ -55,6 +57,55 @@ class Source:
     command: tuple[str, ...] | None = None
     root_for: str | None = None
     scan: Callable[[str], object] | None = None
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if self.into not in RECORDS:
+            raise ValueError(f"capture source {self.name}: into={self.into!r} is none of {', '.join(RECORDS)}")
+        if not self.title:
+            object.__setattr__(self, "title", self.name)
+
+
+@dataclass
+class Captures:
+    """What was read from each source (the ``into`` of :data:`SOURCES`); None where the source
+    was absent or unreadable. ``by``: the source that filled each field."""
+
+    origin: str
+    verbose: list[PciFunction] | None = None
+    tree: list[PciFunction] | None = None
+    sysfs: list[PciFunction] | None = None
+    dmi: DmiCapture | None = None
+    smi: SmiTopo | None = None
+    nccl: NcclTopo | None = None
+    used: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    by: dict[str, Source] = field(default_factory=dict)
+
+    def parse(self, label: str, fn: Callable[[], T]) -> T | None:
+        """Run one parser; a SourceError (or unreadable file) becomes a warning and None."""
+        try:
+            result = fn()
+        except SourceError as exc:
+            self.warnings.append(f"skipped {label}: {exc}")
+            return None
+        except OSError as exc:
+            self.warnings.append(f"skipped {label}: {exc.strerror or exc}")
+            return None
+        self.used.append(label)
+        return result
+
+    def take(self, source: Source, label: str, read: Callable[[], Any]) -> None:
+        """Fill ``source``'s field with what ``read`` gives (text to parse, or a scan's records)."""
+        parse = source.parse
+        records = self.parse(label, read if parse is None else lambda: parse(read(), label, self.warnings))
+        if records is not None:
+            setattr(self, source.into, records)
+            self.by[source.into] = source
+
+
+# The kinds of record a source can fill (Captures' fields that build_profile reads).
+RECORDS = tuple(f.name for f in fields(Captures) if f.name not in ("origin", "used", "warnings", "by"))
 
 
 # Every capture source, in the order they are read (a profile's ``sources`` lists them so).
@@ -66,6 +117,7 @@ SOURCES: dict[str, Source] = {
             "verbose",
             parse_lspci_verbose,
             files=("lspci-vvv.txt", "lspci-vvnn.txt", "lspci-vvvnn.txt", "lspci-vv.txt"),
+            title="lspci -vvv",
         ),
         Source("sysfs", "sysfs", scan=read_sysfs),
         Source(
@@ -74,6 +126,7 @@ SOURCES: dict[str, Source] = {
             parse_lspci_tree,
             files=("lspci-tv.txt", "lspci-t.txt", "lspci-tvnn.txt"),
             command=("lspci", "-tv"),
+            title="lspci -tv",
         ),
         Source(
             "dmidecode",
@@ -89,46 +142,11 @@ SOURCES: dict[str, Source] = {
             parse_nvidia_smi_topo,
             files=("nvidia-smi-topo-m.txt",),
             command=("nvidia-smi", "topo", "-m"),
+            title="nvidia-smi",
         ),
-        Source("nccl_xml", "nccl", parse_nccl_xml, files=("nccl-topo.xml",)),
+        Source("nccl_xml", "nccl", parse_nccl_xml, files=("nccl-topo.xml",), title="NCCL XML"),
     )
 }
-
-
-@dataclass
-class Captures:
-    """What was read from each source (the ``into`` of :data:`SOURCES`); None where the source
-    was absent or unreadable."""
-
-    origin: str
-    verbose: list[PciFunction] | None = None
-    tree: list[PciFunction] | None = None
-    sysfs: list[PciFunction] | None = None
-    dmi: DmiCapture | None = None
-    smi: SmiTopo | None = None
-    nccl: NcclTopo | None = None
-    used: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def parse(self, label: str, fn: Callable[[], T]) -> T | None:
-        """Run one parser; a SourceError (or unreadable file) becomes a warning and None."""
-        try:
-            result = fn()
-        except SourceError as exc:
-            self.warnings.append(f"skipped {label}: {exc}")
-            return None
-        except OSError as exc:
-            self.warnings.append(f"skipped {label}: {exc.strerror or exc}")
-            return None
-        self.used.append(label)
-        return result
-
-    def take(self, source: Source, label: str, read: Callable[[], object]) -> None:
-        """Fill ``source``'s field with what ``read`` gives (records, or text to parse)."""
-        parse = source.parse
-        records = self.parse(label, read if parse is None else lambda: parse(read(), label, self.warnings))
-        if records is not None:
-            setattr(self, source.into, records)
 
 
 def _kind(path: Path) -> str:
@@ -163,7 +181,7 @@ def read_capture_dir(directory: str | Path) -> Captures:
         raise MomentError(f"{root}: no capture files found (looked for {wanted}){odd}")
     for source in SOURCES.values():
         if (path := found[source.name]) is not None:
-            caps.take(source, path.name, lambda p=path: _read(p))
+            caps.take(source, path.name, partial(_read, path))
     return caps
 
 
@@ -188,27 +206,27 @@ def capture_live(sysfs_root: str = "/sys/bus/pci/devices") -> Captures:
     root = not hasattr(os, "geteuid") or os.geteuid() == 0
     for source in SOURCES.values():
         if source.scan is not None:
-            caps.take(source, source.name, lambda s=source: s.scan(sysfs_root))
+            caps.take(source, source.name, partial(source.scan, sysfs_root))
         elif source.command is not None:
             label = " ".join(source.command)
             if source.root_for and not root:
                 caps.warnings.append(f"skipped {label}: needs root (run `sudo moment profile` for {source.root_for})")
             else:
-                caps.take(source, label, lambda s=source: _run(list(s.command)))
+                caps.take(source, label, partial(_run, list(source.command)))
     return caps
 
 
 def _tree_functions(caps: Captures) -> tuple[list[PciFunction] | None, str | None]:
     """The richest tree source, with names filled in from lspci where sysfs has none."""
     names = {f.bdf: f.name for f in (caps.tree or []) + (caps.verbose or []) if f.name}
-    for label, functions in (("lspci -vvv", caps.verbose), ("sysfs", caps.sysfs), ("lspci -tv", caps.tree)):
+    for into, functions in (("verbose", caps.verbose), ("sysfs", caps.sysfs), ("tree", caps.tree)):
         if functions:
             for f in functions:
                 if f.bdf in names and (not f.name or f.name.startswith("vendor ")):
                     f.name = names[f.bdf]
-            return functions, label
+            return functions, caps.by[into].title
     if caps.nccl is not None and caps.nccl.functions:
-        return caps.nccl.functions, "NCCL XML"
+        return caps.nccl.functions, caps.by["nccl"].title
     return None, None
 
 
@@ -229,7 +247,7 @@ def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     slots, system = (caps.dmi.slots, caps.dmi.system) if caps.dmi is not None else (None, {})
     cpus = system.get("cpus") or []
     family = _family(caps, cpus)
-    nvlinks = []
+    nvlinks: list[NvLink] = []
     if functions:
         tree = build.build_tree(functions, sockets_hint=len(cpus) or None)
         warnings += tree.warnings
@@ -238,7 +256,7 @@ def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     elif caps.smi is not None:
         sockets, nvlinks, smi_warnings = merge.machine_parts_from_smi(caps.smi)
         warnings += smi_warnings
-        tree_source = "nvidia-smi"
+        tree_source = caps.by["smi"].title
     else:
         why = "; ".join(caps.warnings) or "need lspci, sysfs, NCCL XML or nvidia-smi"
         raise MomentError(f"{caps.origin}: no usable source describes the PCIe tree ({why})")
@@ -248,7 +266,7 @@ def _build_profile(caps: Captures, name: str) -> tuple[Machine, list[str]]:
     if system.get("memory_gb") and sockets:
         for socket in sockets:
             socket.dram_gb = round(system["memory_gb"] / len(sockets), 3)
-    loose = []
+    loose: list[Slot] = []
     if slots and functions:
         loose, slot_warnings = merge.attach_dmi_slots(sockets, slots, {f.bdf: f for f in functions})
         warnings += slot_warnings

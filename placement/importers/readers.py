@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 
@@ -71,7 +71,7 @@ class ArrayFile(_Sized):
         return f"{self.label}: {kind}, {self.dtype.name} {' × '.join(f'{s:,}' for s in self.shape)}{order}"
 
     @contextmanager
-    def stream(self, start: int = 0) -> Iterator[BinaryIO]:
+    def stream(self, start: int = 0) -> Iterator[IO[bytes]]:
         """A binary stream positioned at item ``start`` (a compressed member inflates up to it)."""
         skip = self.offset + start * self.dtype.itemsize
         if self.member is None:
@@ -93,7 +93,7 @@ class ArrayFile(_Sized):
             except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
                 raise DatasetError(f"{self.label}: damaged ({exc}): download it again") from None
 
-    def read(self, fh: BinaryIO, count: int) -> np.ndarray:
+    def read(self, fh: IO[bytes], count: int) -> np.ndarray:
         """The next ``count`` items of a stream, in native byte order."""
         if self.member is None:
             out = np.fromfile(fh, dtype=self.dtype, count=count)

@@ -1,0 +1,109 @@
+"""Reading a placement packed within a disk budget (``moment place --pack-budget``,
+:mod:`placement.chunks`): a replayed training batch's SSD rows of one bin come from its chunk,
+in one large read, and the shared cache's pages it needs; any other batch (evaluation, another
+seed, an epoch past the replayed ones without ``--reuse-samples``) reads the bin as usual.
+
+Which batch a feature request is for is said by the caller (``TieredFeatureStore.get(ids,
+batch=)``: its index in the replay, :meth:`BatchChunks.first_batch` onwards); the chunk is used
+only when the rows it holds are exactly the batch's rows the shared cache does not hold, so a
+batch that is not the replayed one still reads the right rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from placement.placed import ChunkFiles, Placed, PlacedBin
+from trainer.read_base import ReadRequest
+
+
+@dataclass
+class _Bin:
+    chunks: Path
+    shared: Path
+    offsets: np.ndarray  # each replayed batch's first chunk-file row (in memory: batches + 1)
+    rows: np.ndarray  # the bin row at each chunk-file row (mapped: read one chunk's worth per batch)
+    shared_sorted: np.ndarray  # the shared rows, sorted (in memory)
+    shared_at: np.ndarray  # ... and the shared-file row of each
+
+    @classmethod
+    def open(cls, files: ChunkFiles) -> _Bin:
+        shared = np.load(files.shared_rows).astype(np.int64)
+        order = np.argsort(shared)
+        rows = np.load(files.chunk_rows, mmap_mode="r")
+        return cls(files.chunks, files.shared, np.load(files.chunk_offsets), rows, shared[order], order)
+
+
+class BatchChunks:
+    """The chunk files of a placement's SSD bins (``ssd``, in the store's order)."""
+
+    def __init__(self, placed: Placed, ssd: list[PlacedBin]) -> None:
+        """Every bin without chunks where the placement is not packed within a budget."""
+        pack = placed.manifest.pack
+        chunked = pack is not None and pack.chunks is not None
+        self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None and chunked else (0, 1)
+        self.per_rank = pack.batches // (pack.epochs * pack.ranks) if pack is not None else 0  # one rank's, an epoch
+        self.bins = [None if b.chunks is None else _Bin.open(b.chunks) for b in ssd]
+        self.used = self.missed = 0  # (batch, bin) pairs read from a chunk, and not (rows differ)
+
+    def first_batch(self, epoch: int, rank: int, world: int) -> int | None:
+        """The replay index of ``rank``'s first training batch of ``epoch`` (the epoch whose
+        batches it draws); None where the replay has no such batches."""
+        if epoch >= self.epochs or world != self.ranks or rank >= self.ranks:
+            return None
+        return (epoch * self.ranks + rank) * self.per_rank
+
+    def counts(self) -> tuple[int, int]:
+        return self.used, self.missed
+
+    def since(self, before: tuple[int, int]) -> dict[str, int] | None:
+        """(batch, bin) reads served by their chunk since ``before`` (:meth:`counts`), and those
+        whose rows were not the chunk's (read from the bin); None without chunks."""
+        if all(c is None for c in self.bins):
+            return None
+        return {"used": self.used - before[0], "missed": self.missed - before[1]}
+
+    def requests(
+        self, k: int, batch: int | None, rows: np.ndarray, out: Any
+    ) -> tuple[list[ReadRequest], np.ndarray] | None:
+        """Reads filling ``out`` with bin ``k``'s sorted rows ``rows`` of replayed batch ``batch``:
+        its chunk, then its shared rows in file order; and where each of ``rows`` lands in ``out``.
+        None when the batch's rows are not the chunk's, or it has none (read the bin instead)."""
+        c = self.bins[k]
+        if c is None or batch is None or not 0 <= batch < c.offsets.size - 1:
+            return None
+        pos = np.searchsorted(c.shared_sorted, rows)
+        shared = pos < c.shared_sorted.size
+        shared[shared] = c.shared_sorted[pos[shared]] == rows[shared]
+        mine = rows[~shared]
+        lo, hi = int(c.offsets[batch]), int(c.offsets[batch + 1])
+        if mine.size != hi - lo or not np.array_equal(mine, c.rows[lo:hi]):
+            self.missed += 1
+            return None
+        self.used += 1
+        at = c.shared_at[pos[shared]]
+        order = np.argsort(at)
+        landed = np.empty(rows.size, dtype=np.int64)
+        landed[~shared] = np.arange(mine.size)
+        landed[np.flatnonzero(shared)[order]] = mine.size + np.arange(at.size)
+        reads = [ReadRequest(c.chunks, np.arange(lo, hi), out[: mine.size])] if mine.size else []
+        if at.size:
+            reads.append(ReadRequest(c.shared, at[order], out[mine.size :]))
+        return reads, landed
+
+    def files(self, k: int) -> list[Path]:
+        """Bin ``k``'s chunk and shared files (what its reads may touch besides the bin)."""
+        c = self.bins[k]
+        return [] if c is None else [c.chunks, c.shared]
+
+
+def index_bytes(placed: Placed) -> int:
+    """Host memory a rank holds for the chunk files' row maps (the offsets, the shared rows
+    sorted and their file rows); the chunks' own row maps are mapped, not held."""
+    held = [c for b in placed.bins if (c := getattr(b, "chunks", None)) is not None]
+    return sum(
+        8 * np.load(c.chunk_offsets, mmap_mode="r").size + 16 * np.load(c.shared_rows, mmap_mode="r").size for c in held
+    )
