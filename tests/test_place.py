@@ -223,3 +223,16 @@ def test_placed_json_records_each_cache_size_once(small_placed: Path, tmp_path: 
     bad.write_text(json.dumps(doc))
     with pytest.raises(PlacedError, match="gpu_cache_rows: .* the gpu bins' capacity is .* must agree"):
         PlacedManifest.read(bad)
+
+
+def test_place_imports_no_torch(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """``moment place`` (without ``--pack``) needs numpy and numba, not torch: its import is
+    seconds of a placement's start (12 s on a loaded machine here)."""
+    code = (
+        "import sys; from moment.cli import main; "
+        f"rc = main(['place', '--plan', {str(plan_file)!r}, '--dataset', {str(dataset)!r}, "
+        f"'--out', {str(tmp_path / 'placed')!r}, '--gpu-cache', '3%']); "
+        "print('TORCH', 'torch' in sys.modules, rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.stdout.strip().splitlines()[-1] == "TORCH False 0", out.stderr[-2000:]
