@@ -38,7 +38,6 @@ from moment.contracts.placed import PackSummary
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 from moment.ssd_reads import pages_read
-from placement.sampler import NeighborSampler, num_batches, train_draw_seed
 from placement.writer import CHUNK_BYTES, Written, new_hasher
 
 STATE = "pack-state.json"  # in the staging directory: the packed bins, once all are written
@@ -57,6 +56,8 @@ def replay(
     """The vertices (new ids) of every training batch of ``epochs`` epochs on ``ranks`` ranks,
     as the trainer samples them on the CPU (``trainer.loop``: the base sampler's permutation,
     each rank's strided share, that rank's draws), epoch by epoch, rank by rank."""
+    from placement.sampler import NeighborSampler, train_draw_seed  # torch: only when packing
+
     base = NeighborSampler(indptr, indices, fanouts, seed=seed)
     for epoch in range(epochs):
         for rank in range(ranks):
@@ -70,6 +71,8 @@ def replay(
 
 def replay_batches(train: int, batch_size: int, epochs: int, ranks: int) -> int:
     """Batches :func:`replay` yields."""
+    from placement.sampler import num_batches  # torch: only when packing
+
     return epochs * ranks * num_batches(train, batch_size, ranks, drop_last_uneven=True)
 
 

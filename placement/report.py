@@ -56,10 +56,11 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
         )
     if pack and pack.get("chunks"):
         c = pack["chunks"]
+        shared = sum(b["shared"]["bytes"] for b in c["bins"].values())
         console.print(
             f"per-batch chunks and shared caches beside the SSD bins: {c['bytes'] / 1e9:.3f} GB of the "
-            f"{c['budget'] / 1e9:.3f} GB --pack-budget; rows read by more than {c['threshold']} replayed batches "
-            "are shared, the others copied into each batch's chunk"
+            f"{c['budget'] / 1e9:.3f} GB --pack-budget, {shared / 1e9:.3f} GB of them the shared cache (rows read "
+            f"by more than {c['threshold']} replayed batches; the others copied into each batch's chunk)"
         )
 
 

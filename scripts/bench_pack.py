@@ -20,8 +20,9 @@ bins): per-batch chunks and a shared cache beside the bins in id order, trained 
 packing time is reported against a plain copy of the same bytes (the chunk and shared files
 copied, pages dropped first) and its disk space against the budget. ``--preset high-reuse``: a
 graph where many batches read the same rows (100k vertices, 128 B rows, 5% training vertices,
-three epochs replayed and trained: a row is read by about ten batches), no memory limit (the
-features are smaller than a Python process). Run:
+three epochs replayed and trained: 30 batches, each reading about 30% of the vertices), a 2x
+budget, no memory limit (the features are smaller than a Python process). ``--curve``: what
+(d)'s batches would move at other budgets (the replay's count, no training). Run:
     python scripts/bench_pack.py --work /tmp/packs-bench --epochs 3
     python scripts/bench_pack.py --work /tmp/packs-reuse --preset high-reuse
 """
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_train import disk_read_bytes, make_cgroup, parse_size, run_worker  # noqa: E402  (after the path)
 from moment.contracts.metrics import MetricsDoc  # noqa: E402
+from moment.errors import UsageError  # noqa: E402
 from moment.fileio import drop_cached  # noqa: E402
 
 
@@ -133,7 +135,7 @@ PRESETS = {
         "pack_epochs": 3,
         "epochs": 3,
         "mem_limit": "0",
-        "pack_budget": "3x",
+        "pack_budget": "2x",
     },
 }
 
@@ -154,6 +156,33 @@ def plain_copy_s(paths: list[Path], into: Path, block: int = 8 << 20) -> float:
     for path in paths:
         (into / path.name).unlink()
     return seconds
+
+
+def budget_curve(root: Path, budgets: list[float]) -> None:
+    """What (d)'s replayed batches would move at other budgets (the replay's page count, as its
+    prediction; no training): the threshold, the disk used and the pages per feature byte."""
+    from placement import pack as pk
+    from placement.chunks import plan_chunks
+    from placement.placed import open_placed
+
+    placed = open_placed(root)
+    p = placed.manifest.pack
+    arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
+    nodes = list(pk.replay(*arrays, p.fanouts, p.batch_size, p.seed, p.epochs, p.ranks))
+    ssd = [b for b in placed.bins if b.tier == "ssd"]
+    starts, counts, rb = [b.start for b in ssd], [b.count for b in ssd], placed.row_bytes
+    total = sum(counts) * rb
+    for x in budgets:
+        try:
+            c = plan_chunks(lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x")
+        except UsageError as exc:
+            print(f"  budget {x}x: {exc}")
+            continue
+        print(
+            f"  budget {x}x: disk {c.bytes / total:.2f}x the SSD bins, shared cache "
+            f"{sum(r.size for r in c.shared_rows) * rb / total:.2f}x (rows read by more than {c.threshold} batches), "
+            f"SSD pages {c.packed_bytes / c.useful_bytes:.2f}x the feature bytes"
+        )
 
 
 def report(name: str, r: dict, t: dict) -> None:
@@ -187,7 +216,8 @@ def main() -> None:
         "--pack-epochs", type=int, default=1, help="epochs --pack replays; later ones reuse them (--reuse-samples)"
     )
     ap.add_argument("--pack-budget", default="1x", help="(d)'s --pack-budget (default 1x: the SSD bins' size)")
-    ap.add_argument("--mem-limit", default="512M", help="memory cgroup limit per training run; 0: none")
+    ap.add_argument("--mem-limit", default="512MiB", help="memory cgroup limit per training run; 0: none")
+    ap.add_argument("--curve", default="1,1.5,2,2.5,3", help="other budgets (x the SSD bins) to count (d)'s pages at")
     ap.add_argument("--worker", choices=("moment",), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--train-args", default="", help=argparse.SUPPRESS)
@@ -256,12 +286,19 @@ def main() -> None:
     ]
     copy_s = plain_copy_s([f for f in copies if f.stat().st_size], work / "copy")
     ssd_bytes = sum(x["bytes"] for x in m["bins"] if x["tier"] == "ssd")
+    shared = sum(x["shared"]["bytes"] for x in c["bins"].values())
     print(
         f"chunks on disk: {c['bytes'] / 2**20:.1f} MiB of the {c['budget'] / 2**20:.1f} MiB budget "
-        f"({c['bytes'] / ssd_bytes:.2f}x the SSD bins' {ssd_bytes / 2**20:.1f} MiB; rows read by more than "
-        f"{c['threshold']} replayed batches shared); packing {m['timings_s']['pack']:.1f} s (replay and writing) vs "
+        f"({c['bytes'] / ssd_bytes:.2f}x the SSD bins' {ssd_bytes / 2**20:.1f} MiB), of which the shared cache "
+        f"{shared / 2**20:.1f} MiB (rows read by more than {c['threshold']} replayed batches); packing {m['timings_s']['pack']:.1f} s (replay and writing) vs "
         f"a plain copy of the same bytes {copy_s:.1f} s, writing the bins {m['timings_s']['write_bins']:.1f} s"
     )
+    if args.curve:
+        print(
+            f"(d) at other budgets (the replay's count; id order {a['pages'] / a['useful']:.2f}x, packed "
+            f"{b['pages'] / b['useful']:.2f}x):"
+        )
+        budget_curve(croot, [float(x) for x in args.curve.split(",")])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Several nodes: two torchrun agents on 127.0.0.1, each a "node" with its own placed dataset and
 --shm-dir, train as one DDP job and end with the parameters of a one-node run of the same world
-size; a node with other data is refused by name; the command line and the rank numbering."""
+size; a node with other data is refused by name; the command line and the rank numbering. Then
+`moment infer` across nodes: node 0's --out holds the bytes of one process, on both engines."""
 
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from moment import faults
 from moment.cli import main
+from moment.contracts.inference import InferenceManifest
 from moment.contracts.metrics import MetricsDoc
 from moment.errors import MomentError
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed
 from placement.synth import synthesize
-from trainer import checkpoint, launch
+from trainer import broadcast, checkpoint, launch, loop
 from trainer.config import TrainConfig
 from trainer.dist import NODE_RANK, DistEnv, check_numbering
+from trainer.infer import InferOptions, infer, work_out
+from trainer.infer import torchrun_command as infer_torchrun_command
 from trainer.nodes import NodeData, config_difference, per_node, shared_config, source_order, straggler
 
 TRAINER = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01", "--device", "cpu"]
@@ -165,9 +170,10 @@ def test_a_node_with_other_data_is_refused_by_name(plan_file: Path, nodes: Path,
     assert n0.returncode == 1 and n1.returncode == 1
     for run in (n0, n1):
         lines = [line for line in run.stderr.splitlines() if not line.startswith("running:")]
-        # Node 1's torchrun may still be watching its ranks when node 0's, the store's host, exits:
-        # then one more line says so (trainer/torchrun.py), never a traceback.
-        if run is n1 and len(lines) == 2 and lines[1].startswith("torchrun: lost the rendezvous store at"):
+        # A node's torchrun may still be watching its ranks when the other's, the store's host (on
+        # one machine, whichever started first), exits: then one more line says so
+        # (trainer/torchrun.py), never a traceback.
+        if len(lines) == 2 and lines[1].startswith("torchrun: lost the rendezvous store at"):
             lines = lines[:1]
         assert len(lines) == 1, run.stderr[-3000:]
         assert "node 1 (" in lines[0] and str(nodes / "other-node") in lines[0], lines
@@ -345,5 +351,199 @@ def test_a_lost_rendezvous_store_is_one_line(
     assert torchrun.main(["--nnodes", "2", *endpoint, "-m", "trainer"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "torchrun: lost the rendezvous store at 10.0.0.1:29400: node 0's torchrun has stopped (its log says why)"
+        "torchrun: lost the rendezvous store at 10.0.0.1:29400: the torchrun hosting it (the node at that "
+        "address; on one machine, the first to start) has stopped (its log says why)"
     ]
+
+
+# -- moment infer across nodes ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inferable(nodes: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A SAGE checkpoint (the broadcast engine) and a GAT one (the gather engine), trained on node 0's placement."""
+    root = tmp_path_factory.mktemp("infer-ck")
+    for model in ("sage", "gat"):
+        argv = ["--data", str(nodes / "node0"), "--model", model, *INFER_TRAIN, "--checkpoint-dir", str(root / model)]
+        assert loop.main(argv) == 0
+    return {"sage": root / "sage", "gat": root / "gat"}
+
+
+INFER_TRAIN = ["--fanouts", "5,3", "--batch-size", "128", "--hidden", "16", "--heads", "2", "--epochs", "1"]
+INFER_TRAIN += ["--max-batches-per-epoch", "2", "--device", "cpu"]
+BLOCK = 300  # --batch-size of the inference runs: many chunks, partitions and exchange pieces
+
+
+def start_infer_nodes(
+    data: tuple[Path, Path],
+    ckpt: Path,
+    outs: tuple[Path, Path],
+    extra: list[str],
+    faults_at: dict[int, str] | None = None,
+) -> list[subprocess.Popen[str]]:
+    """`moment infer` on two nodes of one CPU rank each (torchrun agents meeting on 127.0.0.1),
+    each with its own placed dataset and --out; ``faults_at``: node → a fault point it stops at.
+    Node 1's launcher, then node 0's."""
+    endpoint, job = f"127.0.0.1:{_port()}", f"infer-{outs[0].name}-{len(extra)}"
+    procs = []
+    for node in (1, 0):
+        argv = ["infer", "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", job]
+        argv += ["--nproc", "1", "--data", str(data[node]), "--checkpoint", str(ckpt), "--out", str(outs[node])]
+        env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+        if faults_at and node in faults_at:
+            env[faults.ENV] = faults_at[node]
+        cmd = _moment(*argv, "--device", "cpu", "--batch-size", str(BLOCK), "--layers", "all", *extra)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    return procs
+
+
+def _inferred(out: Path) -> dict[str, bytes]:
+    m = InferenceManifest.read(out / "inference.json")
+    return {k: np.load(out / e.path).tobytes() for k, e in m.arrays.items()}
+
+
+def _memory() -> list[str]:
+    """A --memory that cuts a rank's destinations into several broadcast partitions (a relay too)."""
+    return ["--memory", str(broadcast.fixed_bytes(BLOCK, 16, 16) + 30_000)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, shared", [("sage", True), ("gat", False)])
+def test_two_nodes_infer_what_one_process_infers(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path, model: str, shared: bool
+) -> None:
+    """2 nodes × 1 rank (each its own placement) write node 0's --out with the bytes of one process
+    running 2 ranks, on the broadcast engine (SAGE, partitions and relays) and the gather engine
+    (GAT); node 1 keeps nothing, whether its --out is node 0's path (shared storage) or its own."""
+    extra = _memory() if model == "sage" else []
+    outs = (tmp_path / "out", tmp_path / "out") if shared else (tmp_path / "out", tmp_path / "n1" / "out")
+    n0, n1 = finish(start_infer_nodes((nodes / "node0", nodes / "node1"), inferable[model], outs, extra))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "MOMENT_NODE_RANK=1" in n1.stderr and "node 1: its vertex ranges done" in n1.stdout
+    memory = 2 * int(extra[1]) if extra else None  # --memory is a node's: one node of 2 ranks, twice one rank's
+    one = infer(
+        InferOptions(
+            data=nodes / "node0", checkpoint=inferable[model], out=tmp_path / "one", nproc=2, layers="all",
+            batch_size=BLOCK, device="cpu", memory=memory,
+        )
+    )  # fmt: skip
+    a, b = _inferred(tmp_path / "out"), _inferred(tmp_path / "one")
+    assert set(a) == set(b) == {"embeddings", "predictions", "logits"} and all(a[k] == b[k] for k in a)
+    m = InferenceManifest.read(tmp_path / "out" / "inference.json")
+    assert [t.vertices for t in m.throughput] == [6_000] * 3 and m.accuracy == one.accuracy
+    if model == "sage":
+        assert [t.engine for t in m.throughput[:2]] == ["broadcast"] * 2 and m.throughput[0].partitions > 2
+        assert [t.partitions for t in m.throughput[:2]] == [t.partitions for t in one.throughput[:2]]
+    assert sorted(p.name for p in outs[1].parent.iterdir()) == (["one", "out"] if shared else [])
+
+
+@pytest.mark.slow
+def test_a_node_numbering_the_vertices_otherwise_is_refused(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path
+) -> None:
+    """Node 1's placement has larger caches (the same data, another numbering): ranges of placement
+    ids would not split the same vertices; both nodes stop at start, naming node 1, no traceback."""
+    outs = (tmp_path / "o0", tmp_path / "o1")
+    n0, n1 = finish(start_infer_nodes((nodes / "node0", nodes / "wide"), inferable["gat"], outs, []))
+    assert n0.returncode == 1 and n1.returncode == 1
+    for run in (n0, n1):
+        assert "Traceback" not in run.stderr, run.stderr[-3000:]
+        refusal = [line for line in run.stderr.splitlines() if "numbers the vertices otherwise" in line]
+        assert len(refusal) == 1 and "node 1 (" in refusal[0] and str(nodes / "wide") in refusal[0], run.stderr
+    assert not outs[0].exists()
+
+
+@pytest.mark.slow
+def test_a_killed_node_resumes_and_the_output_is_unchanged(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path
+) -> None:
+    """Node 1 stops in layer 2 (a fault point: rows written, not recorded); node 0 loses its peer.
+    The same commands again: both continue from their records (layer 1 is not computed again) and
+    node 0's --out holds the bytes of a run never killed."""
+    data, ck, extra = (nodes / "node0", nodes / "node1"), inferable["sage"], _memory()
+    straight = (tmp_path / "s0", tmp_path / "s1")
+    n0, n1 = finish(start_infer_nodes(data, ck, straight, extra))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    outs = (tmp_path / "k0", tmp_path / "k1")
+    n0, n1 = finish(start_infer_nodes(data, ck, outs, extra, {1: "infer:layer2:chunk0"}))
+    assert n1.returncode != 0 and n0.returncode != 0 and "Traceback" not in n0.stderr + n1.stderr, n0.stderr + n1.stderr
+    work1 = tmp_path / "k1.node1.partial" / "data" / "work"
+    assert json.loads((work1 / "progress-1.json").read_text())["stage"] == 1  # layer 1 recorded
+    n0, n1 = finish(start_infer_nodes(data, ck, outs, extra))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "resuming the interrupted" in n0.stderr and "resuming the interrupted" in n1.stderr
+    assert _inferred(outs[0]) == _inferred(straight[0])
+    assert not (tmp_path / "k1.node1.partial").exists() and not outs[1].exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--node-rank", "1"], "--node-rank needs --nnodes"),
+        (["--rdzv-endpoint", "h:1"], "--rdzv-endpoint needs --nnodes"),
+        (["--nnodes", "2", "--node-rank", "1"], "needs --rdzv-endpoint"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1"], "--nnodes 2 needs --node-rank"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "expected 0 to 1"),
+        (["--nnodes", "1:2", "--rdzv-endpoint", "h:1"], "--nnodes: expected an integer"),
+    ],
+)
+def test_infer_node_options_misused_are_usage_errors(
+    nodes: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    argv = ["infer", "--data", str(nodes / "node0"), "--checkpoint", "nowhere", "--out", str(tmp_path / "o")]
+    try:
+        code = main([*argv, "--device", "cpu", *extra])
+    except SystemExit as exc:  # argparse's own refusal (a type), one line too
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_each_node_runs_the_infer_ranks_with_its_node_rank(tmp_path: Path) -> None:
+    """Several nodes: torchrun meets the others (no --standalone) with this node's rank in the
+    environment; the ranks get none of the node options (they read their place from torchrun's)."""
+    opts = InferOptions(
+        data=tmp_path, checkpoint=tmp_path, out=tmp_path / "o", nnodes=2, node_rank=1, rdzv_endpoint="h:29400",
+        rdzv_id="job",
+    )  # fmt: skip
+    cmd = infer_torchrun_command(opts, tmp_path / "work")
+    assert cmd[:2] == ["env", f"{NODE_RANK}=1"] and "--standalone" not in cmd
+    assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--rdzv-endpoint") + 1] == "h:29400"
+    ranks = cmd[cmd.index("trainer.infer") + 1 :]
+    assert not any(a.startswith(("--nnodes", "--node-rank", "--rdzv")) for a in ranks)
+    assert work_out(opts) == tmp_path / "o.node1" and work_out(InferOptions(tmp_path, tmp_path, tmp_path / "o")) == (
+        tmp_path / "o"
+    )
+    one = infer_torchrun_command(InferOptions(tmp_path, tmp_path, tmp_path / "o", nproc=2), tmp_path)
+    assert "--standalone" in one and one[0] != "env"
+
+
+def test_a_node_numbering_the_vertices_otherwise_cannot_infer(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inference check is the training check plus the numbering: node 1 on the larger caches'
+    placement (the same data) trains, but is refused for inference, by name; a node running
+    another checkpoint is refused too."""
+    from trainer import nodes as node_check
+
+    node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
+    shared = {"checkpoint": "a", "layers": "all"}
+
+    def node0_runs(options: dict[str, object] | None) -> None:
+        """all_gather as rank 1 of two sees it: node 0's entry (``options``, else this node's), then its own."""
+
+        def gather(obj: tuple[dict[str, object], NodeData, dict[str, object]]) -> list[object]:
+            first = ({"node": 0, "host": "h0", "data": str(node0.root)}, NodeData.of(node0), options or obj[2])
+            return [first, obj]
+
+        monkeypatch.setattr(node_check, "all_gather", gather)
+
+    env = DistEnv(1, 2, 0, True, node_rank=1, nodes=2)
+    node0_runs(None)
+    assert node_check.check_same_data(env, wide, TrainConfig(data="d")).reorder  # training: a note, not a refusal
+    with pytest.raises(MomentError, match=r"node 1 \(.*numbers the vertices otherwise than node 0"):
+        node_check.check_same_inference(env, wide, shared)
+    node_check.check_same_inference(env, node0, shared)  # the same numbering, the same options
+    node0_runs(shared)
+    with pytest.raises(MomentError, match="runs other options than node 0: checkpoint 'b', node 0 has 'a'"):
+        node_check.check_same_inference(env, node0, {**shared, "checkpoint": "b"})

@@ -432,3 +432,8 @@ def test_the_command_line_refuses_a_budget_too_small_in_one_line(
     assert main([*args, "--epochs", "1", "--out", str(tmp_path / "b"), "--pack-budget", "some"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--pack-budget 'some'" in err[0]
+    assert main([*args, "--epochs", "1", "--out", str(tmp_path / "c"), "--pack-budget", CHUNK_BUDGET]) == 0
+    c = PlacedManifest.read(tmp_path / "c" / "placed.json").pack.chunks
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"{c.bytes / 1e9:.3f} GB of the {c.budget / 1e9:.3f} GB --pack-budget" in printed
+    assert f"more than {c.threshold} replayed batches" in printed

@@ -183,9 +183,9 @@ def read_meta(directory: str | Path) -> CheckpointMeta | None:
     return _read(path, mmap=True)[1] if path.exists() else None
 
 
-def load(directory: str | Path, cfg: TrainConfig, data: DataIdentity) -> dict[str, Any] | None:
+def load(directory: str | Path, cfg: TrainConfig, data: DataIdentity, placement: bool = True) -> dict[str, Any] | None:
     """The checkpoint in ``directory`` (None when there is none), refused if it does not fit ``cfg``
-    or was trained on other data than ``data``."""
+    or was trained on other data than ``data`` (with ``placement``: on another placement of it)."""
     path = path_in(directory)
     if not path.exists():
         return None
@@ -196,7 +196,7 @@ def load(directory: str | Path, cfg: TrainConfig, data: DataIdentity) -> dict[st
             f"{path}: damaged: its tensors do not match the sha256 recorded when it was saved: "
             "use another checkpoint or train again"
         )
-    why = meta.refusal(cfg.to_dict(), data)
+    why = meta.refusal(cfg.to_dict(), data, placement=placement)
     if why is not None:
         raise CheckpointError(f"{path}: {why}")
     return body

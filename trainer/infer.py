@@ -25,7 +25,9 @@ a broadcast layer a "chunk" below is a destination partition, sized from ``--mem
 
 Ranks split each stage's vertices into contiguous ranges, one per rank, with a barrier between
 stages: either separate processes (``python -m trainer.infer`` under torchrun, gloo barriers)
-or, in one process, a loop over the ranks (:func:`run_in_process`).
+or, in one process, a loop over the ranks (:func:`run_in_process`). Across nodes
+(``--nnodes``) the ranges are over the global ranks, each node works in a directory of its own and
+the nodes exchange each layer's rows (:mod:`trainer.infer_nodes`); node 0 exports and publishes.
 
 Crash safety: the work happens in ``OUT.partial/data`` (``moment.outputs.Staging``). After each
 chunk the rank flushes its rows and records ``(stage, chunks done)`` in its own progress file;
@@ -94,7 +96,7 @@ def predict(
     plan's machine (``opts.rates``; compute measured here on ``device``)."""
     placed = loaded.placed
     indptr, index_bytes = placed.array("indptr"), placed.array("indices").dtype.itemsize
-    ranges = [rank_range(layout.num_nodes, r, opts.nproc) for r in range(opts.nproc)]
+    ranges = [rank_range(layout.num_nodes, r, opts.world) for r in range(opts.world)]
     bins = [(b.name, b.tier, b.bytes) for b in sorted(placed.bins, key=lambda b: b.start)]
     out = []
     for k in range(1, layout.depth + 1):
@@ -107,7 +109,7 @@ def predict(
         if form is None:
             out.append(infer_predict.predict_gather(shape, indptr, index_bytes, opts.batch_size))
             continue
-        budget = rank_budget(memory, opts.nproc)
+        budget = rank_budget(memory, opts.nproc)  # --memory is each node's
         largest = max(
             b - a
             for lo, hi in ranges
@@ -138,12 +140,13 @@ def dry_run(opts: InferOptions) -> Iterator[str]:
     opts.check()
     plan = read_plan(opts.plan) if opts.plan is not None else None
     device = device_for(plan=plan, requested=opts.device)
-    loaded = load(opts.data, opts.checkpoint, device)
+    loaded = load(opts.data, opts.checkpoint, device, placement=opts.node == 0)
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
     memory = opts.memory or default_memory(loaded.placed)
     yield (
-        f"{layout.num_nodes:,} vertices, {loaded.placed.num_edges:,} edges, {opts.nproc} rank"
-        f"{'s' if opts.nproc != 1 else ''}, --memory {memory / 1e9:.3g} GB; compute timed on {device}"
+        f"{layout.num_nodes:,} vertices, {loaded.placed.num_edges:,} edges, {opts.world} rank"
+        f"{'s' if opts.world != 1 else ''}{f' on {opts.nodes} nodes' if opts.nodes > 1 else ''}, "
+        f"--memory {memory / 1e9:.3g} GB{' a node' if opts.nodes > 1 else ''}; compute timed on {device}"
         + (f", reads at the rates of {opts.rates.machine}" if opts.rates is not None else ", no plan: no time")
     )
     for k, pr in enumerate(predict(loaded, layout, opts, memory, device), 1):
@@ -201,6 +204,8 @@ def _key(loaded: Loaded, opts: InferOptions) -> str:
         "engines": layer_engines(loaded, opts.engine),
         "version": 2,
     }
+    if opts.nodes > 1:  # a node's work directory holds its ranges, its progress records
+        parts["nodes"] = [opts.nodes, opts.node]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -220,12 +225,12 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
     opts.check()
     if opts.plan is not None:
         read_plan(opts.plan)
-    loaded = load(opts.data, opts.checkpoint)
+    loaded = load(opts.data, opts.checkpoint, placement=opts.node == 0)
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), opts.dtype, opts.layers)
-    if opts.nproc > layout.num_nodes:
-        raise UsageError(f"--nproc {opts.nproc}: more ranks than the {layout.num_nodes} vertices")
+    if opts.world > layout.num_nodes:
+        raise UsageError(f"--nproc {opts.nproc}: more ranks ({opts.world}) than the {layout.num_nodes} vertices")
     key = _key(loaded, opts)
-    out = Path(opts.out)
+    out = work_out(opts)
     stage = Staging(out, KIND)
     if stage.resume():
         if stage.old.exists() or (stage.data / MANIFEST).exists():
@@ -255,9 +260,9 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
     if fresh:
         # Beside the layer arrays, a layer's spilled edges live in scratch files until its passes end.
         scratch = max((layer.spilled_edge_bytes for layer in predicted), default=0)
-        check_free_space({out: layout.nbytes() + scratch}, InferenceError)
+        check_free_space({out: layout.nbytes(exports=opts.node == 0) + scratch}, InferenceError)
         stage.create()
-        layout.create(stage.data)
+        layout.create(stage.data, exports=opts.node == 0)
         write_inputs(stage.data / WORK, key, memory=memory)
     return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
@@ -291,7 +296,7 @@ def run_in_process(
 def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> InferenceManifest:
     """Accuracy, checksums, the manifest; the work files removed; the output published."""
     data, layout, loaded = p.stage.data, p.layout, p.loaded
-    states = [RankProgress.read(data, r) for r in range(opts.nproc)]
+    states = [RankProgress.read(data, r) for r in range(opts.world)]  # node 0's: every node's ranks
     if any(s.stage < len(stages(layout.depth)) for s in states):
         raise InferenceError(f"{data}: a rank did not finish (progress {[(s.stage, s.chunks) for s in states]})")
     placed = loaded.placed
@@ -363,10 +368,10 @@ def _engine_entry(p: Prepared, opts: InferOptions, stage: int, engine: str) -> d
     if engine == "gather":
         note = None if opts.engine == "gather" else f"{p.loaded.cfg.model} has no scatter form"
         return {"engine": engine, "note": note}
-    world, layer = opts.nproc, stage + 1
+    world, layer = opts.world, stage + 1
     in_width = p.loaded.placed.feature_dim if layer == 1 else p.loaded.widths[layer - 2]
     indptr = p.loaded.placed.array("indptr")
-    width, budget = p.loaded.widths[stage], rank_budget(p.memory, world)
+    width, budget = p.loaded.widths[stage], rank_budget(p.memory, opts.nproc)
     ranges = [rank_range(p.layout.num_nodes, r, world) for r in range(world)]
     parts = [
         (a, b)
@@ -392,37 +397,57 @@ def infer(
     progress: Progress | None = None,
     log: Callable[[str], None] = lambda _: None,
     launch: Callable[[list[str]], int] | None = None,
-) -> InferenceManifest:
+) -> InferenceManifest | None:
     """``moment infer``: prepare, run every rank (in this process, or ``launch``-ed under
-    torchrun when ``nproc > 1`` and ``launch`` is given), finish and publish."""
+    torchrun when ``nproc > 1`` or on several nodes, where ``launch`` is required), finish and
+    publish. A node past 0 returns None: node 0 wrote the output; its own scratch is removed."""
+    if opts.nodes > 1 and launch is None:
+        raise UsageError(f"--nnodes {opts.nnodes}: several nodes run their ranks under torchrun (give a launcher)")
     p = prepare(opts, log)
     if p.done is not None:
         return p.done
     try:
-        if opts.nproc > 1 and launch is not None:
+        if opts.nodes > 1 or (opts.nproc > 1 and launch is not None):
+            assert launch is not None
             (p.stage.data / WORK / RANKS_MARKER).touch()
             code = launch(torchrun_command(opts, p.stage.data))
             if code != 0:
                 raise InferenceError(
-                    f"inference ranks failed with exit code {code}; run the same command again "
-                    f"to continue from the last finished chunk"
+                    f"inference ranks failed with exit code {code} (the lines above say why); run the same command "
+                    f"again {'on every node ' if opts.nodes > 1 else ''}to continue from the last finished chunk"
                 )
         else:
             run_in_process(p, opts, progress)
+        if opts.node > 0:
+            shutil.rmtree(p.stage.data)  # this node's scratch, inside its locked staging directory
+            p.stage.release()
+            return None
         return finish(p, opts, log)
     except BaseException:
         p.stage.unlock()
         raise
 
 
+def work_out(opts: InferOptions) -> Path:
+    """The output a node builds: ``--out`` on node 0; ``OUT.nodeR`` on node R, never published
+    (its ``OUT.nodeR.partial`` holds its work files, whether or not --out is shared storage)."""
+    out = Path(opts.out)
+    return out if opts.node == 0 else out.with_name(f"{out.name}.node{opts.node}")
+
+
 def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
-    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...``: the
-    ranks get their options (:data:`RANK_OPTIONS`) and the work directory; they read the
-    broadcast budget ``prepare`` recorded there."""
+    """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...`` (several
+    nodes: their rendezvous instead of --standalone): the ranks get their options
+    (:data:`RANK_OPTIONS`) and the work directory; they read the broadcast budget ``prepare``
+    recorded there."""
+    from trainer.launch import Rendezvous
     from trainer.launch import torchrun_command as launcher
 
     argv = [*to_argv(opts, only=RANK_OPTIONS), "--work", str(data)]
-    return launcher("trainer.infer", argv, opts.nproc, python=python)
+    rdzv = Rendezvous()
+    if opts.nodes > 1:
+        rdzv = Rendezvous(nnodes=opts.nodes, endpoint=opts.rdzv_endpoint, id=opts.rdzv_id, node_rank=opts.node)
+    return launcher("trainer.infer", argv, opts.nproc, rdzv, python=python)
 
 
 def summary(m: InferenceManifest) -> Iterator[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from moment.errors import UsageError
-from moment.options import Registry, option, path, positive
+from moment.options import Registry, non_negative, option, path, positive
+from moment.sizes import SizeError, parse_bytes
 
 if TYPE_CHECKING:
     from trainer.infer_predict import Rates
@@ -19,21 +20,20 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
 INFER_ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
+UNRECORDED_ENGINE = "gather"  # of an inference.json written before it recorded the engine: the only one then
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
-# What each rank is handed (the rest is the launcher's: the output, the ranks, the memory budget
-# the ranks read from the work directory).
+# What each rank is handed (the rest is the launcher's: the output, the ranks, the nodes, the
+# memory budget the ranks read from the work directory).
 RANK_OPTIONS = ("data", "checkpoint", "plan", "layers", "dtype", "batch_size", "device", "engine")
 
 
 def _memory(text: str) -> int:
     """argparse type of ``--memory``: a size in bytes (``4GB``)."""
-    from placement.importers.csr import parse_memory  # loads numba: only when given
-
     try:
-        return parse_memory(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return parse_bytes(text, "--memory")
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 def _choices(name: str) -> Registry:
@@ -81,8 +81,8 @@ class InferOptions:
         None,
         type=_memory,
         to_text=str,
-        help="memory the broadcast passes may hold, e.g. 4GB, shared by the ranks: the destinations' partial sums, "
-        "then their edges (the rest spilled to disk); when the sums do not fit, the destinations are cut into "
+        help="memory the broadcast passes may hold, e.g. 4GB, shared by this node's ranks: the destinations' "
+        "partial sums, then their edges (the rest spilled to disk); when the sums do not fit, the destinations are cut into "
         "partitions, the first streaming the input, the others the messages it relayed (default: three quarters "
         "of the memory available, within its memory cgroup)",
     )
@@ -91,6 +91,20 @@ class InferOptions:
         help="write nothing: print per layer the engine, passes over its input, bytes read, memory and the "
         "predicted time (reads at the sequential rates of the plan's machine, compute timed here)",
     )
+    nnodes: int | None = option(
+        None,
+        type=positive,
+        help="several nodes: how many (the same command on each, with its own --node-rank; torchrun --nnodes)",
+    )
+    node_rank: int | None = option(
+        None,
+        type=non_negative,
+        help="several nodes: this node's number, 0 to --nnodes - 1; node 0 writes --out and inference.json, "
+        "the others keep only scratch beside their own --out (OUT.nodeR.partial, removed at the end); every "
+        "node reads its own --data and --checkpoint, layers' rows cross the network: no shared storage needed",
+    )
+    rdzv_endpoint: str | None = option(None, help="several nodes: HOST:PORT where they meet (on node 0)")
+    rdzv_id: str | None = option(None, help="several nodes: a job id, the same on every node")
     rates: Rates | None = field(default=None, compare=False)  # the plan's machine (the CLI reads its profile)
 
     def check(self) -> None:
@@ -115,3 +129,25 @@ class InferOptions:
             raise UsageError(f"--device {self.device!r}: expected one of {', '.join(DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: CUDA is not available on this machine")
+        from trainer.launch import check_nodes
+
+        check_nodes(self)
+        if self.nnodes is None and self.rdzv_endpoint is not None:
+            raise UsageError("--rdzv-endpoint needs --nnodes (several nodes)")
+        if self.nodes > 1 and self.node_rank is None:
+            raise UsageError(f"--nnodes {self.nnodes} needs --node-rank (node 0 writes --out)")
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the job (1 without --nnodes)."""
+        return self.nnodes or 1
+
+    @property
+    def node(self) -> int:
+        """This node's number (0 without --node-rank)."""
+        return self.node_rank or 0
+
+    @property
+    def world(self) -> int:
+        """Ranks of the job: every node runs --nproc."""
+        return self.nodes * self.nproc

@@ -26,8 +26,9 @@ from moment.options import OptionParser, add_arguments
 from moment.outputs import INPUTS, joined
 from moment.progress import Progress, Reporter
 from trainer import broadcast
-from trainer.dist import DistEnv, lost_peer
+from trainer.dist import DistEnv, PeerFailedError, lost_peer, setup
 from trainer.featurestore import TieredFeatureStore
+from trainer.infer_nodes import Exchange, first_stage, gather_progress
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_work import (
     WORK,
@@ -43,9 +44,11 @@ from trainer.infer_work import (
     rank_budget,
     rank_range,
     read_inputs,
+    resolved_device,
     stages,
 )
 from trainer.models import Scatter
+from trainer.nodes import check_same_inference
 
 Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
 
@@ -81,13 +84,17 @@ class Rank:
         features: Features | None = None,
         engine: str = "gather",
         memory: int = 0,
+        per_node: int = 0,
     ) -> None:
         """``features``: where layer 1 reads its input rows (default: the placed tiers);
-        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget."""
+        ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget (this
+        node's); ``per_node``: ranks per node (default ``world``: one node)."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
         self.engine, self.memory = engine, memory
         self.rank, self.world, self.device = rank, world, device
+        self.per_node = per_node or world
+        self.node = rank // self.per_node
         placed = loaded.placed
         self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
         self.old_to_new = placed.array("old_to_new")
@@ -110,13 +117,18 @@ class Rank:
 
     def chunks_of(self, stage: int) -> list[tuple[int, int]]:
         """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
-        destination partitions of a broadcast one, old ids for the export."""
+        destination partitions of a broadcast one, old ids for the export (node 0's ranks: its
+        --out gets the whole output)."""
+        if stage == self.layout.depth:
+            if self.node:
+                return []
+            return chunks(*rank_range(self.layout.num_nodes, self.rank, self.per_node), self.batch)
         lo, hi = rank_range(self.layout.num_nodes, self.rank, self.world)
-        if stage < self.layout.depth and self.form(stage + 1) is not None:
+        if self.form(stage + 1) is not None:
             width, in_width = self.m.widths[stage], self._in_width(stage + 1)
-            budget = rank_budget(self.memory, self.world)
+            budget = rank_budget(self.memory, self.per_node)
             return broadcast.partitions(self.indptr, lo, hi, width, in_width, self.batch, budget)
-        return chunks(lo, hi, self.batch, self.indptr if stage < self.layout.depth else None)
+        return chunks(lo, hi, self.batch, self.indptr)
 
     def _in_width(self, layer: int) -> int:
         return self.m.placed.feature_dim if layer == 1 else self.m.widths[layer - 2]
@@ -203,7 +215,7 @@ class Rank:
                     self.device,
                     write,
                     update,
-                    memory=rank_budget(self.memory, self.world),
+                    memory=rank_budget(self.memory, self.per_node),
                     in_width=self._in_width(layer),
                     scratch=self.data / WORK / f"edges-{self.rank}.bin",
                     relay=relay,
@@ -234,15 +246,41 @@ class Rank:
             else:
                 arrays[name][a:b] = rows[layer]
 
-    def run_stage(self, stage: int, progress: RankProgress, update: Callable[[int], None] | None = None) -> None:
-        """Do this rank's chunks of ``stage`` that ``progress`` does not record as done."""
-        depth = self.layout.depth
-        if progress.stage > stage:
+    def run_stage(
+        self,
+        stage: int,
+        progress: RankProgress,
+        update: Callable[[int], None] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """Do this rank's chunks of ``stage`` that ``progress`` does not record as done, then
+        ``after`` (several nodes: the layer's rows exchanged, its time the stage's), which runs
+        where this rank recorded the stage too (another rank did not), before it is recorded."""
+        if progress.stage <= stage:
+            self._run_chunks(stage, progress, update)
+        elif after is None:
             return
+        if after is not None:
+            start = time.perf_counter()
+            after()
+            progress.timing.setdefault(stages(self.layout.depth)[stage], [0, 0.0, 0.0, 0.0])[1] += (
+                time.perf_counter() - start
+            )
+        if progress.stage <= stage:
+            progress.stage, progress.chunks = stage + 1, 0
+        progress.write(self.data, self.rank)
+        if stage < self.layout.depth:  # the layer's relay, if it had one, has served every partition
+            for path in self.relay_paths(stage + 1):
+                path.unlink(missing_ok=True)
+
+    def _run_chunks(self, stage: int, progress: RankProgress, update: Callable[[int], None] | None) -> None:
+        depth = self.layout.depth
         if progress.stage < stage:
             progress.stage, progress.chunks = stage, 0
         todo = self.chunks_of(stage)
         name = stages(depth)[stage]
+        if progress.chunks >= len(todo):  # nothing left (a node past 0 exports nothing)
+            return
         if stage < depth:
             out = self.layout.open(self.data, self.layout.work(stage + 1)[0])
             arrays: dict[str, np.memmap] = {}
@@ -275,11 +313,6 @@ class Rank:
             progress.write(self.data, self.rank)
             if update:
                 update(b - a - shown)
-        progress.stage, progress.chunks = stage + 1, 0
-        progress.write(self.data, self.rank)
-        if stage < depth:  # the layer's relay, if it had one, has served every partition
-            for path in self.relay_paths(stage + 1):
-                path.unlink(missing_ok=True)
 
 
 def done_before(rank: Rank, state: RankProgress, stage: int) -> int:
@@ -306,61 +339,83 @@ def stage_bar(progress: Progress | None, name: str, total: int, done: int) -> Ca
 
 
 def rank_main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between;
-    exit status 0, 1 (one line), or 128 + the signal that stopped it (quietly: the launcher
-    reports it)."""
+    """``python -m trainer.infer`` on every rank: the stages of this rank, gloo barriers between
+    (several nodes: the layers' rows exchanged, :mod:`trainer.infer_nodes`); exit status 0, 1
+    (one line), or 128 + the signal that stopped it (quietly: the launcher reports it)."""
     ap = OptionParser(prog="python -m trainer.infer")
     add_arguments(ap, InferOptions, only=RANK_OPTIONS)
     ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
     args = ap.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
+    env = DistEnv.from_environ()
     try:
         with procs.interruptible():
             procs.guard()  # stops by itself when its launcher is gone
             with joined(Path(args.work).parent, "moment infer"):  # OUT.partial is this job's while it runs
-                _rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
+                _rank(args, env)
         return 0
     except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
         return procs.stopped(getattr(exc, "exit_code", 130), True)
-    except torch.distributed.DistError as exc:  # a peer is gone
+    except (torch.distributed.DistError, RuntimeError) as exc:  # a peer is gone
+        if not isinstance(exc, torch.distributed.DistError) and "/gloo/" not in str(exc):
+            raise  # not gloo's lost connection (a barrier raises a plain RuntimeError for it): a bug
         if (signum := procs.stopping()) is not None:
             return procs.stopped(128 + signum, True)
-        print(f"trainer.infer rank {rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
+        print(f"trainer.infer rank {env.rank}: error: stopped: {lost_peer(exc)}", file=sys.stderr)
+        return 1
+    except PeerFailedError:  # another rank said why
         return 1
     except (MomentError, OSError) as exc:
         if (signum := procs.stopping()) is not None:
             return procs.stopped(128 + signum, True)
         if isinstance(exc, OSError):  # a full disk, a read-only target: the file and the reason
             exc = MomentError(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
-        print(f"trainer.infer rank {rank}: error: {exc}", file=sys.stderr)
+        print(f"trainer.infer rank {env.rank}: error: {exc}", file=sys.stderr)
         return exc.exit_code
 
 
-def _rank(args: argparse.Namespace, rank: int, world: int) -> None:
+def _rank(args: argparse.Namespace, env: DistEnv) -> None:
     import torch.distributed as dist
 
-    device = device_for(DistEnv.from_environ(), read_plan(args.plan) if args.plan else None, args.device)
-    loaded = load(Path(args.data), Path(args.checkpoint), device)
+    plan = read_plan(args.plan) if args.plan else None
+    # gloo (barriers, the exchange between nodes) whatever the device; several nodes: global ranks
+    # from --node-rank, checked (trainer.dist.setup)
+    device = (
+        setup(resolved_device(args.device), "gloo", env, plan)[0]
+        if env.launched
+        else device_for(env, plan, args.device)
+    )
+    loaded = load(Path(args.data), Path(args.checkpoint), device, placement=env.node_rank == 0)
     data = Path(args.work)
     if not (data / WORK / INPUTS).is_file():
         raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
-    if world > 1:
-        dist.init_process_group("gloo")
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    shared = {"checkpoint": loaded.checkpoint_sha256, "ranks per node": per_node}
+    shared.update({k: getattr(args, k) for k in ("layers", "dtype", "batch_size", "engine")})
+    check_same_inference(env, loaded.placed, shared)
     memory = int(read_inputs(data).get("memory") or default_memory(loaded.placed))
-    worker = Rank(loaded, data, layout, args.batch_size, rank, world, device, None, args.engine, memory)
-    state = RankProgress.read(data, rank)
-    report = Reporter().__enter__() if rank == 0 else None
+    worker = Rank(
+        loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node
+    )
+    state = RankProgress.read(data, env.rank)
+    nodes = Exchange(env, per_node, layout, data) if env.nodes > 1 else None
+    first = first_stage(state) if nodes else 0
+    report = Reporter().__enter__() if env.rank == 0 else None
     try:
         for s, name in enumerate(stages(layout.depth)):
+            if s < first:  # every rank recorded it
+                continue
             total = sum(b - a for a, b in worker.chunks_of(s))
             update = stage_bar(report, f"{name} (rank 0)", total, done_before(worker, state, s))
-            worker.run_stage(s, state, update)
-            if world > 1:
+            after = functools.partial(nodes.layer, s + 1) if nodes and s < layout.depth else None
+            worker.run_stage(s, state, update, after)
+            if env.world_size > 1:
                 dist.barrier()
+        if nodes:
+            gather_progress(env, per_node, state, data)
     finally:
         worker.close()
         if report is not None:
             report.__exit__()
-    if world > 1:
+    if env.world_size > 1:
         dist.destroy_process_group()

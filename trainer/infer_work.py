@@ -57,16 +57,17 @@ class Loaded:
     widths: list[int]  # output width of each layer
 
 
-def load(data: Path, ckpt: Path, device: torch.device | None = None) -> Loaded:
+def load(data: Path, ckpt: Path, device: torch.device | None = None, placement: bool = True) -> Loaded:
     """Open the placed dataset and the checkpoint's model; refuse a checkpoint of other data (as
-    ``moment train --resume`` does: same placement, same shapes)."""
+    ``moment train --resume`` does: same placement, same shapes; without ``placement``, a node
+    past 0, another placement of the same data: the ranks check it is numbered as node 0's)."""
     placed = open_placed(data)
     identity = DataIdentity.of(placed.root, placed.manifest)
     directory = checkpoint_dir(ckpt)
     meta = checkpoint.read_meta(directory)
     assert meta is not None  # checkpoint_dir found the file
     cfg = TrainConfig.from_dict(meta.config)
-    body = checkpoint.load(directory, cfg, identity)  # refuses other data, naming the file and what differs
+    body = checkpoint.load(directory, cfg, identity, placement)  # refuses other data, naming the file and what differs
     assert body is not None
     model = build_model(cfg, placed.feature_dim, identity.num_classes)
     try:
@@ -92,9 +93,9 @@ def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
     return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
 
 
-def rank_budget(memory: int, world: int) -> int:
-    """A rank's share of ``--memory`` (ranks of one node run side by side)."""
-    return memory // world
+def rank_budget(memory: int, ranks: int) -> int:
+    """A rank's share of ``--memory``, a node's: ``ranks`` ranks of one node run side by side."""
+    return memory // ranks
 
 
 def layer_engines(loaded: Loaded, engine: str) -> list[str]:
@@ -158,13 +159,16 @@ class Layout:
         src.update({f"layer{k}": k for k in range(1, self.depth - 1)})
         return {k: v for k, v in src.items() if k in self.exports()}
 
-    def nbytes(self) -> int:
-        files = [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values())
-        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in files)
+    def files(self, exports: bool = True) -> list[tuple[str, tuple[int, ...], str]]:
+        """The work files, and with ``exports`` the exported arrays (a node past 0 exports nothing)."""
+        return [self.work(k) for k in range(1, self.depth + 1)] + (list(self.exports().values()) if exports else [])
 
-    def create(self, data: Path) -> None:
+    def nbytes(self, exports: bool = True) -> int:
+        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in self.files(exports))
+
+    def create(self, data: Path, exports: bool = True) -> None:
         (data / WORK).mkdir(parents=True, exist_ok=True)
-        for path, shape, dt in [self.work(k) for k in range(1, self.depth + 1)] + list(self.exports().values()):
+        for path, shape, dt in self.files(exports):
             np.lib.format.open_memmap(data / path, mode="w+", dtype=dt, shape=shape).flush()
             reserve(data / path)  # written through memory maps: a full disk now, not SIGBUS later
 
@@ -178,8 +182,13 @@ def stages(depth: int) -> list[str]:
 
 
 def rank_range(n: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank ``rank``'s contiguous share of ``n`` vertices."""
+    """Rank ``rank``'s contiguous share of ``n`` vertices (global ranks: node by node)."""
     return n * rank // world, n * (rank + 1) // world
+
+
+def node_range(n: int, node: int, world: int, per_node: int) -> tuple[int, int]:
+    """Node ``node``'s contiguous share of ``n`` vertices: its ``per_node`` ranks' ranges together."""
+    return rank_range(n, node * per_node, world)[0], rank_range(n, (node + 1) * per_node - 1, world)[1]
 
 
 def chunks(lo: int, hi: int, size: int, indptr: np.ndarray | None = None) -> list[tuple[int, int]]:
@@ -237,9 +246,14 @@ def device_for(env: DistEnv | None = None, plan: PlanDoc | None = None, requeste
     one the plan gives it, found by PCI address, and the rank pinned to that GPU's socket, as
     training chooses — else the CPU."""
     env = env or DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    return select_device(resolved_device(requested), env, plan)[0]
+
+
+def resolved_device(requested: str) -> str:
+    """``--device auto``: cuda where there is CUDA, else cpu; the others as given."""
     if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    return select_device(requested, env, plan)[0]
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
 
 
 def default_memory(placed: Placed | None = None) -> int:

@@ -14,6 +14,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -99,6 +100,29 @@ def torchrun_command(
     if rdzv.max_restarts is not None:
         cmd += ["--max-restarts", str(int(rdzv.max_restarts))]
     return [*cmd, "-m", module, *argv]
+
+
+def check_nodes(args: Any) -> None:
+    """The several-node options together: --node-rank and --rdzv-id need --nnodes, a node rank
+    needs a fixed number of nodes (it sets the global rank order) and lies below it, and more
+    than one node needs the endpoint where they meet. ``args``: ``moment train``'s parsed
+    arguments or ``moment infer``'s options (both have ``nnodes``, ``node_rank``, ``rdzv_endpoint``
+    and ``rdzv_id``)."""
+    if args.nnodes is None:
+        for flag, value in (("--node-rank", args.node_rank), ("--rdzv-id", args.rdzv_id)):
+            if value is not None:
+                raise UsageError(f"{flag} needs --nnodes (several nodes)")
+        return
+    low, _, high = str(args.nnodes).partition(":")
+    if not (low.isdigit() and (high.isdigit() or not high)) or int(low) < 1:
+        raise UsageError(f"--nnodes {args.nnodes!r}: expected a number of nodes, N or MIN:MAX")
+    if args.node_rank is not None:
+        if high and high != low:
+            raise UsageError(f"--node-rank needs a fixed --nnodes N, not {args.nnodes} (it orders the ranks)")
+        if args.node_rank >= int(low):
+            raise UsageError(f"--node-rank {args.node_rank}: expected 0 to {int(low) - 1} for --nnodes {low}")
+    if int(high or low) > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
 
 
 def build_torchrun_command(

@@ -24,6 +24,10 @@ bins beside its own placement's prediction) and the straggler named: DDP's all-r
 every node wait for the slowest, so the slow node is the one whose ranks wait for data while the
 others wait in the all-reduce (:func:`straggler`).
 
+Inference across nodes (:func:`check_same_inference`) checks the same data and the options that
+shape its arrays, and refuses a node whose vertex numbering differs: its ranks take ranges of
+placement ids (:mod:`trainer.infer_nodes`).
+
 Checkpoints are node 0's: global rank 0 writes them, and a resumed run (``--resume``, or a
 restarted worker group) takes the one rank 0 reads, sent to every rank (:func:`resumed`), so
 ``--checkpoint-dir`` may be shared storage or node 0's own disk.
@@ -167,31 +171,8 @@ def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
     lone node checks nothing."""
     if env.nodes <= 1:
         return Nodes()
-    host, pred = socket.gethostname(), placed.manifest.prediction
-    mine = {
-        "node": env.node_rank,
-        "host": host,
-        "data": str(placed.root),
-        "iteration_s": pred.iteration_s,
-        "tier_shares": pred.tier_shares.model_dump(),
-        "bin_shares": dict(pred.bin_shares),
-    }
-    everyone = all_gather((mine, NodeData.of(placed), shared_config(cfg)))
-    node0, config0 = everyone[0][1], everyone[0][2]
-    problems = {}
-    for info, data, config in everyone:
-        node, host = info["node"], info["host"]
-        if node in problems:
-            continue
-        if (why := data.difference(node0)) is not None:
-            problems[node] = f"node {node} ({host}, --data {info['data']}) holds other data than node 0: {why}"
-        elif (why := config_difference(config, config0)) is not None:
-            problems[node] = f"node {node} ({host}) runs other options than node 0: {why} (give every node the same)"
-    if problems:
-        first = problems[min(problems)]
-        if env.rank == 0 or (env.local_rank == 0 and env.node_rank in problems):
-            raise NodeDataError(problems.get(env.node_rank, first))
-        raise PeerFailedError(first)
+    everyone = compare_nodes(env, placed, shared_config(cfg))
+    node0 = everyone[0][1]
     predictions = sorted({info["node"]: info for info, _, _ in everyone}.values(), key=lambda i: i["node"])
     relabelled = sorted({info["node"] for info, data, _ in everyone if data.relabel != node0.relabel})
     if not relabelled:
@@ -201,6 +182,55 @@ def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
         "cache size): every node takes its seeds in the source's order; samples differ from a one-node run's"
     )
     return Nodes([note], True, predictions)
+
+
+def check_same_inference(env: DistEnv, placed: Placed, shared: dict[str, object]) -> None:
+    """Refuse to infer across nodes when a node holds other data than node 0's, runs other
+    options (``shared``: the checkpoint's digest, the options that shape the arrays), or numbers
+    the vertices otherwise: ranks take ranges of placement ids, and every sum must run in the
+    order of a one-node run for the output to be its bytes. A lone node checks nothing."""
+    if env.nodes > 1:
+        compare_nodes(env, placed, shared, same_ids=True)
+
+
+def compare_nodes(
+    env: DistEnv, placed: Placed, shared: dict[str, object], same_ids: bool = False
+) -> list[tuple[dict[str, Any], NodeData, dict[str, object]]]:
+    """Every rank's node, data and ``shared`` options (one collective), in rank order; a node
+    whose data or options differ from node 0's (with ``same_ids``, also its vertex numbering) is
+    refused in one line naming it, on rank 0 and on that node's local rank 0."""
+    host, pred = socket.gethostname(), placed.manifest.prediction
+    mine = {
+        "node": env.node_rank,
+        "host": host,
+        "data": str(placed.root),
+        "iteration_s": pred.iteration_s,
+        "tier_shares": pred.tier_shares.model_dump(),
+        "bin_shares": dict(pred.bin_shares),
+    }
+    everyone = all_gather((mine, NodeData.of(placed), shared))
+    node0, config0 = everyone[0][1], everyone[0][2]
+    problems = {}
+    for info, data, config in everyone:
+        node, host = info["node"], info["host"]
+        if node in problems:
+            continue
+        if (why := data.difference(node0)) is not None:
+            problems[node] = f"node {node} ({host}, --data {info['data']}) holds other data than node 0: {why}"
+        elif same_ids and data.relabel != node0.relabel:
+            problems[node] = (
+                f"node {node} ({host}, --data {info['data']}) numbers the vertices otherwise than node 0 (another "
+                "layout or cache size): inference splits placement ids over the ranks; place it with node 0's plan "
+                "and `moment place` options, or copy node 0's placed dataset"
+            )
+        elif (why := config_difference(config, config0)) is not None:
+            problems[node] = f"node {node} ({host}) runs other options than node 0: {why} (give every node the same)"
+    if problems:
+        first = problems[min(problems)]
+        if env.rank == 0 or (env.local_rank == 0 and env.node_rank in problems):
+            raise NodeDataError(problems.get(env.node_rank, first))
+        raise PeerFailedError(first)
+    return everyone
 
 
 def per_node(timing: list[tuple[int, str, float, int, float]], stats: list[dict[str, Any]], train_s: float) -> dict:

@@ -136,6 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     opts = infer.InferOptions(data=placed_dir, checkpoint=checkpoints, out=work / "inference", plan=work / "plan.json")
     with Reporter(err) as bars:
         inferred = infer.infer(opts, progress=bars, log=out.print)
+    assert inferred is not None  # one node: its output
     print_inference(work / "inference", inferred)
     out.print(
         f"\nwrote {work}/: {DEMO_MARKER}, {args.profile}.svg, this-machine.yaml, plan.json, plan.svg, dataset/, placed/, "

@@ -20,7 +20,12 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
             "Run a trained checkpoint over the full in-neighbourhood of every vertex, one layer at a time: each "
             "layer's output for all vertices goes to disk and is read back as the next layer's input, features come "
             "from the placed dataset's tiers. Writes embeddings.npy, predictions.npy (original vertex ids) and "
-            "inference.json; a killed run continues from its last finished chunk when run again."
+            "inference.json; a killed run continues from its last finished chunk when run again. Several nodes "
+            "(--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id: the same command on each, with its own --node-rank): "
+            "the ranks of all nodes split the vertices, each node reads its own --data and --checkpoint (the same "
+            "placement numbering and checkpoint on every node, checked at start) and keeps its work files beside its "
+            "own --out; the layers' rows cross the network, so nothing needs shared storage; node 0 writes --out "
+            "and inference.json."
         ),
     )
     add_arguments(p, InferOptions)
@@ -42,6 +47,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     with Reporter(err) as bars:
         manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
+    if manifest is None:  # a node past 0: its ranges are in node 0's output
+        out.print(f"node {opts.node}: its vertex ranges done; node 0 wrote the output to its --out")
+        return 0
     print_inference(args.out, manifest)
     return 0
 

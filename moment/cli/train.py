@@ -11,7 +11,6 @@ from rich.markup import escape
 
 from moment.cli.args import non_negative, positive
 from moment.cli.output import err
-from moment.errors import UsageError
 from moment.options import add_arguments, to_argv
 from moment.outputs import DirLock
 from trainer.config import TrainConfig
@@ -60,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # ranks would refuse (trainer arguments, plan, placed data, train split, output paths, an
     # existing checkpoint) refused here once.
     extra = [a for a in args.trainer_args if a != "--"]
-    check_nodes(args)
+    launch.check_nodes(args)
     cfg = launch.check_command(to_argv(args, TrainConfig) + extra)
     nproc = launch.default_nproc(cfg.plan) if args.nproc is None else args.nproc
     checked = preflight.preflight(
@@ -97,24 +96,3 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.release()
-
-
-def check_nodes(args: argparse.Namespace) -> None:
-    """The several-node options together: --node-rank and --rdzv-id need --nnodes, a node rank
-    needs a fixed number of nodes (it sets the global rank order) and lies below it, and more
-    than one node needs the endpoint where they meet."""
-    if args.nnodes is None:
-        for flag, value in (("--node-rank", args.node_rank), ("--rdzv-id", args.rdzv_id)):
-            if value is not None:
-                raise UsageError(f"{flag} needs --nnodes (several nodes)")
-        return
-    low, _, high = str(args.nnodes).partition(":")
-    if not (low.isdigit() and (high.isdigit() or not high)) or int(low) < 1:
-        raise UsageError(f"--nnodes {args.nnodes!r}: expected a number of nodes, N or MIN:MAX")
-    if args.node_rank is not None:
-        if high and high != low:
-            raise UsageError(f"--node-rank needs a fixed --nnodes N, not {args.nnodes} (it orders the ranks)")
-        if args.node_rank >= int(low):
-            raise UsageError(f"--node-rank {args.node_rank}: expected 0 to {int(low) - 1} for --nnodes {low}")
-    if int(high or low) > 1 and not args.rdzv_endpoint:
-        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
