@@ -283,8 +283,10 @@ def test_budgets_read_as_sizes_or_multiples_of_the_bins(text: str, want: int) ->
 
 
 def test_a_bad_budget_is_one_line() -> None:
-    with pytest.raises(UsageError, match="--pack-budget 'lots': expected a size like 20GB"):
+    with pytest.raises(UsageError, match="--pack-budget 'lots': expected a size like 4GB, 512MiB, 2e9, 2x"):
         parse_budget("lots", 1000)
+    with pytest.raises(UsageError, match=r"--pack-budget '5%' is a share of the vertices: expected .*2x"):
+        parse_budget("5%", 1000)
 
 
 def test_one_pass_scatters_every_row_to_its_copies(tmp_path: Path) -> None:
