@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,8 +27,9 @@ from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
 from moment.outputs import Staging, check_free_space, check_out, write_inputs
 from moment.planner.planfile import plan_profile
-from moment.planner.workload import Workload
+from moment.planner.workload import Workload, cap_cache_rows
 from moment.progress import Progress, stage_update
+from moment.sizes import Size, parse_size
 from moment.topology.model import Machine
 from placement import pack as pk
 from placement.chunks import parse_budget
@@ -51,49 +51,12 @@ from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.writer import file_digest
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|%|rows)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1e3,
-    "mb": 1e6,
-    "gb": 1e9,
-    "tb": 1e12,
-    "k": 1e3,
-    "m": 1e6,
-    "g": 1e9,
-    "t": 1e12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
-
-
-def parse_rows(text: str, what: str, num_nodes: int, row_bytes: int) -> int:
-    """Cache budget in rows from '2GB', '512MiB', '1%' (of the vertices) or '10000rows'."""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"{what} {text!r}: expected a size like 2GB, 512MiB, 1% or 10000rows")
-    value, unit = float(m.group(1)), (m.group(2) or "").lower()
-    if unit == "%":
-        if value > 100:
-            raise UsageError(f"{what} {text!r}: a share of the vertices is at most 100%")
-        return int(num_nodes * value / 100)
-    if unit == "rows":
-        return int(value)
-    return int(value * _UNITS[unit] // row_bytes)
-
 
 @dataclass
 class PlaceOptions:
     policy: str = "ddak"
     gpu_cache: str | None = None  # per GPU
-    cpu_cache: str | None = None  # all sockets together
+    cpu_cache: str | None = None  # per socket (each holds one copy)
     ssd_dirs: dict[str, Path] = field(default_factory=dict)
     hotness: Path | None = None
     epochs: int | None = None  # None: pre-sample until the hotness estimate converges (at most one epoch)
@@ -110,22 +73,23 @@ class PlaceOptions:
     pack_budget: str | None = None
 
 
+def _cache_sizes(opts: PlaceOptions) -> tuple[Size | None, Size | None]:
+    """``--gpu-cache`` / ``--cpu-cache`` parsed (None: not given), before any work."""
+    gpu = None if opts.gpu_cache is None else parse_size(opts.gpu_cache, "--gpu-cache")
+    cpu = None if opts.cpu_cache is None else parse_size(opts.cpu_cache, "--cpu-cache")
+    return gpu, cpu
+
+
 def _cache_rows(plan: PlanDoc, ds: Dataset, opts: PlaceOptions) -> tuple[int, int]:
     """Rows of the GPU cache (each GPU) and the CPU cache (each socket), from ``--gpu-cache`` /
-    ``--cpu-cache`` or else the plan's workload (``gpu_cache_gb``, ``cpu_cache_fraction``: one
-    source of truth), capped by the vertices there are."""
-    workload = plan.workload
-    rb, n = ds.row_bytes, ds.num_nodes
-    if opts.gpu_cache is not None:
-        gpu_rows = parse_rows(opts.gpu_cache, "--gpu-cache", n, rb)
-    else:
-        gpu_rows = int(workload.gpu_cache_gb * 1e9 // rb)
-    if opts.cpu_cache is not None:
-        cpu_rows = parse_rows(opts.cpu_cache, "--cpu-cache", n, rb)
-    else:
-        cpu_rows = int(n * workload.cpu_cache_fraction)
-    gpu_rows = min(gpu_rows, n)
-    return gpu_rows, min(cpu_rows, n - gpu_rows)
+    ``--cpu-cache`` or else what the plan's workload recorded (its rows, or the GB / share of the
+    vertices typed before the dataset was known, in this dataset's rows), capped by the vertices
+    there are."""
+    n, rb = ds.num_nodes, ds.row_bytes
+    asked = plan.workload.asked_cache_rows(n, rb)
+    given = _cache_sizes(opts)
+    gpu, cpu = (rows if size is None else size.rows(n, rb) for rows, size in zip(asked, given))
+    return cap_cache_rows(gpu, cpu, n)
 
 
 def _bins(plan: PlanDoc, ds: Dataset, caches: tuple[int, int], shares: dict[str, float]) -> list[BinSpec]:
@@ -221,6 +185,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         parse_budget(opts.pack_budget, 1)  # its form, now; its bytes once the bins are known
         opts = replace(opts, pack=True)
     get_policy(opts.policy)
+    _cache_sizes(opts)  # a mistyped size is refused before the dataset is scanned
     plan = read_plan(plan_path)
     try:
         machine, no_machine = plan_profile(plan, opts.profile)

@@ -4,8 +4,8 @@ A plan's bin targets are for the workload it was made with (usually the profile'
 paper-sized graph and a Zipf-like hotness guess). ``moment place`` knows better once it has
 pre-sampled: the dataset's size and row width, the measured hotness curve and unique rows per
 batch, and the cache sizes it is about to fill. :func:`measured_workload` puts these into the
-planner's :class:`Workload` (caches in its own terms, so that ``gpu_cache_rows()`` and
-``cpu_cache_rows()`` give back exactly the rows placed), and :func:`predict` re-solves the
+planner's :class:`Workload` (the caches as the rows placed: ``gpu_cache_rows``,
+``cpu_cache_rows``), and :func:`predict` re-solves the
 proportional model for the plan's layout on the plan's profile: those bin shares are DDAK's
 targets, and the tier shares what the achieved ones are compared with. The shares are of
 feature rows; ``ssd_amplification`` is apart: the bytes the SSDs move per feature byte read from
@@ -17,8 +17,6 @@ reproduces the prediction.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -27,8 +25,8 @@ from moment.contracts.placed import PredictedWorkload, Prediction
 from moment.contracts.plan import PlanDoc, TierShares
 from moment.errors import MomentError
 from moment.fileio import atomic_write_text
-from moment.planner.scoring import bin_targets, rescore
-from moment.planner.workload import Workload
+from moment.planner.scoring import rescore
+from moment.planner.workload import CACHE_UNITS, Workload
 from moment.topology.model import Machine
 from placement.dataset import Dataset
 from placement.hotness import CURVE_POINTS, Hotness, access_curve
@@ -37,15 +35,14 @@ from placement.hotness import CURVE_POINTS, Hotness, access_curve
 def measured_workload(base: Workload, ds: Dataset, hot: Hotness, gpu_rows: int, cpu_rows: int) -> Workload:
     """``base`` (the plan's workload) with what placing ``ds`` measured and uses: its size, the
     pre-sampling's fan-outs, batch size and unique rows per batch, the measured hotness curve
-    (also at the cache boundaries, so the tier shares it gives are the placement's), and
-    ``gpu_rows`` (each GPU) / ``cpu_rows`` (each socket) as ``gpu_cache_gb`` and
-    ``cpu_cache_fraction``."""
-    n, rb = ds.num_nodes, ds.row_bytes
+    (also at the cache boundaries, so the tier shares it gives are the placement's), and the
+    caches placed, ``gpu_rows`` (each GPU) and ``cpu_rows`` (each socket), as rows."""
+    n = ds.num_nodes
     bounds = {gpu_rows / n, (gpu_rows + cpu_rows) / n}
     points = sorted(x for x in {*CURVE_POINTS, *bounds} if 0 < x < 1)
     w = Workload.model_validate(
         {
-            **base.model_dump(),
+            **base.model_dump(exclude={*CACHE_UNITS, *CACHE_UNITS.values()}),
             "dataset": ds.meta.get("name") or "dataset",
             "nodes": n,
             "edges": ds.num_edges,
@@ -58,39 +55,23 @@ def measured_workload(base: Workload, ds: Dataset, hot: Hotness, gpu_rows: int, 
                 "curve": access_curve(hot.counts, points),
                 "source": f"measured: {hot.epochs} pre-sampled epoch(s), {hot.batches} batches",
             },
-            "gpu_cache_gb": gpu_rows * rb / 1e9,
-            "cpu_cache_fraction": cpu_rows / n,
+            "gpu_cache_rows": gpu_rows,
+            "cpu_cache_rows": cpu_rows,
         }
     )
-    if w.row_bytes != rb:
-        raise MomentError(f"the planner counts {w.row_bytes} bytes per row, the dataset {rb} (a bug)")
-    gb = _exact(w.gpu_cache_gb, gpu_rows, lambda v: w.model_copy(update={"gpu_cache_gb": v}).gpu_cache_rows())
-    w = w.model_copy(update={"gpu_cache_gb": gb})
-    frac = _exact(
-        w.cpu_cache_fraction, cpu_rows, lambda v: w.model_copy(update={"cpu_cache_fraction": v}).cpu_cache_rows()
-    )
-    return Workload.model_validate({**w.model_dump(), "cpu_cache_fraction": frac})
-
-
-def _exact(value: float, rows: int, rows_of: Callable[[float], int]) -> float:
-    """The least float from ``value`` up that ``rows_of`` (the workload's own rounding) turns into
-    ``rows``: rows × bytes / 1e9 may come back one row short."""
-    for _ in range(64):
-        if rows_of(value) >= rows:
-            break
-        value = math.nextafter(value, math.inf)
-    if rows_of(value) != rows:
+    if w.row_bytes != ds.row_bytes or w.cache_rows() != (gpu_rows, cpu_rows):
         raise MomentError(
-            f"cannot express a cache of {rows} rows in the workload's terms (got {rows_of(value)}; a bug)"
+            f"the planner counts {w.row_bytes} bytes per row and caches of {w.cache_rows()} rows, the placement "
+            f"{ds.row_bytes} and {(gpu_rows, cpu_rows)} (a bug)"
         )
-    return value
+    return w
 
 
 def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
     """The proportional model re-solved for ``workload`` on the plan's layout of ``machine``
     (the profile the plan was made for)."""
     scored = rescore(plan, machine, workload)
-    shares = {t["bin"]: t["share"] for t in bin_targets(scored, workload)}
+    shares = scored.bin_shares()
     if list(shares) != [t.bin for t in plan.bin_targets]:
         raise MomentError(
             f"re-solving the plan gives bins {', '.join(shares)}, the plan has "
@@ -104,7 +85,7 @@ def predict(plan: PlanDoc, machine: Machine, workload: Workload) -> Prediction:
         tier_shares=TierShares(**scored.net.shares),
         bin_shares=shares,
         ssd_amplification=workload.ssd_amplification(),
-        workload=_brief(workload),
+        workload=_brief(workload, caches=False),
     )
 
 
@@ -119,17 +100,20 @@ def plan_prediction(plan: PlanDoc) -> Prediction:
         tier_shares=plan.tier_shares,
         bin_shares={t.bin: t.share for t in plan.bin_targets},
         ssd_amplification=plan.workload.ssd_amplification(),
-        workload=_brief(plan.workload),
+        workload=_brief(plan.workload, caches=True),
     )
 
 
-def _brief(w: Workload) -> PredictedWorkload:
+def _brief(w: Workload, caches: bool) -> PredictedWorkload:
+    """The workload in brief; its caches only where they are not the placement's (``caches``: a
+    plan's own prediction): the bins' capacity records the placement's, once."""
+    gpu, cpu = w.cache_rows() if caches else (None, None)
     return PredictedWorkload(
         fanouts=list(w.fanouts),
         batch_size=w.batch_size,
         unique_per_batch=w.vertices_per_batch(),
-        gpu_cache_rows=w.gpu_cache_rows(),
-        cpu_cache_rows=w.cpu_cache_rows(),
+        gpu_cache_rows=gpu,
+        cpu_cache_rows=cpu,
         hotness=w.hotness.source,
     )
 

@@ -234,7 +234,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--gpu-cache", default="1%", help="per GPU bin (4 GPUs in the plan)")
     ap.add_argument("--cpu-cache", default="4%")
-    ap.add_argument("--mem-limit", default="1.25G", help="memory cgroup limit per run; 0: none")
+    ap.add_argument("--mem-limit", default="1.25GiB", help="memory cgroup limit per run; 0: none")
     ap.add_argument("--batch-size", type=int, default=2048, help="destination vertices per chunk")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads per run (1: on a shared machine, OpenMP threads spin)"

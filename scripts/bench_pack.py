@@ -216,7 +216,7 @@ def main() -> None:
         "--pack-epochs", type=int, default=1, help="epochs --pack replays; later ones reuse them (--reuse-samples)"
     )
     ap.add_argument("--pack-budget", default="1x", help="(d)'s --pack-budget (default 1x: the SSD bins' size)")
-    ap.add_argument("--mem-limit", default="512M", help="memory cgroup limit per training run; 0: none")
+    ap.add_argument("--mem-limit", default="512MiB", help="memory cgroup limit per training run; 0: none")
     ap.add_argument("--curve", default="1,1.5,2,2.5,3", help="other budgets (x the SSD bins) to count (d)'s pages at")
     ap.add_argument("--worker", choices=("moment",), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)

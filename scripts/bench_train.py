@@ -36,12 +36,13 @@ sys.path.insert(0, str(ROOT))
 
 from moment.contracts.metrics import MetricsDoc  # noqa: E402  (after the path: the repo's own)
 from moment.fileio import drop_cached  # noqa: E402
+from moment.sizes import parse_bytes  # noqa: E402
 
 
 def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    return int(float(text.rstrip("KMG") or 0) * units[text[-1] if text[-1] in "KMG" else ""])
+    """``--mem-limit``: bytes as every moment size option reads them (``2GiB``, ``512MiB``,
+    ``1.4GB``: :mod:`moment.sizes`), 0 for none."""
+    return 0 if text.strip() == "0" else parse_bytes(text, "--mem-limit")
 
 
 # -- memory limit and page cache -------------------------------------------------------------
@@ -273,7 +274,7 @@ def main() -> None:
     ap.add_argument("--degree", type=float, default=10)
     ap.add_argument("--gpu-cache", default="3%", help="per GPU bin (4 GPUs in the plan)")
     ap.add_argument("--cpu-cache", default="8%")
-    ap.add_argument("--mem-limit", default="2G", help="memory cgroup limit per run; 0: none")
+    ap.add_argument("--mem-limit", default="2GiB", help="memory cgroup limit per run; 0: none")
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--fanouts", default="25,10")

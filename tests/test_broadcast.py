@@ -116,7 +116,7 @@ def test_a_budget_too_small_or_not_a_size_is_one_line(
     base = ["infer", "--data", str(data["placed"]), "--checkpoint", str(data["sage"]), "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit) as stop:  # a usage error, as argparse reports every bad value
         main([*base, *CPU, "--memory", "lots"])
-    assert stop.value.code == 2 and "--memory: 'lots' is not a size" in capsys.readouterr().err
+    assert stop.value.code == 2 and "argument --memory: 'lots': expected a size like 4GB" in capsys.readouterr().err
     with pytest.raises(InferenceError, match="too small for the broadcast engine"):
         broadcast.partitions(np.zeros(11, dtype=np.int64), 0, 10, 16, 24, BLOCK, 1000)
 

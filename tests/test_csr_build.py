@@ -94,20 +94,6 @@ def test_the_budget_is_split_and_a_too_small_one_is_refused() -> None:
         csr.Layout.plan(100_000_000, 10**8)
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("1GiB", 2**30), ("2e9", 2 * 10**9), ("1.5 gb", 1.5e9)],
-)
-def test_memory_sizes_parse(text: str, value: int) -> None:
-    assert csr.parse_memory(text) == value
-
-
-@pytest.mark.parametrize("text", ["lots", "4XB", "-1GB", "0"])
-def test_bad_memory_sizes_are_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="size|positive"):
-        csr.parse_memory(text)
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_or_two_threads_give_the_same_csr(tmp_path: Path, threads: int) -> None:
     """The scatter splits a window's rows between threads and a helper thread reads ahead: same bytes."""

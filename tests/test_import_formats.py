@@ -337,7 +337,7 @@ def test_cli_import_errors_are_one_line_with_a_non_zero_exit(tmp_path: Path, gra
         )
         == 2
     )
-    assert "--memory: 'lots' is not a size" in capfd.readouterr().err
+    assert "--memory 'lots': expected a size like 4GB, 512MiB, 2e9" in capfd.readouterr().err
 
 
 def test_cli_imports_igb_and_prints_the_dataset(tmp_path: Path, graph, capfd) -> None:

@@ -15,7 +15,7 @@ from moment.contracts.placed import PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
-from placement.place import PlaceOptions, parse_rows, place
+from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
 
@@ -171,13 +171,6 @@ def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
-def test_parse_rows() -> None:
-    assert parse_rows("1%", "x", 10_000, 64) == 100
-    assert parse_rows("6400B", "x", 10_000, 64) == 100
-    assert parse_rows("1KiB", "x", 10_000, 64) == 16
-    assert parse_rows("250rows", "x", 10_000, 64) == 250
-
-
 def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "placed"
     run = lambda *a: subprocess.run([sys.executable, "-m", "moment", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
@@ -210,15 +203,21 @@ def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) ->
     assert bad.returncode == 1 and "not a placed dataset" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_cache_sizes_recorded_twice_must_agree(small_placed: Path, tmp_path: Path) -> None:
-    """placed.json holds each cache's size in its bin (capacity) and in the prediction's workload
-    (re-solved for that size): the contract refuses a manifest where the two differ."""
+def test_placed_json_records_each_cache_size_once(small_placed: Path, tmp_path: Path) -> None:
+    """A cache's size is its bin's capacity; the prediction re-solved for those caches does not
+    repeat it. placed.json of earlier versions repeated it in the prediction's workload: such a
+    file still loads where the two agree, and is refused where they differ."""
     from moment.contracts.placed import PlacedManifest
 
     doc = json.loads((small_placed / "placed.json").read_text())
     w = doc["prediction"]["workload"]
+    assert doc["prediction"]["source"] == "dataset" and (w["gpu_cache_rows"], w["cpu_cache_rows"]) == (None, None)
     caps = {t: sum(b["capacity"] for b in doc["bins"] if b["tier"] == t) for t in ("gpu", "cpu")}
-    assert caps == {"gpu": w["gpu_cache_rows"], "cpu": w["cpu_cache_rows"]} and caps["gpu"] > 0
+    assert caps == {"gpu": 180, "cpu": 240}  # --gpu-cache 3%, --cpu-cache 4% of 6,000 vertices
+    old = tmp_path / "old.json"  # as earlier versions wrote it: the sizes twice
+    w.update(gpu_cache_rows=caps["gpu"], cpu_cache_rows=caps["cpu"])
+    old.write_text(json.dumps(doc))
+    assert PlacedManifest.read(old).prediction.workload.gpu_cache_rows == caps["gpu"]
     w["gpu_cache_rows"] += 1
     bad = tmp_path / "placed.json"
     bad.write_text(json.dumps(doc))

@@ -7,6 +7,7 @@ import pytest
 from moment.errors import MomentError
 from moment.planner import flow
 from moment.planner.network import build_network
+from moment.planner.workload import Workload
 from moment.topology.model import NvLink
 from moment.topology.profile_io import resolve_profile
 from planner_fixtures import SSD_ONLY, one_switch, two_sockets
@@ -102,6 +103,9 @@ def test_cache_hits_never_cross_a_link() -> None:
     assert not any(pred.edge_load_gb.get(e, 0.0) for e in ("upi:cpu0>cpu1", "upi:cpu1>cpu0"))
     with pytest.raises(MomentError, match="gpu_cache_gb: 20 GB per GPU does not fit in gpu0 .16 GB."):
         build_network(m, SSD_ONLY.model_copy(update={"gpu_cache_gb": 20.0}))
+    in_rows = Workload.model_validate({**SSD_ONLY.model_dump(), "gpu_cache_gb": None, "gpu_cache_rows": 5_000_000})
+    with pytest.raises(MomentError, match=r"gpu_cache_rows: 5,000,000 rows \(20.5 GB\) per GPU does not fit in gpu0"):
+        build_network(m, in_rows)  # the size in the unit the workload gives it
 
 
 def test_a_layout_without_ssds_needing_them_is_a_clear_error() -> None:

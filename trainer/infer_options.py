@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from moment.errors import UsageError
 from moment.options import Registry, non_negative, option, path, positive
+from moment.sizes import SizeError, parse_bytes
 
 if TYPE_CHECKING:
     from trainer.infer_predict import Rates
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "float16")
 LAYER_CHOICES = ("last", "all")
 INFER_ENGINES = ("broadcast", "gather")  # broadcast: where the layer has a scatter form, else gather
+UNRECORDED_ENGINE = "gather"  # of an inference.json written before it recorded the engine: the only one then
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available (each rank the GPU the plan gives it), else the CPU
 DEFAULT_BATCH = 8192  # destination vertices per chunk
 # What each rank is handed (the rest is the launcher's: the output, the ranks, the nodes, the
@@ -28,12 +30,10 @@ RANK_OPTIONS = ("data", "checkpoint", "plan", "layers", "dtype", "batch_size", "
 
 def _memory(text: str) -> int:
     """argparse type of ``--memory``: a size in bytes (``4GB``)."""
-    from placement.importers.csr import parse_memory  # loads numba: only when given
-
     try:
-        return parse_memory(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return parse_bytes(text, "--memory")
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 def _choices(name: str) -> Registry:

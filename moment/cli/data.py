@@ -14,6 +14,7 @@ from moment.cli.args import Parser, non_negative, positive, registry_choices
 from moment.cli.output import err, out
 from moment.errors import UsageError
 from moment.progress import Reporter
+from moment.sizes import parse_bytes
 
 
 def add_dataset(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0, help="the same seed gives the same dataset (default 0)")
     s.add_argument("--out", required=True, help="dataset directory to create")
     s.set_defaults(func=cmd_dataset_synth)
-    from placement.importers import IMPORTERS
+    from placement.importers import DEFAULT_FORMAT, IMPORTERS
 
     i = dsub.add_parser(
         "import",
@@ -55,7 +56,10 @@ def add_dataset(sub: argparse._SubParsersAction) -> None:
         "rest), shuffled; fraction:F (seed 0): train round(F L), val and test round(F L / 2) each.",
     )
     i.add_argument(
-        "--format", choices=tuple(IMPORTERS), default="npy", help="what --root or the files hold (default npy)"
+        "--format",
+        choices=tuple(IMPORTERS),
+        default=DEFAULT_FORMAT,
+        help=f"what --root or the files hold (default {DEFAULT_FORMAT})",
     )
     i.add_argument("--root", help="igb: the directory holding <size>/processed; ogb: the one holding raw/ and split/")
     i.add_argument("--size", help="igb: tiny, small, medium, large or full")
@@ -118,14 +122,15 @@ def add_place(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--gpu-cache",
         metavar="SIZE",
-        help="feature cache of each GPU (every GPU holds the same rows): 2GB, "
-        "512MiB, 1%% (of vertices), 10000rows (default: the plan's gpu_cache_gb, 0 unless set)",
+        help="feature cache of each GPU (every GPU holds the same rows): 2GB, 512MiB, 1%% (of vertices), "
+        "20000rows; a bare number is bytes (default: the plan's workload's, gpu_cache_rows or gpu_cache_gb; "
+        "none unless set)",
     )
     p.add_argument(
         "--cpu-cache",
         metavar="SIZE",
         help="CPU feature cache (one copy in each socket's memory), same units "
-        "(default: the plan's cpu_cache_fraction, 1%%)",
+        "(default: the plan's workload's, cpu_cache_rows or cpu_cache_fraction; 1%%)",
     )
     p.add_argument(
         "--ssd-dir",
@@ -232,15 +237,12 @@ def cmd_dataset_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_dataset_import(args: argparse.Namespace) -> int:
-    from placement.importers import COMMON, IMPORTERS, all_options, csr, run
+    from placement.importers import COMMON, IMPORTERS, all_options, run
 
     imp = IMPORTERS[args.format]
     given = {key: getattr(args, key, None) for key in (*COMMON, *all_options())}
     if args.memory is not None:
-        try:
-            given["memory"] = csr.parse_memory(args.memory)
-        except ValueError as exc:
-            raise UsageError(f"--memory: {exc}") from None
+        given["memory"] = parse_bytes(args.memory, "--memory")
 
     def log(line: str) -> None:
         (err if line.startswith("warning:") else out).print(escape(line))

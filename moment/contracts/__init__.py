@@ -4,12 +4,17 @@ Every exchanged document (plan.json, placed.json, dataset.json, workload, checkp
 :class:`Contract`: a pydantic model that rejects unknown keys, carries its ``format`` marker,
 and is read and written only through :meth:`Contract.read` / :meth:`Contract.write`, so a
 missing key, a wrong type or an unknown key is one line naming the file and the field.
-This package sits below every stage: it imports nothing from ``placement`` or ``trainer``.
+This package sits below every stage: it imports nothing from ``placement`` or ``trainer``. A
+field that records a registry's member names none: where files older than the field must still
+read, its default is the member the registry declares for them (:func:`registry_default`), looked
+up by name only when such a file is read.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, TypeVar
 
@@ -23,6 +28,13 @@ C = TypeVar("C", bound="Contract")
 # a plain name, checked against the registry where a stage uses it, never a copy of the registry's
 # list here (a registered member must not need a contract change).
 Registered = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+
+
+def registry_default(module: str, name: str) -> Callable[[], str]:
+    """The default of a :data:`Registered` field for files written before it was: the member
+    the registry's module declares as ``name`` (so a contract names no member), imported by name
+    when such a file is read (so reading a contract loads no stage otherwise)."""
+    return lambda: str(getattr(importlib.import_module(module), name))
 
 
 def first_error(exc: ValidationError) -> str:

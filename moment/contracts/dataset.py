@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from moment.contracts import Contract, Registered, Strict
+from moment.contracts import Contract, Registered, Strict, registry_default
 from moment.errors import MomentError
 
 FORMAT = "moment.dataset/1"
@@ -96,7 +96,9 @@ class ImportProvenance(_Typed):
     given_splits: list[Literal["train", "val", "test"]]
     undirected: bool
     seed: int
-    format: Registered = "npy"  # which importer read them (its name in placement.importers.IMPORTERS)
+    # which importer read them (its name in placement.importers.IMPORTERS; files written before they
+    # named it: the registry's UNRECORDED_FORMAT)
+    format: Registered = Field(default_factory=registry_default("placement.importers", "UNRECORDED_FORMAT"))
     self_loops: bool = False  # every vertex given exactly one self-loop
     split: str | None = None  # the split convention (igb, mlperf, fraction:F) or the shipped split read
     labelled: int | None = None  # vertices labelled (IGB-full: a prefix; the rest is padding, imported as -1)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from moment.contracts import Contract, Registered, Strict
+from moment.contracts import Contract, Registered, Strict, registry_default
 from moment.contracts.checkpoint import DataIdentity
 from moment.errors import MomentError
 
@@ -49,7 +49,7 @@ class LayerPrediction(Strict):
     ``moment infer --dry-run`` prints the same): passes over the input, bytes read, memory of the
     largest pass (one rank), seconds on the plan's machine (None: no plan, or not modelled)."""
 
-    engine: Literal["broadcast", "gather"]
+    engine: Registered  # one of trainer.infer_options.INFER_ENGINES
     passes: int | None = Field(default=None, ge=0)  # broadcast: streams over the sources (partitions, all ranks)
     input_streams: int | None = Field(default=None, ge=0)  # of those, over the input (the others: relayed messages)
     input_bytes: int = Field(ge=0)  # the layer's input: every vertex's row as stored
@@ -96,8 +96,9 @@ class InferenceManifest(Contract):
     layers: Literal["all", "last"]
     nproc: int = Field(ge=1)
     batch_size: int = Field(ge=1)
-    # one of trainer.infer_options.INFER_ENGINES, asked for (--engine); each layer's is in throughput
-    engine: Registered = "gather"
+    # one of trainer.infer_options.INFER_ENGINES, asked for (--engine); each layer's is in throughput;
+    # files written before they named it: the registry's UNRECORDED_ENGINE
+    engine: Registered = Field(default_factory=registry_default("trainer.infer_options", "UNRECORDED_ENGINE"))
     memory: int | None = Field(default=None, ge=1)  # bytes a broadcast pass may hold (--memory), if one ran
     arrays: dict[str, ArrayEntry]  # "embeddings", "predictions", optional "logits", "layer1", ...
     accuracy: dict[str, float]  # split -> accuracy of the predictions on it ("test", "val")

@@ -10,7 +10,8 @@ run id, so a later run can prove which files it may remove.
 the measured hotness and unique rows per batch, the cache sizes used) on the plan's layout: the
 shares DDAK balanced to (every bin's ``target`` is its ``bin_shares`` entry) and the tier shares
 to compare the achieved ones with. Where the plan's profile could not be found it is the plan's
-own prediction (``source: plan``).
+own prediction (``source: plan``). Each fact once: a cache's size (rows, per GPU or per socket)
+is its bin's ``capacity``, which the prediction's workload does not repeat.
 
 ``pack`` (``moment place --pack``, :mod:`placement.pack`): SSD rows lie in the order the replayed
 training batches read them; each SSD bin's slot map (a ``files`` entry: the file row of each of
@@ -129,13 +130,19 @@ class HotnessSummary(Strict):
 
 
 class PredictedWorkload(Strict):
-    """The workload a prediction is for, in brief (``workload.yaml`` holds all of it)."""
+    """The workload a prediction is for, in brief (``workload.yaml`` holds all of it).
+
+    Its caches (rows per GPU, replicated; per socket, one copy each) are here only where they are
+    not the placement's: a plan's own prediction (``source: plan``) is for the plan's workload's.
+    A prediction re-solved for the dataset is for the caches placed, whose size the cache bins'
+    ``capacity`` records: None here (placed.json files of earlier versions hold a copy, which
+    must agree with the bins)."""
 
     fanouts: list[int]
     batch_size: int = Field(ge=1)
     unique_per_batch: float = Field(ge=0)
-    gpu_cache_rows: int = Field(ge=0)  # per GPU (replicated)
-    cpu_cache_rows: int = Field(ge=0)  # per socket (one copy each)
+    gpu_cache_rows: int | None = Field(default=None, ge=0)
+    cpu_cache_rows: int | None = Field(default=None, ge=0)
     hotness: str  # where the hotness curve came from
 
 
@@ -270,10 +277,11 @@ class PlacedManifest(Contract):
         w = self.prediction.workload
         for tier, rows in (("gpu", w.gpu_cache_rows), ("cpu", w.cpu_cache_rows)):
             held = sum(b.capacity for b in self.bins if b.tier == tier)
-            if self.prediction.source == "dataset" and held != rows:  # re-solved for these very caches
+            # re-solved for these very caches: an earlier version's copy of their size must agree
+            if self.prediction.source == "dataset" and rows is not None and held != rows:
                 raise ValueError(
                     f"prediction.workload.{tier}_cache_rows: {rows}, but the {tier} bins' capacity is {held} rows "
-                    "(the cache size is recorded twice: the two must agree)"
+                    "(a copy of the cache's size: the two must agree)"
                 )
         if self.pack is not None:
             ssd = {b.name for b in self.bins if b.tier == "ssd"}

@@ -277,12 +277,18 @@ class Skeleton:
     @staticmethod
     def _check_cache(gpus: list[Device], workload: Workload) -> None:
         """The GPU cache must fit in every GPU (each holds a full copy)."""
-        small = [g for g in gpus if g.memory_gb is not None and workload.gpu_cache_gb > g.memory_gb]
+        if workload.gpu_cache_rows is None:  # as typed, before the dataset was known
+            gb = workload.gpu_cache_gb or 0.0
+            given = f"gpu_cache_gb: {gb:g} GB"
+        else:
+            gb = workload.gpu_cache_rows * workload.row_bytes / 1e9
+            given = f"gpu_cache_rows: {workload.gpu_cache_rows:,} rows ({gb:.3g} GB)"
+        small = [g for g in gpus if g.memory_gb is not None and gb > g.memory_gb]
         if small:
             g = min(small, key=lambda d: d.memory_gb or 0.0)
             raise MomentError(
-                f"workload gpu_cache_gb: {workload.gpu_cache_gb:g} GB per GPU does not fit in {g.id} "
-                f"({g.memory_gb:g} GB); every GPU holds a full copy of the GPU cache"
+                f"workload {given} per GPU does not fit in {g.id} ({g.memory_gb:g} GB); every GPU holds a full copy "
+                "of the GPU cache"
             )
 
     def _tree_path(self, a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[str]:

@@ -45,6 +45,10 @@ class Scored:
                 why.append(text)
         return "; ".join(why) or None
 
+    def bin_shares(self) -> dict[str, float]:
+        """Share of all feature reads each bin should serve (stage 3's targets), by bin name."""
+        return {b.id: round(self.prop.bin_share[b.id], 8) for b in self.net.bins}
+
     def imbalance(self) -> float:
         times = [t for t in self.prop.per_gpu_s.values() if t > 0]
         return max(times) / min(times) if times else 1.0
@@ -123,12 +127,12 @@ def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
     """Share of all feature reads each bin should serve (stage 3's targets) and its size: the
     caches' from the workload (one copy per GPU / per socket), an SSD's its capacity."""
     where = {p.device.id: (p.id, sock.id, p.device) for p, sock in s.machine.iter_ports() if p.device is not None}
+    caches = dict(zip(("gpu", "cpu"), (rows * workload.row_bytes / 1e9 for rows in workload.cache_rows())))
+    shares = s.bin_shares()
     out = []
     for b in s.net.bins:
-        if b.tier == "gpu":
-            port, socket, capacity = None, None, workload.gpu_cache_rows() * workload.row_bytes / 1e9
-        elif b.tier == "cpu":
-            port, socket, capacity = None, None, workload.cpu_cache_rows() * workload.row_bytes / 1e9
+        if b.tier in caches:
+            port, socket, capacity = None, None, caches[b.tier]
         else:
             port, socket, dev = where[b.id]
             capacity = dev.capacity_gb
@@ -136,7 +140,7 @@ def bin_targets(s: Scored, workload: Workload) -> list[dict[str, Any]]:
             {
                 "bin": b.id,
                 "tier": b.tier,
-                "share": round(s.prop.bin_share[b.id], 8),
+                "share": shares[b.id],
                 "port": port,
                 "socket": socket,
                 "capacity_gb": capacity,

@@ -6,17 +6,23 @@ vertices. A measured curve (pre-sampling, ``moment place``) is best; without one
 default is used and said so in every report.
 
 The caches are modelled the way the trainer runs them (one source of truth for both):
-* GPU cache, *replicated*: every GPU holds the same hottest ``gpu_cache_gb`` of rows in its own
+* GPU cache, *replicated*: every GPU holds the same hottest ``gpu_cache_rows`` in its own
   memory, so its hits never cross a link. (Partitioning the hottest rows over the GPUs pays only
   where GPUs read each other's memory directly — NVLink/P2P; the trainer does not, and over plain
-  PCIe a replicated cache moves fewer bytes, as Quiver found.) Default 0 GB: the paper's runs cache
+  PCIe a replicated cache moves fewer bytes, as Quiver found.) Default none: the paper's runs cache
   no features in GPU memory and its authors' planner puts no GPU cache in the flow.
-* CPU cache, *replicated per socket*: the next-hottest ``cpu_cache_fraction`` of vertices (the
-  paper's 1 %), one copy in each socket's memory, read by the GPUs of that socket.
+* CPU cache, *replicated per socket*: the next-hottest ``cpu_cache_rows`` (default the paper's
+  1 % of the vertices), one copy in each socket's memory, read by the GPUs of that socket.
 * SSD reads, ``ssd_reads``: ``direct`` (GPUDirect Storage: an SSD and a GPU under one switch
   talk peer to peer without touching the root complex) or ``host`` (every byte goes up to the
   SSD's socket and down to the GPU). GeForce GPUs cannot do peer-to-peer DMA at all, so their
   reads always take the host route.
+
+Each cache has one size, in one unit: rows (``gpu_cache_rows``, ``cpu_cache_rows``) where the
+dataset is known, as ``moment place`` records them in ``workload.yaml``; or, in a workload
+written before the dataset exists, what its user types: ``gpu_cache_gb`` per GPU and
+``cpu_cache_fraction`` of the vertices, which become rows of the dataset placed
+(:meth:`Workload.asked_cache_rows`). A workload giving both units of one cache is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ from moment.ssd_reads import PAGE_BYTES, amplification, pack_amplification
 from moment.yamlio import load_yaml, yaml_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+CPU_CACHE_FRACTION = 0.01  # of the vertices, per socket: the paper's
+# One cache, two units: its rows (the dataset known) -> what a user types before it exists.
+CACHE_UNITS = {"gpu_cache_rows": "gpu_cache_gb", "cpu_cache_rows": "cpu_cache_fraction"}
+
+
+def cap_cache_rows(gpu: int, cpu: int, nodes: int) -> tuple[int, int]:
+    """The caches' rows within the ``nodes`` there are: the GPU cache first, the CPU cache the next."""
+    gpu = min(gpu, nodes)
+    return gpu, min(cpu, nodes - gpu)
 
 
 class HotnessCurve(BaseModel):
@@ -107,10 +122,26 @@ class Workload(BaseModel):
     batch_size: int = Field(default=8000, gt=0)
     unique_per_batch: float | None = Field(default=None, gt=0, description="measured unique sampled vertices per batch")
     train_fraction: float = Field(default=0.01, gt=0, le=1)
-    cpu_cache_fraction: float = Field(
-        default=0.01, ge=0, le=1, description="share of vertices cached in each socket's memory"
+    # Each cache in one unit: rows where the dataset is known (what `moment place` records), else
+    # what a user types before it exists (GB per GPU, a share of the vertices per socket).
+    cpu_cache_rows: int | None = Field(
+        default=None, ge=0, description="rows each socket's memory caches, one copy per socket (the dataset known)"
     )
-    gpu_cache_gb: float = Field(default=0.0, ge=0, description="feature cache in each GPU's memory, GB (replicated)")
+    cpu_cache_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=f"share of the vertices each socket's memory caches (default {CPU_CACHE_FRACTION:.0%}), "
+        "before the dataset is known",
+    )
+    gpu_cache_rows: int | None = Field(
+        default=None, ge=0, description="rows each GPU caches, the same on every GPU (the dataset known)"
+    )
+    gpu_cache_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="feature cache in each GPU's memory, GB (default 0), before the dataset is known",
+    )
     gpu_cache_policy: Literal["replicated"] = "replicated"
     ssd_reads: Literal["direct", "host"] = Field(
         default="direct",
@@ -133,6 +164,13 @@ class Workload(BaseModel):
     hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
     hidden: int = 256
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> Workload:
+        for rows, other in CACHE_UNITS.items():
+            if getattr(self, rows) is not None and getattr(self, other) is not None:
+                raise ValueError(f"{rows} and {other} give one cache twice: keep one ({rows} where the rows are known)")
+        return self
 
     @property
     def row_bytes(self) -> int:
@@ -158,18 +196,26 @@ class Workload(BaseModel):
         """Feature GB one GPU needs per iteration."""
         return self.vertices_per_batch() * self.row_bytes / 1e9
 
-    def gpu_cache_rows(self) -> int:
-        """Rows each GPU caches (the hottest ones; the same rows on every GPU)."""
-        return min(int(self.gpu_cache_gb * 1e9 // self.row_bytes), self.nodes)
+    def asked_cache_rows(self, nodes: int | None = None, row_bytes: int | None = None) -> tuple[int, int]:
+        """Rows the GPU cache (each GPU) and the CPU cache (each socket) ask for, of a dataset of
+        ``nodes`` rows of ``row_bytes`` (default: this workload's): the rows recorded, else the GB
+        and share typed before the dataset was known, in its rows; not capped."""
+        n = self.nodes if nodes is None else nodes
+        rb = self.row_bytes if row_bytes is None else row_bytes
+        gpu = self.gpu_cache_rows if self.gpu_cache_rows is not None else int((self.gpu_cache_gb or 0.0) * 1e9 // rb)
+        share = CPU_CACHE_FRACTION if self.cpu_cache_fraction is None else self.cpu_cache_fraction
+        cpu = self.cpu_cache_rows if self.cpu_cache_rows is not None else int(n * share)
+        return gpu, cpu
 
-    def cpu_cache_rows(self) -> int:
-        """Rows each socket's CPU cache holds (the next hottest after the GPU cache's)."""
-        return min(int(self.nodes * self.cpu_cache_fraction), self.nodes - self.gpu_cache_rows())
+    def cache_rows(self) -> tuple[int, int]:
+        """Rows each GPU caches (the hottest; the same rows on every GPU) and each socket's CPU
+        cache holds (the next hottest), capped by the vertices there are."""
+        return cap_cache_rows(*self.asked_cache_rows(), self.nodes)
 
     def tier_shares(self) -> dict[str, float]:
         """Share of row reads served by the GPU cache, the CPU cache and the SSDs."""
-        f_gpu = self.gpu_cache_rows() / self.nodes
-        f_cpu = self.cpu_cache_rows() / self.nodes
+        gpu, cpu = self.cache_rows()
+        f_gpu, f_cpu = gpu / self.nodes, cpu / self.nodes
         h_gpu = self.hotness.share(f_gpu)
         h_cpu = self.hotness.share(f_gpu + f_cpu) - h_gpu
         return {"gpu": h_gpu, "cpu": h_cpu, "ssd": max(0.0, 1.0 - h_gpu - h_cpu)}
@@ -177,7 +223,7 @@ class Workload(BaseModel):
     def ssd_density(self) -> float:
         """Share of the SSD-resident rows one GPU's batch reads: its SSD rows over the rows the
         SSDs hold (what makes a small graph's batch read neighbouring rows of one page)."""
-        stored = self.nodes - self.gpu_cache_rows() - self.cpu_cache_rows()
+        stored = self.nodes - sum(self.cache_rows())
         return min(self.vertices_per_batch() * self.tier_shares()["ssd"] / stored, 1.0) if stored > 0 else 0.0
 
     def ssd_amplification(self) -> float:
@@ -196,11 +242,18 @@ class Workload(BaseModel):
         return (
             f"{self.dataset}: {self.nodes:,} vertices × {self.feature_dim} {self.feature_dtype}, batch {self.batch_size}, "
             f"fan-outs {','.join(map(str, self.fanouts))}; {self.demand_gb():.2f} GB per GPU per iteration ({rows}); "
-            f"caches: {self.gpu_cache_gb:g} GB per GPU (replicated), {self.cpu_cache_fraction:.2%} of vertices per socket; "
+            f"caches: {self._caches()}; "
             f"SSD reads {'direct to the GPU where it can' if self.ssd_reads == 'direct' else 'through host memory'}, "
             f"{self._ssd_moves()}; "
             f"hotness: {self.hotness.source}"
         )
+
+    def _caches(self) -> str:
+        """The caches as the workload gives them (rows, or GB and a share before the dataset is known)."""
+        gpu = f"{self.gpu_cache_rows:,} rows" if self.gpu_cache_rows is not None else f"{self.gpu_cache_gb or 0.0:g} GB"
+        share = CPU_CACHE_FRACTION if self.cpu_cache_fraction is None else self.cpu_cache_fraction
+        cpu = f"{self.cpu_cache_rows:,} rows" if self.cpu_cache_rows is not None else f"{share:.2%} of vertices"
+        return f"{gpu} per GPU (replicated), {cpu} per socket"
 
     def _ssd_moves(self) -> str:
         amp = self.ssd_amplification()
@@ -232,12 +285,22 @@ def load_workload(base: dict | None, path: str | None = None, **overrides: objec
                 f"{p}: a {extra['format']} document, not a workload file (give a YAML/JSON "
                 f"mapping of workload fields, e.g. the workload.yaml `moment place` writes)"
             )
-        data.update(extra)
-    data.update({k: v for k, v in overrides.items() if v is not None})
+        _layer(data, extra)
+    _layer(data, {k: v for k, v in overrides.items() if v is not None})
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
         raise MomentError(f"{path or 'workload'}: {first_error(exc)}") from None
+
+
+def _layer(data: dict, layer: dict) -> None:
+    """``layer`` over ``data``; a cache it gives in either unit replaces that cache in both (a
+    measured workload's rows over a profile's share of the vertices)."""
+    for pair in CACHE_UNITS.items():
+        if any(k in layer for k in pair):
+            for k in pair:
+                data.pop(k, None)
+    data.update(layer)
 
 
 @functools.lru_cache(maxsize=64)

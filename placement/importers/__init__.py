@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from placement.dataset import Dataset
 
 COMMON = ("feature_dtype", "undirected", "self_loops", "memory", "dry_run", "copy_features")
+DEFAULT_FORMAT = "npy"  # --format's default
+UNRECORDED_FORMAT = "npy"  # of a dataset.json written before imports recorded their format: the only one then
 
 
 @dataclass(frozen=True)

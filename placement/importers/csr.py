@@ -366,38 +366,6 @@ def default_memory() -> int:
     return free_memory() // 2
 
 
-UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 10**3,
-    "KB": 10**3,
-    "M": 10**6,
-    "MB": 10**6,
-    "G": 10**9,
-    "GB": 10**9,
-    "T": 10**12,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_memory(text: str) -> int:
-    """``4GB``, ``512MB``, ``1.5GiB``, ``2e9`` → bytes (a ValueError naming the text otherwise)."""
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGTIB")
-    unit = t[len(num) :]
-    try:
-        value = float(num) * UNITS[unit]
-    except (ValueError, KeyError):
-        raise ValueError(f"{text!r} is not a size (e.g. 4GB, 512MB, 1GiB)") from None
-    if value <= 0:
-        raise ValueError(f"{text!r}: a memory budget must be positive")
-    return int(value)
-
-
 def disk_need(num_nodes: int, num_edges: int, windows_needed: bool) -> int:
     """Bytes the CSR files take (and the scratch files, if the edges do not fit one window)."""
     ids = index_dtype(num_nodes).itemsize
