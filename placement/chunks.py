@@ -37,7 +37,7 @@ from moment.errors import UsageError
 from moment.progress import Update
 from moment.sizes import parse_size
 from moment.ssd_reads import pages_read
-from placement.pack import SsdRows, first_reader_order, pages_and_runs, readers
+from placement.pack import SsdRows, batch_counted, counted, first_reader_order, pages_and_runs, readers
 from placement.writer import CHUNK_BYTES, Written, file_digest
 
 
@@ -125,16 +125,10 @@ def plan_chunks(
             lengths[-1][b] = mine.size
             plan.unpacked_bytes += pages_and_runs(part, row_bytes)[0]
             if mine.size:  # the chunk: one read
-                plan.packed_bytes += pages_read(np.array([at[b] * row_bytes]), np.array([mine.size * row_bytes]))
-                plan.reads += 1
+                counted(plan, (pages_read(np.array([at[b] * row_bytes]), np.array([mine.size * row_bytes])), 1))
                 at[b] += mine.size
-            moved, runs = pages_and_runs(np.sort(shared_at[whole[shared_at[whole] >= 0]]), row_bytes)
-            plan.packed_bytes += moved
-            plan.reads += runs
-        plan.useful_bytes += ids.size * row_bytes
-        plan.batches += 1
-        if progress is not None:
-            progress(done + plan.batches, max(2 * total, done + plan.batches))
+            counted(plan, pages_and_runs(np.sort(shared_at[whole[shared_at[whole] >= 0]]), row_bytes))
+        batch_counted(plan, ids.size * row_bytes, progress, done, total)
     per_bin = np.array(lengths, dtype=np.int64).reshape(-1, nbins)
     for b in range(nbins):
         plan.chunk_rows.append(np.concatenate(pieces[b]) if pieces[b] else np.zeros(0, dtype=np.int64))

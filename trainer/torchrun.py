@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RendezvousConnectionError, DistNetworkError):
         where = _option(args, "--rdzv-endpoint") or _option(args, "--rdzv_endpoint") or "?"
         print(
-            f"torchrun: lost the rendezvous store at {where}: node 0's torchrun has stopped (its log says why)",
+            f"torchrun: lost the rendezvous store at {where}: the torchrun hosting it (the node at that address; "
+            "on one machine, the first to start) has stopped (its log says why)",
             file=sys.stderr,
         )
         return 1
