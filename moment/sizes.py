@@ -4,7 +4,7 @@ line naming the option.
 
 A size is bytes (a bare number, or with ``B``, ``KB``/``MB``/``GB``/``TB``: powers of 1000, or
 ``KiB``/``MiB``/``GiB``/``TiB``: powers of 1024; the ``B`` may be left out), a share of the
-vertices (``%``) or a count of rows (``rows``). Where rows are what an option means (a feature
+vertices (``%``), a count of rows (``rows``) or a multiple of a size the option names (``2x``). Where rows are what an option means (a feature
 cache), :meth:`Size.rows` turns any of the three into rows of the dataset at hand; where bytes
 are (a memory budget), :func:`parse_bytes` accepts bytes only.
 """
@@ -27,9 +27,14 @@ _BYTES = {
     **{p + "i": 1024**i for i, p in enumerate("kmgt", 1)},
     **{p + "ib": 1024**i for i, p in enumerate("kmgt", 1)},
 }
-Unit = Literal["bytes", "share", "rows"]
-EXAMPLES: dict[Unit, str] = {"bytes": "4GB, 512MiB, 2e9", "share": "1%", "rows": "20000rows"}
-WHAT: dict[Unit, str] = {"bytes": "a number of bytes", "share": "a share of the vertices", "rows": "a count of rows"}
+Unit = Literal["bytes", "share", "rows", "multiple"]
+EXAMPLES: dict[Unit, str] = {"bytes": "4GB, 512MiB, 2e9", "share": "1%", "rows": "20000rows", "multiple": "2x"}
+WHAT: dict[Unit, str] = {
+    "bytes": "a number of bytes",
+    "share": "a share of the vertices",
+    "rows": "a count of rows",
+    "multiple": "a multiple of a size",
+}
 
 
 class SizeError(UsageError):
@@ -57,13 +62,18 @@ class Size:
             return int(num_nodes * self.amount / 100)
         return int(self.amount // row_bytes)
 
+    def bytes_of(self, whole: int) -> int:
+        """Bytes: the size's own, or (a multiple, ``2x``) that many times ``whole`` bytes."""
+        return int(self.amount * whole) if self.unit == "multiple" else int(self.amount)
+
 
 def parse_size(text: str, option: str, units: tuple[Unit, ...] = ("bytes", "share", "rows")) -> Size:
     """``text`` as a size in one of ``units``; a :class:`SizeError` naming ``option`` otherwise."""
     like = "a size like " + ", ".join(EXAMPLES[u] for u in units)
     m = _SIZE.match(text)
     suffix = (m.group(2) if m else "").lower()
-    unit: Unit | None = "share" if suffix == "%" else "rows" if suffix in ("row", "rows") else None
+    units_of: dict[str, Unit] = {"%": "share", "row": "rows", "rows": "rows", "x": "multiple"}
+    unit: Unit | None = units_of.get(suffix)
     if unit is None and suffix in _BYTES:
         unit = "bytes"
     if m is None or unit is None:

@@ -26,9 +26,7 @@ place it is copied to (a chunk's rows from one slice are consecutive in it: one 
 from __future__ import annotations
 
 import io
-import math
 import os
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,26 +35,16 @@ import numpy as np
 
 from moment.errors import UsageError
 from moment.progress import Update
+from moment.sizes import parse_size
 from moment.ssd_reads import pages_read
-from placement.pack import SsdRows, first_reader_order, pages_and_runs, readers
+from placement.pack import SsdRows, batch_counted, counted, first_reader_order, pages_and_runs, readers
 from placement.writer import CHUNK_BYTES, Written, file_digest
-
-_BUDGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(x|[kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
 def parse_budget(text: str, bin_bytes: int) -> int:
     """``--pack-budget`` in bytes: a size ('20GB', '512MiB') or a multiple of the SSD bins'
     bytes ('1.5x'; 1x always holds the smallest packing: every row read, once)."""
-    m = _BUDGET.match(text)
-    if not m or not math.isfinite(float(m.group(1))):
-        raise UsageError(
-            f"--pack-budget {text!r}: expected a size like 20GB or 512MiB, or a multiple of the SSD bins like 2x"
-        )
-    value, unit = float(m.group(1)), (m.group(2) or "").lower()
-    if unit == "x":
-        return int(value * bin_bytes)
-    return int(value * _UNITS[unit.removesuffix("b") if unit != "b" else "b"])
+    return parse_size(text, "--pack-budget", ("bytes", "multiple")).bytes_of(bin_bytes)
 
 
 @dataclass
@@ -137,16 +125,10 @@ def plan_chunks(
             lengths[-1][b] = mine.size
             plan.unpacked_bytes += pages_and_runs(part, row_bytes)[0]
             if mine.size:  # the chunk: one read
-                plan.packed_bytes += pages_read(np.array([at[b] * row_bytes]), np.array([mine.size * row_bytes]))
-                plan.reads += 1
+                counted(plan, (pages_read(np.array([at[b] * row_bytes]), np.array([mine.size * row_bytes])), 1))
                 at[b] += mine.size
-            moved, runs = pages_and_runs(np.sort(shared_at[whole[shared_at[whole] >= 0]]), row_bytes)
-            plan.packed_bytes += moved
-            plan.reads += runs
-        plan.useful_bytes += ids.size * row_bytes
-        plan.batches += 1
-        if progress is not None:
-            progress(done + plan.batches, max(2 * total, done + plan.batches))
+            counted(plan, pages_and_runs(np.sort(shared_at[whole[shared_at[whole] >= 0]]), row_bytes))
+        batch_counted(plan, ids.size * row_bytes, progress, done, total)
     per_bin = np.array(lengths, dtype=np.int64).reshape(-1, nbins)
     for b in range(nbins):
         plan.chunk_rows.append(np.concatenate(pieces[b]) if pieces[b] else np.zeros(0, dtype=np.int64))

@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -184,14 +185,23 @@ def plan_pack(
         ids = rows.of(nodes)
         for b, part in rows.split(ids):
             plan.unpacked_bytes += pages_and_runs(part, row_bytes)[0]
-            moved, runs = pages_and_runs(np.sort(slot[part + rows.local[b]]), row_bytes)
-            plan.packed_bytes += moved
-            plan.reads += runs
-        plan.useful_bytes += ids.size * row_bytes
-        plan.batches += 1
-        if progress is not None:
-            progress(done + plan.batches, max(2 * total, done + plan.batches))
+            counted(plan, pages_and_runs(np.sort(slot[part + rows.local[b]]), row_bytes))
+        batch_counted(plan, ids.size * row_bytes, progress, done, total)
     return plan
+
+
+def counted(plan: Any, moved_runs: tuple[int, int]) -> None:
+    """Add packed reads (bytes moved, runs) to a plan's count."""
+    plan.packed_bytes += moved_runs[0]
+    plan.reads += moved_runs[1]
+
+
+def batch_counted(plan: Any, useful: int, progress: Update | None, done: int, total: int) -> None:
+    """One more batch counted (its ``useful`` feature bytes) in the replay's second pass."""
+    plan.useful_bytes += useful
+    plan.batches += 1
+    if progress is not None:
+        progress(done + plan.batches, max(2 * total, done + plan.batches))
 
 
 def write_packed(src: Path, dst: Path, name: str, slots: np.ndarray, row_bytes: int) -> Written:

@@ -27,7 +27,7 @@ from placement.chunks import parse_budget, plan_chunks, write_gathered
 from placement.dataset import open_dataset
 from placement.pack import plan_pack
 from placement.place import PlaceOptions, place
-from placement.placed import open_placed, verify
+from placement.placed import Placed, open_placed, verify
 from placement.synth import synthesize
 from placement.writer import file_digest
 from trainer.featurestore import TieredFeatureStore
@@ -147,12 +147,12 @@ def _killed_at(point: str, call: str) -> int:
     return done.returncode
 
 
-@pytest.mark.parametrize("point", ["place:bins-written", "place:pack-planned", "place:packed"])
-def test_packing_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
-    """Killed before, during or after packing, the re-run finishes a placement that verifies,
-    and leaves no unpacked copy in the SSD directory."""
+def _killed_and_rerun(
+    point: str, plan_file: Path, dataset: Path, tmp_path: Path, opts: dict
+) -> tuple[Path, Path, Placed]:
+    """Place with ``opts`` (nvme0's bin in a directory of its own), killed at ``point``, then
+    again to the end: the placement, checked against the source row by row."""
     out, ssd = tmp_path / "pk", tmp_path / "ssd"
-    opts = {**OPTS, "pack": True}
     call = (
         "from placement.place import PlaceOptions, place; from pathlib import Path; "
         f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions("
@@ -162,6 +162,14 @@ def test_packing_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_
     place(plan_file, dataset, out, PlaceOptions(ssd_dirs={"nvme0": ssd}, **opts))
     placed = open_placed(out)
     assert verify(out, sample=placed.num_nodes)["rows"] == placed.num_nodes
+    return out, ssd, placed
+
+
+@pytest.mark.parametrize("point", ["place:bins-written", "place:pack-planned", "place:packed"])
+def test_packing_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """Killed before, during or after packing, the re-run finishes a placement that verifies,
+    and leaves no unpacked copy in the SSD directory."""
+    out, ssd, placed = _killed_and_rerun(point, plan_file, dataset, tmp_path, {**OPTS, "pack": True})
     assert [p.name for p in ssd.iterdir()] == [Path(b.path).name for b in placed.bins if b.name == "nvme0"]
     assert json.loads((out / "placed.json").read_text())["pack"]["batches"] > 0
 
@@ -283,8 +291,10 @@ def test_budgets_read_as_sizes_or_multiples_of_the_bins(text: str, want: int) ->
 
 
 def test_a_bad_budget_is_one_line() -> None:
-    with pytest.raises(UsageError, match="--pack-budget 'lots': expected a size like 20GB"):
+    with pytest.raises(UsageError, match="--pack-budget 'lots': expected a size like 4GB, 512MiB, 2e9, 2x"):
         parse_budget("lots", 1000)
+    with pytest.raises(UsageError, match=r"--pack-budget '5%' is a share of the vertices: expected .*2x"):
+        parse_budget("5%", 1000)
 
 
 def test_one_pass_scatters_every_row_to_its_copies(tmp_path: Path) -> None:
@@ -400,17 +410,7 @@ def test_a_flipped_byte_in_a_chunk_or_the_shared_cache_is_caught(
 def test_chunking_killed_resumes(point: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
     """Killed before, during or after packing the chunks, or mid-commit, the re-run finishes a
     placement that verifies; the SSD directory holds the bin, its chunks and shared cache only."""
-    out, ssd = tmp_path / "pk", tmp_path / "ssd"
-    opts = {**OPTS, "pack_budget": CHUNK_BUDGET}
-    call = (
-        "from placement.place import PlaceOptions, place; from pathlib import Path; "
-        f"place({str(plan_file)!r}, {str(dataset)!r}, {str(out)!r}, PlaceOptions("
-        f"ssd_dirs={{'nvme0': Path({str(ssd)!r})}}, **{opts!r}))"
-    )
-    assert _killed_at(point, call) == faults.FAULT_EXIT
-    place(plan_file, dataset, out, PlaceOptions(ssd_dirs={"nvme0": ssd}, **opts))
-    placed = open_placed(out)
-    assert verify(out, sample=placed.num_nodes)["rows"] == placed.num_nodes
+    _, ssd, placed = _killed_and_rerun(point, plan_file, dataset, tmp_path, {**OPTS, "pack_budget": CHUNK_BUDGET})
     nvme0 = next(b for b in placed.bins if b.name == "nvme0")
     assert nvme0.chunks is not None
     assert sorted(p.name for p in ssd.iterdir()) == sorted(

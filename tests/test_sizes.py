@@ -96,6 +96,13 @@ def test_bad_memory_sizes_are_one_line_naming_the_option(text: str, why: str) ->
     assert why in str(caught.value)
 
 
+@pytest.mark.parametrize(("text", "value"), [("1.5x", 1500), ("2 X", 2000), ("20GB", 20 * 10**9), ("2048", 2048)])
+def test_a_multiple_of_a_size_where_an_option_takes_one(text: str, value: int) -> None:
+    assert parse_size(text, "--pack-budget", ("bytes", "multiple")).bytes_of(1000) == value
+    with pytest.raises(SizeError, match="is a multiple of a size: expected a size like 4GB"):
+        parse_size("2x", "--memory", ("bytes",))
+
+
 def test_a_size_in_rows_needs_no_dataset_row_size() -> None:
     assert parse_size("300rows", "x") == Size(300, "rows")
     assert Size(300, "rows").rows(10, 1) == 300  # not capped here: the caller caps by the vertices
