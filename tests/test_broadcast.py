@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from moment import faults
+from moment import faults, host_memory
 from moment.cli import main
 from moment.contracts.inference import InferenceError, InferenceManifest
 from test_infer import CPU, TRAIN, _arrays, _run_cli
@@ -197,11 +197,11 @@ def test_the_default_budget_stays_within_the_memory_cgroup(tmp_path: Path, versi
     group.mkdir(parents=True)
     for name, text in {**files, "memory.stat": stat}.items():
         (group / name).write_text(text + "\n")
-    assert broadcast.cgroup_memory(proc, tmp_path / "sys") == 2_000_000_000  # limit - (usage - page cache)
+    assert host_memory.cgroup_memory(proc, tmp_path / "sys") == 2_000_000_000  # limit - (usage - page cache)
     (group / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(
         "9223372036854771712\n" if version == 1 else "max\n"
     )
-    assert broadcast.cgroup_memory(proc, tmp_path / "sys") is None  # no limit
+    assert host_memory.cgroup_memory(proc, tmp_path / "sys") is None  # no limit
 
 
 def test_the_compiled_loops_equal_numpy_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from moment.contracts.inference import InferenceError
+from moment.host_memory import available_memory
 from trainer.models import Scatter
 
 SLAB_EDGES = 1 << 22  # in-edges bucketed at a time (bounds the sort's scratch memory)
@@ -66,46 +67,6 @@ def default_memory(held: int = 0) -> int:
     """``--memory``'s default: three quarters of what this process may still use once it holds
     ``held`` more bytes (the tiers' caches it loads); the rest stays for the page cache."""
     return max(available_memory() - held, 0) * 3 // 4
-
-
-def available_memory() -> int:
-    """MemAvailable, bounded by this process's memory cgroup (v1 or v2): its limit less what it
-    uses, page cache excepted (the kernel reclaims that); 2 GB where /proc cannot be read."""
-    from placement.importers.csr import free_memory
-
-    free = free_memory()
-    group = cgroup_memory()
-    return min(free, group) if group is not None else free
-
-
-def cgroup_memory(proc: Path = Path("/proc/self/cgroup"), sys_fs: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes this process's memory cgroup (v1 or v2) still allows: its limit less its usage, page
-    cache excepted; None where there is no limit (or nothing can be read)."""
-    try:
-        lines = proc.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        v1 = "memory" in controllers.split(",")
-        if not v1 and controllers:
-            continue
-        root = (sys_fs / "memory" if v1 else sys_fs) / path.lstrip("/")
-        limit_file, usage_file, cache = (
-            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache")
-            if v1
-            else ("memory.max", "memory.current", "file")
-        )
-        try:
-            limit = (root / limit_file).read_text().strip()
-            if limit == "max" or int(limit) >= 1 << 60:
-                continue  # no limit at this level
-            stat = dict(ln.split()[:2] for ln in (root / "memory.stat").read_text().splitlines() if " " in ln)
-            used = int((root / usage_file).read_text()) - int(stat.get(cache, 0))
-            return max(int(limit) - used, 0)
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def row_bytes(width: int) -> int:

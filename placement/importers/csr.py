@@ -38,6 +38,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from moment.contracts.dataset import FILES, DatasetError
+from moment.host_memory import available_memory
 from moment.progress import Progress
 from placement.importers import kernels
 
@@ -350,21 +351,9 @@ def _report(progress: Progress | None, stage: str, done: int, total: int) -> Non
         progress(stage, done, total)
 
 
-def free_memory() -> int:
-    """MemAvailable from /proc/meminfo (bytes); a conservative 2 GB where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 2 << 30
-
-
 def default_memory() -> int:
-    """The default budget: half of the memory available now."""
-    return free_memory() // 2
+    """The default budget: half of the memory available now (within this process's cgroup)."""
+    return available_memory() // 2
 
 
 def disk_need(num_nodes: int, num_edges: int, windows_needed: bool) -> int:
