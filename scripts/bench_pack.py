@@ -160,7 +160,9 @@ def plain_copy_s(paths: list[Path], into: Path, block: int = 8 << 20) -> float:
 
 def budget_curve(root: Path, budgets: list[float]) -> None:
     """What (d)'s replayed batches would move at other budgets (the replay's page count, as its
-    prediction; no training): the threshold, the disk used and the pages per feature byte."""
+    prediction; no training): the threshold, the disk used and the pages per feature byte; and
+    those pages with the shared cache in first-then-second-reader order instead of HashOrder
+    (the MinHash order ``moment place`` uses: :func:`placement.pack.minhash_order`)."""
     from placement import pack as pk
     from placement.chunks import plan_chunks
     from placement.placed import open_placed
@@ -174,14 +176,18 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
     total = sum(counts) * rb
     for x in budgets:
         try:
-            c = plan_chunks(lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x")
+            c = plan_chunks(lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x", seed=p.seed)
         except UsageError as exc:
             print(f"  budget {x}x: {exc}")
             continue
+        first = plan_chunks(
+            lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x", order=pk.first_reader_order
+        )
         print(
             f"  budget {x}x: disk {c.bytes / total:.2f}x the SSD bins, shared cache "
             f"{sum(r.size for r in c.shared_rows) * rb / total:.2f}x (rows read by more than {c.threshold} batches), "
-            f"SSD pages {c.packed_bytes / c.useful_bytes:.2f}x the feature bytes"
+            f"SSD pages {c.packed_bytes / c.useful_bytes:.4f}x the feature bytes (first/second-reader order "
+            f"{first.packed_bytes / first.useful_bytes:.4f}x: HashOrder reads {c.packed_bytes / first.packed_bytes:.4f}x its pages)"
         )
 
 
