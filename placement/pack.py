@@ -125,8 +125,8 @@ class SsdRows:
 
 @dataclass
 class Readers:
-    """Per SSD row: the first and second replayed batch that read it (NEVER: none) and how many
-    did; the (batch, SSD bin) pairs with rows; with ``hashes``, each row's MinHash signature."""
+    """Per SSD row: the first and second replayed batch that read it (NEVER: none), how many did
+    and, with ``hashes``, its MinHash signature; the (batch, SSD bin) pairs with rows."""
 
     first: np.ndarray
     second: np.ndarray
@@ -153,8 +153,8 @@ def readers(
     hashes: int = 0,
     seed: int = 0,
 ) -> tuple[Readers, int]:
-    """The replay's first pass: who reads each SSD row (with ``hashes`` > 0, also the rows'
-    MinHash signatures of their sets of readers); and the batches there were."""
+    """The replay's first pass: who reads each SSD row (with ``hashes`` > 0, also the MinHash
+    signature of its set of readers); and the batches there were."""
     first = np.full(rows.total, NEVER, dtype=np.int64)
     second = first.copy()
     count = np.zeros(rows.total, dtype=np.int32)

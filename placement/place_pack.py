@@ -197,7 +197,12 @@ def chunk_bins(
         summary = _summary(run, hot, plan, {}).model_copy(
             update={
                 "chunks": PackChunks(
-                    budget=budget, bytes=plan.bytes, threshold=plan.threshold, bins=bins, align=plan.align
+                    budget=budget,
+                    bytes=plan.bytes,
+                    threshold=plan.threshold,
+                    bins=bins,
+                    align=plan.align,
+                    order=plan.order,
                 )
             }
         )

@@ -24,7 +24,16 @@ from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
-from placement.chunks import MINHASHES, Gathered, chunk_file, parse_budget, plan_chunks, space, write_gathered
+from placement.chunks import (
+    MINHASHES,
+    SHARED_ORDERS,
+    Gathered,
+    chunk_file,
+    parse_budget,
+    plan_chunks,
+    space,
+    write_gathered,
+)
 from placement.dataset import open_dataset
 from placement.pack import SsdRows, minhash_order, plan_pack, readers
 from placement.place import PlaceOptions, place
@@ -235,6 +244,9 @@ def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(
     assert doc.world_size == 2
     assert doc.epochs[0].ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.05)
     assert PlacedManifest.read(out / "placed.json").pack.ranks == 2
+    if budget is not None:  # both ranks' batches read only their chunks
+        predicted, measured = chunk_batches(doc)
+        assert predicted == measured == 2 * doc.epochs[0].iterations
 
 
 def test_the_command_line_packs_and_says_what_it_saves(plan_file: Path, dataset: Path, tmp_path: Path, capsys) -> None:
@@ -304,6 +316,22 @@ def test_the_padding_counted_beforehand_bounds_the_padding_laid_out() -> None:
         for offsets, rows in zip(plan.chunk_offsets, plan.chunk_rows):
             starts = chunk_starts(offsets, 1536, plan.align)
             assert (starts % 4096 == 0).all() and starts[-1] >= rows.size * 1536
+
+
+@pytest.mark.parametrize(("seed", "winner"), [(0, "minhash"), (1, "first-reader")])
+def test_the_shared_cache_takes_the_order_that_reads_fewer_pages(seed: int, winner: str) -> None:
+    """Both shared-cache orders are counted in the one replay and the one moving fewer pages is
+    laid out: the plan is the one-order plan of the winner, page for page (20 batches of 60 of
+    600 rows of 256 B; which order wins depends on the draws)."""
+    rng = np.random.default_rng(seed)
+    batches = [np.unique(rng.integers(0, 600, 60)) for _ in range(20)]
+    both = plan_chunks(lambda: iter(batches), [0], [600], 256, 250_000, "b")
+    alone = {o: plan_chunks(lambda: iter(batches), [0], [600], 256, 250_000, "b", orders=(o,)) for o in SHARED_ORDERS}
+    assert both.shared_rows[0].size > 0 and set(both.shared_pages) == set(SHARED_ORDERS)
+    for o, one in alone.items():
+        assert one.order == o and one.shared_pages[o] == both.shared_pages[o]
+    assert both.order == winner and both.packed_bytes == min(p.packed_bytes for p in alone.values())
+    assert np.array_equal(both.shared_rows[0], alone[winner].shared_rows[0])
 
 
 def test_minhash_puts_rows_with_the_same_readers_together() -> None:
@@ -554,4 +582,4 @@ def test_the_command_line_refuses_a_budget_too_small_in_one_line(
     c = PlacedManifest.read(tmp_path / "c" / "placed.json").pack.chunks
     printed = " ".join(capsys.readouterr().out.split())
     assert f"{c.bytes / 1e9:.3f} GB of the {c.budget / 1e9:.3f} GB --pack-budget" in printed
-    assert f"more than {c.threshold} replayed batches" in printed
+    assert f"more than {c.threshold} replayed batches, in {c.order} order" in printed
