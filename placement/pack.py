@@ -97,7 +97,7 @@ def pages_and_runs(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
     return pages_read(rows[first] * row_bytes, lengths * row_bytes), int(first.size)
 
 
-NEVER = np.iinfo(np.int64).max  # the batch that reads a row no replayed batch reads
+NEVER = np.iinfo(np.int32).max  # the batch that reads a row no replayed batch reads (batches: int32)
 
 
 class SsdRows:
@@ -155,7 +155,7 @@ def readers(
 ) -> tuple[Readers, int]:
     """The replay's first pass: who reads each SSD row (with ``hashes`` > 0, also the MinHash
     signature of its set of readers); and the batches there were."""
-    first = np.full(rows.total, NEVER, dtype=np.int64)
+    first = np.full(rows.total, NEVER, dtype=np.int32)
     second = first.copy()
     count = np.zeros(rows.total, dtype=np.int32)
     signature = np.full((hashes, rows.total), MINHASH_PRIME, dtype=np.int32) if hashes else None
