@@ -15,7 +15,9 @@ virtual disk with 512 B blocks it does not see 4 KiB pages), the placement's pre
 amplification, seconds per step, seeds/s, test accuracy, and the placement's time (packing
 against writing the bins). Then (b)'s IO limit, as the issue defines it: the larger of (c)'s
 step and (b)'s pages per step over the disk's sequential rate (the packed bins read front to
-back, pages dropped first). (d) ``moment place --pack-budget`` (``--pack-budget``, default 1x the SSD
+back, pages dropped first). (b) and (d) load the replayed batches' stored samples instead of
+sampling them (placement/samples.py); (e) trains (d)'s placement with ``--live-sampling``, so
+(d) vs (e) is stored samples vs live sampling, each against the IO limit. (d) ``moment place --pack-budget`` (``--pack-budget``, default 1x the SSD
 bins): per-batch chunks and a shared cache beside the bins in id order, trained like (b); its
 packing time is reported against a plain copy of the same bytes (the chunk and shared files
 copied, pages dropped first) and its disk space against the budget. ``--preset high-reuse``: a
@@ -185,6 +187,27 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
         )
 
 
+def samples_report(m: dict, stored: dict, live: dict, ram: dict, limit_s: float, gbps: float) -> None:
+    """(d) with its stored samples against (e), the same placement sampling every batch: seconds
+    per step, each against the IO limit (with the samples' bytes moved too, for (d)), and the
+    disk the samples take against the features."""
+    pack = m["pack"]
+    samples = pack["samples"]["bytes"]
+    per_step = samples / max(pack["batches"], 1)
+    limit_with = max(ram["step_s"], stored["pages"] / stored["steps"] / (gbps * 1e9) + per_step / (gbps * 1e9))
+    ssd = sum(x["bytes"] for x in m["bins"] if x["tier"] == "ssd")
+    print(
+        f"stored samples vs live sampling (placement (d)): {stored['step_s'] * 1e3:.1f} vs {live['step_s'] * 1e3:.1f} "
+        f"ms/step ({stored['step_s'] / live['step_s']:.2f}x), all in RAM (sampling live) {ram['step_s'] * 1e3:.1f} ms; "
+        f"stored {stored['step_s'] / limit_s:.2f}x the IO limit ({stored['step_s'] / limit_with:.2f}x counting the "
+        f"samples' {per_step / 2**10:.0f} KiB per step), live {live['step_s'] / limit_s:.2f}x; test accuracy "
+        f"{stored['test_acc']:.4f} vs {live['test_acc']:.4f}\n"
+        f"samples on disk: {samples / 2**20:.1f} MiB for {pack['batches']} batches ({per_step / 2**10:.0f} KiB each), "
+        f"{samples / ssd:.3f}x the SSD bins' {ssd / 2**20:.1f} MiB, {samples / max(pack['useful_bytes'], 1):.3f}x the "
+        f"feature bytes those batches read from them (not counted against --pack-budget: placed directory)"
+    )
+
+
 def report(name: str, r: dict, t: dict) -> None:
     amp = (
         f"SSD pages {r['pages'] / r['useful']:.2f}x the feature bytes (predicted {r['predicted']:.2f}x), "
@@ -245,16 +268,22 @@ def main() -> None:
         flush=True,
     )
     reuse = "--reuse-samples" if args.epochs > args.pack_epochs else ""
-    runs = {"unpacked": (cgroup, ""), "packed": (cgroup, reuse), "ram": (None, "--shm-dir="), "chunks": (cgroup, reuse)}
+    runs = {
+        "unpacked": (cgroup, ""),
+        "packed": (cgroup, reuse),
+        "ram": (None, "--shm-dir="),
+        "chunks": (cgroup, reuse),
+        "live": (cgroup, f"{reuse} --live-sampling"),
+    }
     results = {}
     for name, (group, train_args) in runs.items():
-        p = placed[name]
+        p = placed["chunks" if name == "live" else name]
         files = [f for f in (ds, p["dir"]) for f in f.rglob("*") if f.is_file()]
         files += [Path(b["path"]) for b in p["manifest"]["bins"] if Path(b["path"]).is_absolute()]
         extra = ["--data", str(p["dir"]), "--epochs", str(args.epochs), f"--train-args={train_args}"]
         results[name] = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
-        report(f"({'abcd'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
-    a, b, ram, d = (results[k] for k in ("unpacked", "packed", "ram", "chunks"))
+        report(f"({'abcde'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
+    a, b, ram, d, e = (results[k] for k in ("unpacked", "packed", "ram", "chunks", "live"))
     root = placed["packed"]["dir"]
     bins = [
         Path(x["path"]) if Path(x["path"]).is_absolute() else root / x["path"]
@@ -277,6 +306,7 @@ def main() -> None:
         f"{gbps:.2f} GB/s): packed {limit_s * 1e3:.1f} ms, chunks {d_limit_s * 1e3:.1f} ms; packed step "
         f"{b['step_s'] / limit_s:.2f}x its limit, chunks {d['step_s'] / d_limit_s:.2f}x, unpacked {a['step_s'] / limit_s:.2f}x"
     )
+    samples_report(placed["chunks"]["manifest"], d, e, ram, d_limit_s, gbps)
     m = placed["chunks"]["manifest"]
     c, croot = m["pack"]["chunks"], placed["chunks"]["dir"]
     copies = [

@@ -43,8 +43,7 @@ class BatchChunks:
     def __init__(self, placed: Placed, ssd: list[PlacedBin]) -> None:
         """Every bin without chunks where the placement is not packed within a budget."""
         pack = placed.manifest.pack
-        chunked = pack is not None and pack.chunks is not None
-        self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None and chunked else (0, 1)
+        self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None else (0, 1)
         self.per_rank = pack.batches // (pack.epochs * pack.ranks) if pack is not None else 0  # one rank's, an epoch
         self.bins = [None if b.chunks is None else _Bin.open(b.chunks) for b in ssd]
         self.used = self.missed = 0  # (batch, bin) pairs read from a chunk, and not (rows differ)

@@ -120,6 +120,9 @@ class Sampling(_Part):
     where: Literal["gpu", "uva", "cpu"]
     threads: int | None
     note: str | None = None
+    # training batches rank 0 loaded from a packed placement's stored samples instead of sampling
+    # them (placement/samples.py; None: metrics written before they were counted)
+    stored_batches: int | None = None
 
 
 class MeasuredMemory(_Part):
