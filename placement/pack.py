@@ -75,23 +75,8 @@ def replay_samples(
                 yield draws.sample(batch)
 
 
-def replay(
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    train: np.ndarray,
-    fanouts: Sequence[int],
-    batch_size: int,
-    seed: int,
-    epochs: int,
-    ranks: int,
-) -> Iterator[np.ndarray]:
-    """The vertices of :func:`replay_samples`' batches."""
-    for batch in replay_samples(indptr, indices, train, fanouts, batch_size, seed, epochs, ranks):
-        yield batch.nodes.numpy()
-
-
 def replay_batches(train: int, batch_size: int, epochs: int, ranks: int) -> int:
-    """Batches :func:`replay` yields."""
+    """Batches :func:`replay_samples` yields."""
     from placement.sampler import num_batches  # torch: only when packing
 
     return epochs * ranks * num_batches(train, batch_size, ranks, drop_last_uneven=True)

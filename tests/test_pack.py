@@ -374,12 +374,13 @@ def test_chunks_move_fewer_pages_than_the_ordering_as_predicted(
 def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc], dataset: Path) -> None:
     """A batch asked for under another batch's number still gets its own rows (from the bin):
     the chunk is used only when its rows are the batch's."""
-    from placement.pack import replay
+    from placement.pack import replay_samples
 
     placed = open_placed(chunked[0])
     pack = placed.manifest.pack
     arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
-    nodes = [n for n, _ in zip(replay(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1), range(2))]
+    drawn = replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)
+    nodes = [b.nodes.numpy() for b, _ in zip(drawn, range(2))]
     src = np.asarray(open_dataset(dataset).features())
     new_to_old = np.asarray(placed.array("new_to_old"))
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:

@@ -6,6 +6,7 @@ files and killing the placement while it stores them."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,22 +15,18 @@ import torch
 
 from moment.contracts.metrics import MetricsDoc
 from moment.contracts.placed import PlacedError, PlacedManifest
-from moment.planner.plan import plan
-from moment.planner.planfile import save_plan
-from moment.planner.workload import load_workload
-from moment.topology.profile_io import resolve_profile
 from placement.pack import replay_samples
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed, verify
 from placement.sampler import NeighborSampler, SampledBatch
 from placement.samples import FILES, StoredSamples, check, record
-from placement.synth import synthesize
-from tests.test_pack import _killed_and_rerun
+from tests import test_pack
 from trainer.epoch import make_prepare
 from trainer.featurestore import TieredFeatureStore
 from trainer.loop import main as train_main
 
-OPTS = dict(gpu_cache="1%", cpu_cache="2%", epochs=1)
+OPTS = test_pack.OPTS
+plan_file, dataset = test_pack.plan_file, test_pack.dataset  # its plan and 128 B-row dataset (fixtures)
 
 
 def _same(a: SampledBatch, b: SampledBatch) -> bool:
@@ -72,22 +69,6 @@ def test_every_batch_reads_back_as_sampled(tmp_path: Path) -> None:
     assert stored.batch(3) is None and stored.batch(-1) is None
     assert [x.tolist() for x in stored.all_nodes()] == [b.nodes.tolist() for b in batches]
     assert stored.loaded == 6
-
-
-@pytest.fixture(scope="module")
-def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("samples-plan")
-    machine = resolve_profile("moment-machine-b")
-    workload = load_workload(machine.workload, fanouts=[5, 3], batch_size=64)
-    save_plan(machine, workload, plan(machine, workload, 1, 8, top=1), root / "plan.json")
-    return root / "plan.json"
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("samples-data") / "ds"
-    synthesize(out, nodes=20_000, avg_degree=10, dim=32, dtype="float32", seed=0, train_fraction=0.03)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +119,7 @@ def test_stored_samples_train_to_the_parameters_of_live_sampling(packed: Path, t
     assert stored.rank_param_digests == live.rank_param_digests
     assert stored.epochs[0].loss == live.epochs[0].loss
     steps = stored.epochs[0].iterations
-    assert steps > 0 and stored.sampling.stored_batches == steps and live.sampling.stored_batches == 0
+    assert steps > 0 and stored.sampling.stored_batches == steps and live.sampling.stored_batches is None
     reuse = _train(packed, tmp_path, "reuse", "--epochs", "2", "--reuse-samples")
     fresh = _train(packed, tmp_path, "fresh", "--epochs", "2")
     assert reuse.sampling.stored_batches == 2 * steps and fresh.sampling.stored_batches == steps
@@ -183,9 +164,9 @@ def test_another_seed_samples_every_batch(packed: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("role", ["nodes", "edges", "index"])
-def test_a_flipped_byte_in_the_samples_is_caught(role: str, plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+def test_a_flipped_byte_in_the_samples_is_caught(role: str, packed: Path, tmp_path: Path) -> None:
     out = tmp_path / "p"
-    place(plan_file, dataset, out, PlaceOptions(pack=True, **OPTS))
+    shutil.copytree(packed, out)
     m = PlacedManifest.read(out / "placed.json")
     assert m.pack is not None and m.pack.samples is not None
     path = out / m.files[getattr(m.pack.samples, role)].path
@@ -199,8 +180,6 @@ def test_a_flipped_byte_in_the_samples_is_caught(role: str, plan_file: Path, dat
 def test_a_sample_that_is_not_the_sampler_s_is_caught(packed: Path, tmp_path: Path) -> None:
     """Read without checksums (as the trainer opens a placement), a changed edge source of the
     first batch is caught by verify's re-draw, and a changed count is one line, not a traceback."""
-    import shutil
-
     out = tmp_path / "p"
     shutil.copytree(packed, out)
     placed = open_placed(out)
@@ -227,6 +206,6 @@ def test_killed_while_storing_samples_resumes(
     """Killed after the first stored batch or after all of them, with and without a budget, the
     re-run finishes a placement whose samples verify (re-drawn) and train."""
     opts = {**OPTS, "pack": True, "pack_budget": budget}
-    out, _, placed = _killed_and_rerun(point, plan_file, dataset, tmp_path, opts)
+    out, _, placed = test_pack._killed_and_rerun(point, plan_file, dataset, tmp_path, opts)
     assert placed.manifest.pack is not None and check(placed) == placed.manifest.pack.batches
     assert _train(out, tmp_path, "after", "--epochs", "1").sampling.stored_batches > 0

@@ -355,7 +355,8 @@ class Run:
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
-        self.metrics.sampling = {**self.sampling, "stored_batches": self.samples.loaded if self.samples else 0}
+        if self.samples is not None:  # the batches loaded instead of sampled
+            self.metrics.sampling = {**self.sampling, "stored_batches": self.samples.loaded}
         digests = all_gather(param_digest(self.module))
         done: list[dict[str, Any]] = []
         together(lambda: done.append(self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)))

@@ -121,7 +121,7 @@ class Sampling(_Part):
     threads: int | None
     note: str | None = None
     # training batches rank 0 loaded from a packed placement's stored samples instead of sampling
-    # them (placement/samples.py; None: metrics written before they were counted)
+    # them (placement/samples.py; None: no stored samples used, --live-sampling, or older metrics)
     stored_batches: int | None = None
 
 
