@@ -42,7 +42,7 @@ MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
 # Seconds per phase of `moment place` (``timings_s`` keys, in order; "total" is the whole run).
-# checksums and fsync partly run in threads beside bin writing, so the phases may add up to more.
+# checksums and fsync run in threads beside the writing of the bins and arrays, so the phases may add up to more.
 PHASES = {
     "check": "checking the dataset (a full scan)",
     "presample": "pre-sampling hotness",
