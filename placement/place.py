@@ -49,6 +49,7 @@ from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
 from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
+from placement.relabel import id_type
 from placement.writer import file_digest
 
 
@@ -360,8 +361,10 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int]) -> dict[Path, int]:
 
 
 def _arrays_bytes(ds: Dataset) -> int:
-    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids)."""
-    return ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8 + 5 * ds.num_nodes * 8
+    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids; counts in
+    the new ids at most as wide as int64, in the original ids int64)."""
+    n, ids = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize
+    return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (ds.labels().dtype.itemsize + 3 * ids + 16)
 
 
 def _preflight(run: PlaceRun, specs: list[BinSpec], placed: Placement, log: Callable[[str], None]) -> None:

@@ -75,9 +75,9 @@ def load_data(cfg: TrainConfig) -> Data:
     return Data(
         placed,
         placed.array("labels"),
-        np.asarray(placed.array("train")),
-        np.asarray(placed.array("val")),
-        np.asarray(placed.array("test")),
+        np.asarray(placed.array("train"), dtype=np.int64),  # int32 on disk where the ids fit
+        np.asarray(placed.array("val"), dtype=np.int64),
+        np.asarray(placed.array("test"), dtype=np.int64),
         int(placed.meta["num_classes"]),
         DataIdentity.of(placed.root, placed.manifest),
     )
