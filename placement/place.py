@@ -25,6 +25,7 @@ from moment import faults
 from moment.contracts.placed import MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
+from moment.host_memory import available_memory
 from moment.outputs import Staging, check_free_space, check_out, write_inputs
 from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload, cap_cache_rows
@@ -50,7 +51,7 @@ from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
-from placement.writer import file_digest
+from placement.writer import file_digest, read_ahead
 
 
 @dataclass
@@ -149,6 +150,7 @@ def place(
     stage = _open_stage(run, log)
     if stage is None:
         return validate_placed(run.out).model_dump(mode="json")
+    read_ahead(run.ds.features(), available_memory() // 4)  # while pre-sampling keeps the CPUs busy
     with phases("presample"):
         hot = _hotness(run, stage.data, progress, log)
     with phases("predict"):

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -313,6 +314,32 @@ class _Source:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def read_ahead(features: np.ndarray, budget: int) -> threading.Thread | None:
+    """Start the kernel reading a memory-mapped source's rows into the page cache, at most
+    ``budget`` bytes from the front (the order :func:`write_bins` reads them), in a thread (the
+    request may block while it queues the reads). ``moment place`` calls it before pre-sampling,
+    which is CPU-bound on a topology already cached by the check: the disk would be idle
+    otherwise, and the bin pass then reads from memory. None where there is nothing to read."""
+    name = getattr(features, "filename", None)
+    if not isinstance(features, np.memmap) or not name or budget <= 0 or not features.flags.c_contiguous:
+        return None
+    offset, size = int(features.offset), min(int(features.nbytes), budget)
+
+    def advise() -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except OSError:
+            return  # the bin pass reports a missing source
+        try:
+            os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=advise, name="moment-read-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def _read_chunk(

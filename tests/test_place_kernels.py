@@ -110,6 +110,30 @@ def test_npy_writer_hashes_and_syncs_beside_its_writes(tmp_path: Path, monkeypat
     assert out.fsync_s > 0 and out.hash_s > 0 and out.bytes == (tmp_path / "a.npy").stat().st_size
 
 
+def test_read_ahead_asks_for_the_rows_of_the_source_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel is asked for the source's rows (past the .npy header), front first, at most
+    the budget; an array in memory needs nothing."""
+    feats = np.zeros((1000, 8), dtype=np.float32)
+    np.save(tmp_path / "f.npy", feats)
+    mapped = np.load(tmp_path / "f.npy", mmap_mode="r")
+    asked: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        writer.os, "posix_fadvise", lambda fd, offset, size, advice: asked.append((offset, size, advice))
+    )
+    for budget in (1 << 30, 4096):
+        thread = writer.read_ahead(mapped, budget)
+        assert thread is not None
+        thread.join()
+    header = (tmp_path / "f.npy").stat().st_size - feats.nbytes
+    assert asked == [
+        (header, feats.nbytes, writer.os.POSIX_FADV_WILLNEED),
+        (header, 4096, writer.os.POSIX_FADV_WILLNEED),
+    ]
+    assert writer.read_ahead(feats, 1 << 30) is None and writer.read_ahead(mapped, 0) is None
+
+
 def test_write_bins_reads_a_memory_map_by_pread_as_numpy_would(tmp_path: Path) -> None:
     """The same bins, byte for byte, whether the rows come from a memory-mapped .npy (read with
     preadv into reused buffers) or from an array in memory; many small chunks."""
