@@ -329,6 +329,7 @@ class Run:
                 val_acc=val_acc,
                 data_wait_s=wait / self.world,
                 stats=stats,
+                replayed=first is not None,
             )
             if self.env.nodes > 1:
                 record.update(per_node(timing, stats, train_s))

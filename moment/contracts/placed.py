@@ -186,9 +186,15 @@ class PackChunks(Strict):
     the rows it reads, rows read by more than ``threshold`` batches in a shared cache instead."""
 
     budget: int = Field(ge=0)  # bytes the chunks and shared caches may take
-    bytes: int = Field(ge=0)  # bytes they take
+    bytes: int = Field(ge=0)  # bytes they take (padding included)
     threshold: int = Field(ge=0)
     bins: dict[str, BinChunks]
+    # Each chunk starts on a multiple of this many bytes (zeros pad the chunk before): a page,
+    # so a chunk read moves its own pages only; 1 in placements made before (chunks back to back).
+    align: int = Field(default=1, ge=1)
+    # How the shared caches order their rows (a key of placement.chunks.SHARED_ORDERS: the one the
+    # replayed batches read the fewest pages of); placements made before: first then second reader.
+    order: str = "first-reader"
 
 
 class PackSummary(Strict):
