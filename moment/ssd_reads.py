@@ -58,7 +58,8 @@ def amplification(row_bytes: int, density: float = 0.0, page: int = PAGE_BYTES) 
 
 
 def pack_amplification(pack_bytes: int, page: int = PAGE_BYTES) -> float:
-    """A packed read moves its pack rounded up to whole pages."""
+    """A packed read moves its pack rounded up to whole pages (a ``--pack-budget`` chunk starts on
+    a page, so exactly that: :mod:`placement.chunks`)."""
     return math.ceil(pack_bytes / page) * page / pack_bytes
 
 

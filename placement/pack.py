@@ -102,7 +102,7 @@ def pages_and_runs(rows: np.ndarray, row_bytes: int) -> tuple[int, int]:
     return pages_read(rows[first] * row_bytes, lengths * row_bytes), int(first.size)
 
 
-NEVER = np.iinfo(np.int64).max  # the batch that reads a row no replayed batch reads
+NEVER = np.iinfo(np.int32).max  # the batch that reads a row no replayed batch reads (batches: int32)
 
 
 class SsdRows:
@@ -130,21 +130,42 @@ class SsdRows:
 
 @dataclass
 class Readers:
-    """Per SSD row: the first and second replayed batch that read it (NEVER: none) and how many did."""
+    """Per SSD row: the first and second replayed batch that read it (NEVER: none), how many did
+    and, with ``hashes``, its MinHash signature; the (batch, SSD bin) pairs with rows."""
 
     first: np.ndarray
     second: np.ndarray
     count: np.ndarray
+    pairs: int = 0  # (batch, bin) pairs where the batch reads rows of the bin
+    signature: np.ndarray | None = None  # (hashes, rows) int32: min over the row's readers of each hash
+
+
+MINHASH_PRIME = (1 << 31) - 1  # the hashes (a·batch + b) mod p are < 2³¹: int32
+
+
+def minhashes(k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` universal hashes of batch numbers, (a·i + b) mod p, drawn from ``seed`` (placements
+    are reproducible): their a and b."""
+    rng = np.random.default_rng([seed, 0x6D696E68])  # its own stream: not the sampler's draws
+    return rng.integers(1, MINHASH_PRIME, k, dtype=np.int64), rng.integers(0, MINHASH_PRIME, k, dtype=np.int64)
 
 
 def readers(
-    batches: Iterable[np.ndarray], rows: SsdRows, progress: Update | None = None, total: int = 0
+    batches: Iterable[np.ndarray],
+    rows: SsdRows,
+    progress: Update | None = None,
+    total: int = 0,
+    hashes: int = 0,
+    seed: int = 0,
 ) -> tuple[Readers, int]:
-    """The replay's first pass: who reads each SSD row; and the batches there were."""
-    first = np.full(rows.total, NEVER, dtype=np.int64)
+    """The replay's first pass: who reads each SSD row (with ``hashes`` > 0, also the MinHash
+    signature of its set of readers); and the batches there were."""
+    first = np.full(rows.total, NEVER, dtype=np.int32)
     second = first.copy()
     count = np.zeros(rows.total, dtype=np.int32)
-    done = 0
+    signature = np.full((hashes, rows.total), MINHASH_PRIME, dtype=np.int32) if hashes else None
+    a, b = minhashes(hashes, seed)
+    done = pairs = 0
     for i, nodes in enumerate(batches):
         ids = rows.of(nodes)
         seen = first[ids] != NEVER
@@ -152,10 +173,23 @@ def readers(
         second[again[second[again] == NEVER]] = i
         first[ids[~seen]] = i
         count[ids] += 1
+        if signature is not None:
+            h = ((a * i + b) % MINHASH_PRIME).astype(np.int32)
+            signature[:, ids] = np.minimum(signature[:, ids], h[:, None])
+        pairs += np.unique(np.searchsorted(rows.local, ids, side="right")).size
         done += 1
         if progress is not None:
             progress(done, max(2 * total, 2 * done))
-    return Readers(first, second, count), done
+    return Readers(first, second, count, pairs, signature), done
+
+
+def minhash_order(who: Readers, rows: np.ndarray) -> np.ndarray:
+    """``rows`` ordered by their MinHash signatures (HashOrder): rows whose sets of readers are
+    alike (equal hashes, with a chance of their sets' Jaccard similarity) lie together, so a
+    batch's rows share pages with rows of batches that read much the same; then as given."""
+    assert who.signature is not None, "readers(hashes=...) computes the signatures"
+    sig = who.signature[:, rows]
+    return rows[np.lexsort((np.arange(rows.size), *sig[::-1]))]  # primary: the first hash
 
 
 def first_reader_order(who: Readers, rows: np.ndarray) -> np.ndarray:

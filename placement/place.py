@@ -25,6 +25,7 @@ from moment import faults
 from moment.contracts.placed import MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.errors import MomentError, UsageError
+from moment.host_memory import available_memory
 from moment.outputs import Staging, check_free_space, check_out, write_inputs
 from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload, cap_cache_rows
@@ -49,8 +50,9 @@ from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
 from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
+from placement.relabel import id_type
 from placement.samples import bytes_bound
-from placement.writer import file_digest
+from placement.writer import file_digest, read_ahead
 
 
 @dataclass
@@ -149,6 +151,7 @@ def place(
     stage = _open_stage(run, log)
     if stage is None:
         return validate_placed(run.out).model_dump(mode="json")
+    read_ahead(run.ds.features(), available_memory() // 4)  # while pre-sampling keeps the CPUs busy
     with phases("presample"):
         hot = _hotness(run, stage.data, progress, log)
     with phases("predict"):
@@ -362,8 +365,10 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> 
 
 
 def _arrays_bytes(ds: Dataset) -> int:
-    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids)."""
-    return ds.num_edges * ds.indices().dtype.itemsize + (ds.num_nodes + 1) * 8 + 5 * ds.num_nodes * 8
+    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids; counts in
+    the new ids at most as wide as int64, in the original ids int64)."""
+    n, ids = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize
+    return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (ds.labels().dtype.itemsize + 3 * ids + 16)
 
 
 def _samples_bytes(run: PlaceRun, hot: Hotness) -> int:

@@ -178,6 +178,7 @@ def chunk_bins(
             f"--pack-budget {opts.pack_budget}",
             stage_update(progress, "replaying the training batches"),
             r.total,
+            opts.seed,
         )
         maps: dict[str, dict[str, str]] = {}
         for i, b in enumerate(r.ssd):
@@ -193,9 +194,10 @@ def chunk_bins(
         faults.point("place:pack-planned")
         files = {}
         for i, b in enumerate(r.ssd):
+            path = {kind: partial(pack_file_path(run, stage, specs[b], kind)) for kind in ("chunks", "shared")}
             outputs = [
-                (kind, partial(pack_file_path(run, stage, specs[b], kind)), rows)
-                for kind, rows in (("chunks", plan.chunk_rows[i]), ("shared", plan.shared_rows[i]))
+                ck.chunk_file("chunks", path["chunks"], plan.chunk_rows[i], plan.chunk_offsets[i], rb, plan.align),
+                ck.Gathered("shared", path["shared"], plan.shared_rows[i]),
             ]
             step = stage_update(progress, f"packing {specs[b].name}")
             for w in ck.write_gathered(written[b].path, r.counts[i], rb, outputs, step):
@@ -213,7 +215,16 @@ def chunk_bins(
             for b in r.ssd
         }
         summary = _summary(run, hot, plan, {}, r.samples).model_copy(
-            update={"chunks": PackChunks(budget=budget, bytes=plan.bytes, threshold=plan.threshold, bins=bins)}
+            update={
+                "chunks": PackChunks(
+                    budget=budget,
+                    bytes=plan.bytes,
+                    threshold=plan.threshold,
+                    bins=bins,
+                    align=plan.align,
+                    order=plan.order,
+                )
+            }
         )
         pk.save_state(data, run.key, written, summary)
     faults.point("place:packed")

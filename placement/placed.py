@@ -10,10 +10,13 @@ row-major file, so a vertex's location is a range lookup. In a packed placement 
 and its slot map gives the file row of each: ``file row = slots[id - start]``; packed within a
 budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
 rows lie beside it in per-batch chunks and a shared cache, whose row maps say which row is which.
+Id maps, splits and the counts in new ids are int32 where the values fit (int64 beyond, and in
+placements written before that): readers take either, as the .npy header says.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,22 @@ from placement.writer import file_digest
 __all__ = ["FORMAT", "MANIFEST", "Placed", "PlacedBin", "PlacedError", "open_placed", "verify"]
 
 
+def chunk_starts(offsets: np.ndarray, row_bytes: int, align: int) -> np.ndarray:
+    """The byte at which each replayed batch's chunk starts in a chunks file, and last the file's
+    size: chunks of ``diff(offsets)`` rows in replay order, each padded with zeros to a multiple of
+    ``align`` bytes (a page: a chunk read moves its own pages only; 1: back to back)."""
+    sizes = np.diff(np.asarray(offsets, dtype=np.int64)) * row_bytes
+    return np.concatenate(([0], np.cumsum(-(-sizes // align) * align))).astype(np.int64)
+
+
+def chunk_row_bytes(offsets: np.ndarray, starts: np.ndarray, rows: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The byte in the chunks file at which each of its ``rows`` (positions in the chunk row map)
+    starts: its chunk's start (:func:`chunk_starts`) plus the rows before it in the chunk."""
+    rows = np.asarray(rows, dtype=np.int64)
+    batch = np.searchsorted(offsets, rows, side="right") - 1
+    return starts[batch] + (rows - np.asarray(offsets)[batch]) * row_bytes
+
+
 @dataclass
 class ChunkFiles:
     """An SSD bin's per-batch chunks and shared cache (``--pack-budget``: :mod:`placement.chunks`)
@@ -38,6 +57,7 @@ class ChunkFiles:
     chunk_rows: Path
     chunk_offsets: Path
     shared_rows: Path
+    align: int = 1  # each chunk starts on a multiple of this (PackChunks.align)
 
 
 def pack_files(m: PlacedManifest, root: Path) -> list[tuple[Path, PackFile, str]]:
@@ -71,13 +91,18 @@ class PlacedBin:
             return local
         return np.asarray(np.load(self.slots, mmap_mode="r")[local], dtype=np.int64)
 
-    def copies(self) -> list[tuple[Path, np.ndarray]]:
+    def copies(self, row_bytes: int) -> list[tuple[Path, np.ndarray, Callable[[np.ndarray], np.ndarray]]]:
         """Files holding copies of the bin's rows (a budget's chunks and shared cache), each with
-        the bin row at each of its rows."""
+        the bin row at each of its rows and what gives the byte where its rows ``k`` start."""
         if self.chunks is None:
             return []
         c = self.chunks
-        return [(c.chunks, np.load(c.chunk_rows, mmap_mode="r")), (c.shared, np.load(c.shared_rows, mmap_mode="r"))]
+        offsets = np.load(c.chunk_offsets)
+        starts = chunk_starts(offsets, row_bytes, c.align)
+        return [
+            (c.chunks, np.load(c.chunk_rows, mmap_mode="r"), lambda k: chunk_row_bytes(offsets, starts, k, row_bytes)),
+            (c.shared, np.load(c.shared_rows, mmap_mode="r"), lambda k: np.asarray(k, dtype=np.int64) * row_bytes),
+        ]
 
 
 @dataclass
@@ -128,11 +153,15 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         raise PlacedError(f"{root}: not a placed dataset: {MANIFEST} missing{hint}")
     m = PlacedManifest.read(manifest)
     slots = {name: root / m.files[key].path for name, key in m.pack.slots.items()} if m.pack else {}
+    align = m.pack.chunks.align if m.pack and m.pack.chunks else 1
     chunks = {
         name: ChunkFiles(
             _abs(root, c.chunks.path),
             _abs(root, c.shared.path),
-            *(root / m.files[k].path for k in (c.chunk_rows, c.chunk_offsets, c.shared_rows)),
+            root / m.files[c.chunk_rows].path,
+            root / m.files[c.chunk_offsets].path,
+            root / m.files[c.shared_rows].path,
+            align,
         )
         for name, c in (m.pack.chunks.bins.items() if m.pack and m.pack.chunks else ())
     }
@@ -204,15 +233,14 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
         raise PlacedError(
             f"{placed.root}: feature of vertex {int(old[bad[0]])} differs from the source ({bad.size} of {old.size} sampled)"
         )
+    rb = placed.row_bytes
     for b in placed.bins:  # copies of bin rows (--pack-budget's chunks and shared caches) against the bin
-        for path, at in b.copies():
+        for path, at, where in b.copies(rb):
             if at.size == 0:
                 continue
             k = np.unique(rng.integers(0, at.size, size=min(sample, at.size)))
-            copy = np.memmap(path, dtype=np.uint8, mode="r", shape=(at.size, placed.row_bytes))
-            if not np.array_equal(
-                copy[k], placed.read_rows(b.start + np.asarray(at[k], dtype=np.int64)).view(np.uint8)
-            ):
+            copy = np.memmap(path, dtype=np.uint8, mode="r")[where(k)[:, None] + np.arange(rb)]
+            if not np.array_equal(copy, placed.read_rows(b.start + np.asarray(at[k], dtype=np.int64)).view(np.uint8)):
                 raise PlacedError(f"{path}: rows differ from their bin {b.name}'s ({k.size} sampled)")
     back = np.asarray(placed.array("new_to_old")[new])
     if not np.array_equal(back, old):

@@ -67,7 +67,8 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
         console.print(
             f"per-batch chunks and shared caches beside the SSD bins: {c['bytes'] / 1e9:.3f} GB of the "
             f"{c['budget'] / 1e9:.3f} GB --pack-budget, {shared / 1e9:.3f} GB of them the shared cache (rows read "
-            f"by more than {c['threshold']} replayed batches; the others copied into each batch's chunk)"
+            f"by more than {c['threshold']} replayed batches, in {c['order']} order; the others copied into each "
+            "batch's chunk, each chunk from a page)"
         )
 
 

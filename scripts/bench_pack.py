@@ -164,7 +164,8 @@ def plain_copy_s(paths: list[Path], into: Path, block: int = 8 << 20) -> float:
 
 def budget_curve(root: Path, budgets: list[float]) -> None:
     """What (d)'s replayed batches would move at other budgets (the replay's page count, as its
-    prediction; no training): the threshold, the disk used and the pages per feature byte."""
+    prediction; no training): the threshold, the disk used and the pages per feature byte; and the
+    pages of each shared-cache order (``placement.chunks.SHARED_ORDERS``: the placement keeps the fewer)."""
     from placement.chunks import plan_chunks
     from placement.placed import open_placed
     from placement.samples import StoredSamples
@@ -172,20 +173,26 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
     placed = open_placed(root)
     stored = StoredSamples.of(placed)
     assert stored is not None, f"{root}: no stored samples"
-    nodes = list(stored.all_nodes())
+    nodes, p = list(stored.all_nodes()), placed.manifest.pack
+    assert p is not None
     ssd = [b for b in placed.bins if b.tier == "ssd"]
     starts, counts, rb = [b.start for b in ssd], [b.count for b in ssd], placed.row_bytes
     total = sum(counts) * rb
     for x in budgets:
         try:
-            c = plan_chunks(lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x")
+            c = plan_chunks(lambda: iter(nodes), starts, counts, rb, int(x * total), f"{x}x", seed=p.seed)
         except UsageError as exc:
             print(f"  budget {x}x: {exc}")
             continue
         print(
             f"  budget {x}x: disk {c.bytes / total:.2f}x the SSD bins, shared cache "
             f"{sum(r.size for r in c.shared_rows) * rb / total:.2f}x (rows read by more than {c.threshold} batches), "
-            f"SSD pages {c.packed_bytes / c.useful_bytes:.2f}x the feature bytes"
+            f"SSD pages {c.packed_bytes / c.useful_bytes:.4f}x the feature bytes with the shared cache in {c.order} "
+            "order; in each order "
+            + ", ".join(
+                f"{name} {(c.packed_bytes - c.shared_pages[c.order] + moved) / c.useful_bytes:.4f}x"
+                for name, moved in c.shared_pages.items()
+            )
         )
 
 

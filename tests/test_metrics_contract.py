@@ -97,6 +97,7 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
         "bytes_per_ssd",
         "read_bytes_per_ssd",
         "ssd_read_amplification",
+        "chunks",
         "gbps_per_tier",
         "gbps_per_ssd",
         "hit_rate",

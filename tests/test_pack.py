@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +24,25 @@ from moment.planner.plan import plan
 from moment.planner.planfile import save_plan
 from moment.planner.workload import load_workload
 from moment.topology.profile_io import resolve_profile
-from placement.chunks import parse_budget, plan_chunks, write_gathered
+from placement.chunks import (
+    MINHASHES,
+    SHARED_ORDERS,
+    Gathered,
+    chunk_file,
+    parse_budget,
+    plan_chunks,
+    space,
+    write_gathered,
+)
 from placement.dataset import open_dataset
-from placement.pack import plan_pack
+from placement.pack import SsdRows, minhash_order, plan_pack, readers
 from placement.place import PlaceOptions, place
-from placement.placed import Placed, open_placed, verify
+from placement.placed import Placed, chunk_starts, open_placed, verify
 from placement.synth import synthesize
 from placement.writer import file_digest
 from trainer.featurestore import TieredFeatureStore
 from trainer.loop import main as train_main
+from trainer.metrics import chunk_batches
 
 OPTS = dict(gpu_cache="1%", cpu_cache="2%", epochs=1)
 
@@ -213,7 +224,7 @@ def test_another_seed_is_warned_about_and_reads_more_pages(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("budget", [None, "0.33x"])
+@pytest.mark.parametrize("budget", [None, "0.45x"])
 def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(
     budget: str | None, plan_file: Path, dataset: Path, tmp_path: Path
 ) -> None:
@@ -233,6 +244,9 @@ def test_two_ranks_read_what_the_replay_of_two_ranks_predicted(
     assert doc.world_size == 2
     assert doc.epochs[0].ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.05)
     assert PlacedManifest.read(out / "placed.json").pack.ranks == 2
+    if budget is not None:  # both ranks' batches read only their chunks
+        predicted, measured = chunk_batches(doc)
+        assert predicted == measured == 2 * doc.epochs[0].iterations
 
 
 def test_the_command_line_packs_and_says_what_it_saves(plan_file: Path, dataset: Path, tmp_path: Path, capsys) -> None:
@@ -262,25 +276,80 @@ BATCHES = [np.array([114, 103, 109]), np.array([109, 101]), np.array([103]), np.
 
 def test_the_budget_decides_which_rows_are_shared() -> None:
     """By hand: one bin of 16 rows of 1 KiB, ids 100-115. Rows 3 and 9 are read by three
-    batches, 14 and 1 by one. Replicating everything takes 3 + 3 + 1 + 1 = 8 rows; sharing
-    3 and 9 takes 4 (the least: every row read, once). An 8 KiB budget replicates all; 6 KiB
-    shares the rows read by more than 2 batches; 3 KiB is refused in one line."""
-    full = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 8 << 10, "--pack-budget 8KiB")
-    assert (full.threshold, full.bytes, full.shared_rows[0].tolist()) == (3, 8 << 10, [])
+    batches, 14 and 1 by one. Replicating everything takes 3 + 3 + 1 + 1 = 8 rows, each of the
+    four chunks padded to a page: 16 KiB (counted at most 8 + 4 × 3 KiB = 20 KiB beforehand);
+    sharing 3 and 9 takes two one-row chunks, padded, and 2 rows once: 10 KiB (counted exactly:
+    at most one chunk per row). A 20 KiB budget replicates all; 12 KiB shares the rows read by
+    more than 2 batches; 9 KiB is refused in one line naming the 10 KiB it needs."""
+    full = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 20 << 10, "--pack-budget 20KiB")
+    assert (full.threshold, full.bytes, full.shared_rows[0].tolist()) == (3, 16 << 10, [])
     assert full.chunk_rows[0].tolist() == [3, 9, 14, 1, 9, 3, 3, 9]
     assert full.chunk_offsets[0].tolist() == [0, 3, 5, 6, 8]
-    plan = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 6 << 10, "--pack-budget 6KiB")
-    assert (plan.threshold, plan.bytes) == (2, 4 << 10)
-    # shared rows: first read by batch 0 both, then 9 (read again by batch 1) before 3 (batch 2)
-    assert plan.shared_rows[0].tolist() == [9, 3]
+    # each chunk starts on a page: one page per chunk read (back to back, batch 1's 2 rows from
+    # byte 3072 would touch two pages, batch 2's and 3's the second page: 5)
+    assert chunk_starts(full.chunk_offsets[0], 1024, full.align).tolist() == [0, 4096, 8192, 12288, 16384]
+    assert (full.packed_bytes, full.reads) == (4 * 4096, 4)
+    plan = plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 12 << 10, "--pack-budget 12KiB")
+    assert (plan.threshold, plan.bytes) == (2, 10 << 10)
+    assert sorted(plan.shared_rows[0].tolist()) == [3, 9]
     assert plan.chunk_rows[0].tolist() == [14, 1] and plan.chunk_offsets[0].tolist() == [0, 1, 2, 2, 2]
     # pages: batch 0 its chunk (1) + shared rows 0-1 (1); batch 1 chunk (1) + shared 0 (1);
     # batches 2 and 3 the shared page once each. In id order: 3 + 2 + 1 + 2 pages.
     assert (plan.packed_bytes, plan.unpacked_bytes, plan.reads) == (6 * 4096, 8 * 4096, 6)
     assert (plan.batches, plan.useful_bytes) == (4, 8 << 10)
-    with pytest.raises(UsageError, match=r"--pack-budget 3KiB: .* cannot hold even the shared cache") as err:
-        plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 3 << 10, "--pack-budget 3KiB")
-    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match=r"--pack-budget 9KiB: .* cannot hold even the shared cache") as err:
+        plan_chunks(lambda: iter(BATCHES), [100], [16], 1024, 9 << 10, "--pack-budget 9KiB")
+    assert "take up to 10,240 bytes" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_padding_counted_beforehand_bounds_the_padding_laid_out() -> None:
+    """Random batches over two bins of 1.5 KiB rows (a chunk pads by up to 3.5 KiB): at every
+    budget from the least up, the files laid out fit it, and the chunks start on pages."""
+    rng = np.random.default_rng(3)
+    batches = [np.unique(rng.integers(0, 400, 60)) for _ in range(12)]
+    count = np.bincount(np.concatenate(batches), minlength=400).astype(np.int32)
+    pairs = sum(int((b < 150).any()) + int((b >= 150).any()) for b in batches)
+    least = int(space(count, 1536, pairs)[1])
+    for budget in np.linspace(least, 2 * 12 * 60 * 1536, 9).astype(int):
+        plan = plan_chunks(lambda: iter(batches), [0, 150], [150, 250], 1536, int(budget), "b")
+        assert plan.bytes <= budget
+        for offsets, rows in zip(plan.chunk_offsets, plan.chunk_rows):
+            starts = chunk_starts(offsets, 1536, plan.align)
+            assert (starts % 4096 == 0).all() and starts[-1] >= rows.size * 1536
+
+
+@pytest.mark.parametrize(("seed", "winner"), [(0, "minhash"), (1, "first-reader")])
+def test_the_shared_cache_takes_the_order_that_reads_fewer_pages(seed: int, winner: str) -> None:
+    """Both shared-cache orders are counted in the one replay and the one moving fewer pages is
+    laid out: the plan is the one-order plan of the winner, page for page (20 batches of 60 of
+    600 rows of 256 B; which order wins depends on the draws)."""
+    rng = np.random.default_rng(seed)
+    batches = [np.unique(rng.integers(0, 600, 60)) for _ in range(20)]
+    both = plan_chunks(lambda: iter(batches), [0], [600], 256, 250_000, "b")
+    alone = {o: plan_chunks(lambda: iter(batches), [0], [600], 256, 250_000, "b", orders=(o,)) for o in SHARED_ORDERS}
+    assert both.shared_rows[0].size > 0 and set(both.shared_pages) == set(SHARED_ORDERS)
+    for o, one in alone.items():
+        assert one.order == o and one.shared_pages[o] == both.shared_pages[o]
+    assert both.order == winner and both.packed_bytes == min(p.packed_bytes for p in alone.values())
+    assert np.array_equal(both.shared_rows[0], alone[winner].shared_rows[0])
+
+
+def test_minhash_puts_rows_with_the_same_readers_together() -> None:
+    """HashOrder: rows read by the same batches are neighbours in the shared cache whatever
+    their ids, the order is the same for the same seed, and another seed draws other hashes."""
+    rng = np.random.default_rng(0)
+    sets = [rng.choice(40, 10, replace=False) for _ in range(5)]  # 5 reader sets, 40 batches
+    owner = rng.integers(0, 5, 200)  # each of 200 rows read by one of the sets
+    batches = [np.flatnonzero([i in sets[o] for o in owner]) for i in range(40)]
+    rows = SsdRows([0], [200])
+    who, _ = readers(iter(batches), rows, hashes=MINHASHES, seed=7)
+    order = minhash_order(who, np.arange(200))
+    runs = np.flatnonzero(np.diff(owner[order]) != 0).size + 1
+    assert runs == 5  # each set's rows in one run
+    again, _ = readers(iter(batches), rows, hashes=MINHASHES, seed=7)
+    other, _ = readers(iter(batches), rows, hashes=MINHASHES, seed=8)
+    assert np.array_equal(minhash_order(again, np.arange(200)), order)
+    assert not np.array_equal(other.signature, who.signature)
 
 
 @pytest.mark.parametrize(
@@ -304,13 +373,29 @@ def test_one_pass_scatters_every_row_to_its_copies(tmp_path: Path) -> None:
     rows = np.arange(80, dtype=np.uint8).reshape(10, 8)
     src.write_bytes(rows.tobytes())
     outputs = [
-        ("chunks", tmp_path / "c.bin", np.array([0, 4, 9, 1, 2, 4, 9, 9, 5])),
-        ("shared", tmp_path / "s.bin", np.array([7, 3, 8])),
+        Gathered("chunks", tmp_path / "c.bin", np.array([0, 4, 9, 1, 2, 4, 9, 9, 5])),
+        Gathered("shared", tmp_path / "s.bin", np.array([7, 3, 8])),
     ]
     written = write_gathered(src, 10, 8, outputs, slice_rows=3)
-    for w, (_, path, at) in zip(written, outputs):
-        assert path.read_bytes() == rows[at].tobytes() and w.bytes == at.size * 8
-        assert w.digest == file_digest(path)
+    for w, g in zip(written, outputs):
+        assert g.path.read_bytes() == rows[g.rows].tobytes() and w.bytes == g.rows.size * 8
+        assert w.digest == file_digest(g.path)
+
+
+def test_chunks_are_written_from_their_pages_on(tmp_path: Path) -> None:
+    """Chunks of 3, 0, 2 and 5 rows of 24 B aligned to 64 B: each starts on a multiple of 64,
+    zeros between, the rows in place; rows read 4 at a time."""
+    src = tmp_path / "src.bin"
+    rows = np.arange(1, 241, dtype=np.uint8).reshape(10, 24)
+    src.write_bytes(rows.tobytes())
+    at, offsets = np.array([1, 2, 3, 0, 9, 4, 5, 6, 7, 8]), np.array([0, 3, 3, 5, 10])
+    (w,) = write_gathered(src, 10, 24, [chunk_file("chunks", tmp_path / "c.bin", at, offsets, 24, 64)], slice_rows=4)
+    data = np.frombuffer((tmp_path / "c.bin").read_bytes(), dtype=np.uint8)
+    assert w.bytes == data.size == 128 + 0 + 64 + 128
+    for start, (lo, hi) in zip([0, 128, 128, 192], zip(offsets[:-1], offsets[1:])):
+        n = (hi - lo) * 24
+        assert data[start : start + n].tobytes() == rows[at[lo:hi]].tobytes()
+        assert not data[start + n : -(-(start + n) // 64) * 64].any()
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +410,7 @@ def chunked(plan_file: Path, dataset: Path, tmp_path_factory: pytest.TempPathFac
     return root / "c", MetricsDoc.read(metrics)
 
 
-CHUNK_BUDGET = "0.33x"  # the test graph: full copies take 0.35x, every row once 0.27x
+CHUNK_BUDGET = "0.45x"  # the test graph, padding counted at its most: every row once 0.40x, full copies 0.50x
 
 
 def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
@@ -338,7 +423,7 @@ def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
     assert m.pack is not None and m.pack.chunks is not None and m.pack.slots == {}
     c = m.pack.chunks
     ssd_bytes = sum(b.bytes for b in m.bins if b.tier == "ssd")
-    assert c.bytes <= c.budget == int(0.33 * ssd_bytes) and c.threshold > 1
+    assert c.bytes <= c.budget == int(0.45 * ssd_bytes) and c.threshold > 1
     placed = open_placed(root)
     src = np.asarray(open_dataset(dataset).features())
     new_to_old = np.asarray(placed.array("new_to_old"))
@@ -347,9 +432,10 @@ def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
         if b.tier != "ssd":
             continue
         assert b.slots is None and b.chunks is not None
-        for path, at in b.copies():
-            copy = np.fromfile(path, dtype=src.dtype).reshape(-1, src.shape[1])
-            assert copy.tobytes() == src[new_to_old[b.start + np.asarray(at)]].tobytes()
+        for path, at, where in b.copies(placed.row_bytes):
+            data = np.fromfile(path, dtype=np.uint8)
+            copy = data[where(np.arange(at.size))[:, None] + np.arange(placed.row_bytes)]
+            assert copy.tobytes() == src[new_to_old[b.start + np.asarray(at)]].view(np.uint8).tobytes()
         shared += np.load(b.chunks.shared_rows).size
     assert shared > 0
     assert verify(root, sample=placed.num_nodes)["sampled"] > 0
@@ -369,6 +455,30 @@ def test_chunks_move_fewer_pages_than_the_ordering_as_predicted(
     assert first.ssd_read_amplification == pytest.approx(doc.prediction.ssd_amplification, rel=0.01)
     assert second.ssd_read_amplification == pytest.approx(first.ssd_read_amplification)
     assert first.ssd_read_amplification < 0.8 * ordered
+    for e in doc.epochs:  # every batch read its chunks only, as predicted
+        c = e.chunks
+        assert c is not None and c.replayed and c.batches == c.batches_from_chunks == e.iterations > 0
+        assert c.bin_reads == c.missed == 0 and c.chunk_reads >= e.iterations
+    assert chunk_batches(doc) == (2 * first.iterations, 2 * first.iterations)
+
+
+def test_chunk_reads_that_miss_are_counted_and_compared(
+    chunked: tuple[Path, MetricsDoc], plan_file: Path, tmp_path: Path, capsys
+) -> None:
+    """Another --seed draws other batches under the replayed numbers: each misses its chunk and
+    reads the bins; an epoch past the replayed one (no --reuse-samples) reads the bins, as
+    predicted. metrics.json counts both and the summary sets them beside the prediction."""
+    metrics = tmp_path / "m.json"
+    args = ["--data", str(chunked[0]), "--plan", str(plan_file), "--device", "cpu", "--epochs", "2", "--hidden", "8"]
+    assert train_main([*args, "--seed", "1", "--metrics-json", str(metrics)]) == 0
+    doc = MetricsDoc.read(metrics)
+    first, second = (e.chunks for e in doc.epochs)
+    assert first.replayed and first.batches == doc.epochs[0].iterations and first.batches_from_chunks == 0
+    assert first.missed == first.bin_reads > 0 and first.chunk_reads == 0
+    assert not second.replayed and second.bin_reads > 0 and second.missed == second.chunk_reads == 0
+    assert chunk_batches(doc) == (first.batches, 0)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"0 of {first.batches + second.batches} batches read only their chunks, {first.batches} predicted" in printed
 
 
 def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc], dataset: Path) -> None:
@@ -390,7 +500,43 @@ def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc
             got = store.get(torch.from_numpy(ids), batch=number).numpy()
             assert got.tobytes() == src[new_to_old[ids]].tobytes()
             chunks = store.stats()["chunks"]
-            assert (chunks["used"] > 0, chunks["missed"] > 0) == (right, not right)
+            assert (chunks["chunk_reads"] > 0, chunks["missed"] > 0) == (right, not right)
+            assert (chunks["batches"], chunks["batches_from_chunks"]) == (1, int(right))
+
+
+def test_a_placement_with_chunks_back_to_back_still_reads_right(
+    chunked: tuple[Path, MetricsDoc], dataset: Path, tmp_path: Path
+) -> None:
+    """A placement made before chunks started on pages (no ``align`` in placed.json: chunks back
+    to back) verifies and serves a replayed batch from its chunk with the source's rows."""
+    from placement.pack import replay_samples
+
+    old = tmp_path / "old"
+    shutil.copytree(chunked[0], old)
+    raw = json.loads((old / "placed.json").read_text())
+    c = raw["pack"]["chunks"]
+    assert c.pop("align") == 4096
+    placed = open_placed(old)
+    for b in placed.bins:
+        if b.chunks is None:
+            continue
+        path, at, where = b.copies(placed.row_bytes)[0]
+        data = np.fromfile(path, dtype=np.uint8)
+        path.write_bytes(data[where(np.arange(at.size))[:, None] + np.arange(placed.row_bytes)].tobytes())
+        entry = c["bins"][b.name]["chunks"]
+        c["bytes"] += path.stat().st_size - entry["bytes"]
+        entry.update(bytes=path.stat().st_size, digest=file_digest(path))
+    (old / "placed.json").write_text(json.dumps(raw))
+    placed = open_placed(old)
+    assert verify(old, sample=placed.num_nodes)["sampled"] > 0
+    pack = placed.manifest.pack
+    arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
+    nodes = next(replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)).nodes.numpy()
+    src = np.asarray(open_dataset(dataset).features())
+    with TieredFeatureStore(placed, device="cpu", io="posix") as store:
+        got = store.get(torch.from_numpy(nodes), batch=0).numpy()
+        assert store.stats()["chunks"]["chunk_reads"] > 0
+    assert got.tobytes() == src[np.asarray(placed.array("new_to_old"))[nodes]].tobytes()
 
 
 @pytest.mark.parametrize("kind", ["chunks", "shared"])
@@ -437,4 +583,4 @@ def test_the_command_line_refuses_a_budget_too_small_in_one_line(
     c = PlacedManifest.read(tmp_path / "c" / "placed.json").pack.chunks
     printed = " ".join(capsys.readouterr().out.split())
     assert f"{c.bytes / 1e9:.3f} GB of the {c.budget / 1e9:.3f} GB --pack-budget" in printed
-    assert f"more than {c.threshold} replayed batches" in printed
+    assert f"more than {c.threshold} replayed batches, in {c.order} order" in printed

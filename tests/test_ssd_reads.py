@@ -174,6 +174,36 @@ def test_the_reader_counts_the_pages_it_reads(tmp_path) -> None:
         assert reader.read_bytes == {str(small): 5 * 4096, str(wide): 2 * 4096}
 
 
+def test_rows_counted_from_a_base_byte_read_and_count_from_there(tmp_path) -> None:
+    """A packed chunk's read (``ReadRequest.base``: the byte its row 0 starts at): four 1536 B
+    rows from page 1 move 2 pages (from byte 3584: 3 pages); O_DIRECT only for a base aligned
+    to the device's block."""
+    import numpy as np
+
+    from trainer.readers import FileReader, ReadRequest
+
+    path = tmp_path / "chunks.bin"
+    data = np.arange(4 * 4096, dtype=np.uint32).view(np.uint8)[: 4 * 4096]
+    path.write_bytes(data.tobytes())
+    with FileReader(threads=1) as reader:
+        for base, pages in ((4096, 2), (3584, 3), (4100, 2)):
+            out = np.empty((4, 1536), dtype=np.uint8)
+            before = reader.read_bytes.get(str(path), 0)
+            reader.read_batch([ReadRequest(path, np.arange(4), out, base=base)])
+            assert out.tobytes() == data[base : base + 4 * 1536].tobytes()
+            assert reader.read_bytes[str(path)] - before == pages * 4096
+            task = reader.plan_task(0, ReadRequest(path, np.arange(4), _aligned(4 * 1536).reshape(4, 1536), base=base))
+            assert task.direct == (base % 512 == 0 and reader.opens_direct(path))
+
+
+def _aligned(nbytes: int):
+    import numpy as np
+
+    raw = np.empty(nbytes + 4096, dtype=np.uint8)
+    at = -raw.ctypes.data % 4096
+    return raw[at : at + nbytes]
+
+
 @pytest.mark.parametrize(
     ("name", "gpus", "ssds"),
     [pytest.param("moment-machine-b", 4, 8, marks=pytest.mark.slow), ("moment-machine-a-nvlink", 2, 3)],

@@ -265,6 +265,7 @@ class TieredFeatureStore:
         which = [k for k in range(len(self._ssd)) if edges[k + 1] > edges[k]]
         staged = None
         requests, owner = [], []
+        chunks0 = self.chunks.counts()
         for k in which:
             lo, hi = edges[k], edges[k + 1]
             rows = uniq[lo:hi] - self._ssd[k].start
@@ -284,6 +285,7 @@ class TieredFeatureStore:
                 staged[lo + order] = np.arange(lo, hi)
             requests.append(ReadRequest(self._ssd[k].path, rows, target[lo:hi]))
             owner.append(k)
+        self.chunks.batch_read(chunks0)
         seconds = self.reader.read_batch(requests)
         done = np.zeros(len(self._ssd))
         np.maximum.at(done, np.asarray(owner, dtype=np.int64), np.asarray(seconds, dtype=float))
@@ -399,7 +401,7 @@ class TieredFeatureStore:
             "staging": self._host_stage.stats(),
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
-            "chunks": self.chunks.since(self._chunks0),  # budget-packed: batches read from their chunks
+            "chunks": self.chunks.since(self._chunks0),  # budget-packed: reads served by chunks (trainer.packs)
             "io": {
                 "reader": type(self.reader).__name__,
                 "engine": self.reader.engine,  # FileReader: native (compiled) or python

@@ -140,9 +140,10 @@ class FileReader(_Reader):
             f.direct_fd is not None
             and not f.direct_failed
             and row_bytes % DIRECT_ALIGN == 0
+            and req.base % DIRECT_ALIGN == 0
             and out.ctypes.data % DIRECT_ALIGN == 0
         )
-        offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes)
+        offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes, req.base)
         buffer = (memoryview(out.reshape(-1).view(np.uint8)), out.ctypes.data)
         return ReadTask(i, f, f.name, direct, offsets, dests, sizes, buffer)
 

@@ -76,9 +76,9 @@ def load_data(cfg: TrainConfig) -> Data:
     return Data(
         placed,
         placed.array("labels"),
-        np.asarray(placed.array("train")),
-        np.asarray(placed.array("val")),
-        np.asarray(placed.array("test")),
+        np.asarray(placed.array("train"), dtype=np.int64),  # int32 on disk where the ids fit
+        np.asarray(placed.array("val"), dtype=np.int64),
+        np.asarray(placed.array("test"), dtype=np.int64),
         int(placed.meta["num_classes"]),
         DataIdentity.of(placed.root, placed.manifest),
     )
@@ -341,6 +341,7 @@ class Run:
                 val_acc=val_acc,
                 data_wait_s=wait / self.world,
                 stats=stats,
+                replayed=first is not None,
             )
             if self.env.nodes > 1:
                 record.update(per_node(timing, stats, train_s))

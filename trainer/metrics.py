@@ -18,6 +18,9 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   feature bytes), ``read_bytes_per_ssd`` (the bytes of the pages the reader's reads of each SSD
   bin touched: what the SSD moved, 4 KiB pages, each once per batch) and
   ``ssd_read_amplification`` (their sum over the useful bytes' sum; None without SSD reads),
+  ``chunks`` (a placement packed within a budget: how many batches read only their chunks, of how
+  many, and the (batch, bin) reads served by chunks or by the bins; ``replayed``: the epoch's
+  batches are the ones packed for, so all should; None for other placements),
   ``gbps_per_tier`` and ``gbps_per_ssd`` (those bytes / ``epoch_s``, GB = 1e9 B: the rate the
   run drew from each tier and SSD bin), ``hit_rate`` (share of requested rows served by each
   memory tier: ``gpu``, ``cpu``);
@@ -57,6 +60,7 @@ from moment.contracts.placed import Prediction
 from moment.contracts.tiers import TIERS
 from moment.progress import Reporter
 from trainer.config import TrainConfig
+from trainer.packs import CHUNK_COUNTS
 from trainer.read_base import Reader
 
 MEMORY_TIERS = TIERS[:-1]
@@ -99,8 +103,10 @@ def epoch_record(
     val_acc: float | None,
     data_wait_s: float,
     stats: list[dict[str, Any]],
+    replayed: bool = False,
 ) -> dict[str, Any]:
-    """One epoch's record from the loop's counters and every rank's feature-store stats."""
+    """One epoch's record from the loop's counters and every rank's feature-store stats;
+    ``replayed``: the epoch's batches are those a budget-packed placement's chunks hold."""
     merged = merge_stats(stats)
     asked = max(merged["asked"], 1)
     secs = max(train_s, 1e-12)
@@ -121,11 +127,29 @@ def epoch_record(
         "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},
         "read_bytes_per_ssd": {name: int(v["read_bytes"]) for name, v in merged["ssd_bins"].items()},
         "ssd_read_amplification": read_amplification(merged["ssd_bins"].values()),
+        "chunks": chunk_reads(stats, replayed),
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
         "hit_rate": {t: merged["tiers"][t]["rows"] / asked for t in MEMORY_TIERS if t in merged["tiers"]},
         **read_shares(merged),
     }
+
+
+def chunk_reads(per_rank: list[dict[str, Any]], replayed: bool) -> dict[str, Any] | None:
+    """The ranks' chunk counts (``stats()["chunks"]``) summed; None without chunks."""
+    counted = [c for s in per_rank if (c := s.get("chunks")) is not None]
+    if not counted or len(counted) < len(per_rank):
+        return None
+    return {"replayed": replayed, **{k: sum(c[k] for c in counted) for k in CHUNK_COUNTS}}
+
+
+def chunk_batches(doc: MetricsDoc) -> tuple[int, int] | None:
+    """The closed loop for chunks: batches predicted to read only their chunks (every batch of
+    a replayed epoch) and batches that did, over the run; None without chunks."""
+    counted = [e.chunks for e in doc.epochs if e.chunks is not None]
+    if not counted:
+        return None
+    return sum(c.batches for c in counted if c.replayed), sum(c.batches_from_chunks for c in counted)
 
 
 def read_shares(merged: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -413,6 +437,13 @@ class Metrics:
             why = "ranks are not on the plan's GPUs" if not doc.on_plan_gpus else "the prediction is for other data"
             summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")
         summary.add_row("SSD bytes read", _amplification_line(doc))
+        if (chunks := chunk_batches(doc)) is not None:
+            batches = sum(e.chunks.batches for e in doc.epochs if e.chunks is not None)
+            summary.add_row(
+                "chunk reads",
+                f"{chunks[1]:,} of {batches:,} batches read only their chunks, {chunks[0]:,} predicted "
+                "(the batches of the epochs packed for)",
+            )
         summary.add_row("note", pred.note)
         summary.add_row("test accuracy", _fmt(doc.test_acc, ".4f"))
         self.console.print(summary)

@@ -16,25 +16,34 @@ from typing import Any
 
 import numpy as np
 
-from placement.placed import ChunkFiles, Placed, PlacedBin
+from placement.placed import ChunkFiles, Placed, PlacedBin, chunk_starts
 from trainer.read_base import ReadRequest
+
+# What a rank's reads of bins with chunks did, summed per epoch into metrics.json (EpochRecord.chunks):
+# (batch, bin) reads served by the bin's chunk and shared cache; ... read from the bin instead; of
+# those, a replayed batch's whose rows were not its chunk's; batches that read such bins; of
+# those, the ones none of whose reads went to a bin.
+CHUNK_COUNTS = ("chunk_reads", "bin_reads", "missed", "batches", "batches_from_chunks")
 
 
 @dataclass
 class _Bin:
     chunks: Path
     shared: Path
-    offsets: np.ndarray  # each replayed batch's first chunk-file row (in memory: batches + 1)
-    rows: np.ndarray  # the bin row at each chunk-file row (mapped: read one chunk's worth per batch)
+    offsets: np.ndarray  # each replayed batch's first row in the chunk row map (in memory: batches + 1)
+    starts: np.ndarray  # ... and the byte its chunk starts at in ``chunks`` (a page; old placements: packed)
+    rows: np.ndarray  # the bin row at each row of the chunk row map (mapped: read one chunk's worth per batch)
     shared_sorted: np.ndarray  # the shared rows, sorted (in memory)
     shared_at: np.ndarray  # ... and the shared-file row of each
 
     @classmethod
-    def open(cls, files: ChunkFiles) -> _Bin:
+    def open(cls, files: ChunkFiles, row_bytes: int) -> _Bin:
         shared = np.load(files.shared_rows).astype(np.int64)
         order = np.argsort(shared)
         rows = np.load(files.chunk_rows, mmap_mode="r")
-        return cls(files.chunks, files.shared, np.load(files.chunk_offsets), rows, shared[order], order)
+        offsets = np.load(files.chunk_offsets)
+        starts = chunk_starts(offsets, row_bytes, files.align)
+        return cls(files.chunks, files.shared, offsets, starts, rows, shared[order], order)
 
 
 class BatchChunks:
@@ -45,8 +54,9 @@ class BatchChunks:
         pack = placed.manifest.pack
         self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None else (0, 1)
         self.per_rank = pack.batches // (pack.epochs * pack.ranks) if pack is not None else 0  # one rank's, an epoch
-        self.bins = [None if b.chunks is None else _Bin.open(b.chunks) for b in ssd]
-        self.used = self.missed = 0  # (batch, bin) pairs read from a chunk, and not (rows differ)
+        self.bins = [None if b.chunks is None else _Bin.open(b.chunks, placed.row_bytes) for b in ssd]
+        # What the reads did (:meth:`since`): keys of CHUNK_COUNTS, counted since the store opened.
+        self.counted = dict.fromkeys(CHUNK_COUNTS, 0)
 
     def first_batch(self, epoch: int, rank: int, world: int) -> int | None:
         """The replay index of ``rank``'s first training batch of ``epoch`` (the epoch whose
@@ -55,15 +65,22 @@ class BatchChunks:
             return None
         return (epoch * self.ranks + rank) * self.per_rank
 
-    def counts(self) -> tuple[int, int]:
-        return self.used, self.missed
+    def counts(self) -> dict[str, int]:
+        return dict(self.counted)
 
-    def since(self, before: tuple[int, int]) -> dict[str, int] | None:
-        """(batch, bin) reads served by their chunk since ``before`` (:meth:`counts`), and those
-        whose rows were not the chunk's (read from the bin); None without chunks."""
+    def since(self, before: dict[str, int]) -> dict[str, int] | None:
+        """What :data:`CHUNK_COUNTS` counts since ``before`` (:meth:`counts`); None without chunks."""
         if all(c is None for c in self.bins):
             return None
-        return {"used": self.used - before[0], "missed": self.missed - before[1]}
+        return {k: self.counted[k] - before[k] for k in CHUNK_COUNTS}
+
+    def batch_read(self, before: dict[str, int]) -> None:
+        """One batch's SSD reads are planned (since ``before``): count it where it read a bin
+        with chunks, and as served by chunks where none of those reads went to the bin."""
+        c = self.counted
+        if c["chunk_reads"] + c["bin_reads"] > before["chunk_reads"] + before["bin_reads"]:
+            c["batches"] += 1
+            c["batches_from_chunks"] += c["bin_reads"] == before["bin_reads"]
 
     def requests(
         self, k: int, batch: int | None, rows: np.ndarray, out: Any
@@ -72,7 +89,10 @@ class BatchChunks:
         its chunk, then its shared rows in file order; and where each of ``rows`` lands in ``out``.
         None when the batch's rows are not the chunk's, or it has none (read the bin instead)."""
         c = self.bins[k]
-        if c is None or batch is None or not 0 <= batch < c.offsets.size - 1:
+        if c is None:
+            return None
+        if batch is None or not 0 <= batch < c.offsets.size - 1:
+            self.counted["bin_reads"] += 1
             return None
         pos = np.searchsorted(c.shared_sorted, rows)
         shared = pos < c.shared_sorted.size
@@ -80,15 +100,17 @@ class BatchChunks:
         mine = rows[~shared]
         lo, hi = int(c.offsets[batch]), int(c.offsets[batch + 1])
         if mine.size != hi - lo or not np.array_equal(mine, c.rows[lo:hi]):
-            self.missed += 1
+            self.counted["missed"] += 1
+            self.counted["bin_reads"] += 1
             return None
-        self.used += 1
+        self.counted["chunk_reads"] += 1
         at = c.shared_at[pos[shared]]
         order = np.argsort(at)
         landed = np.empty(rows.size, dtype=np.int64)
         landed[~shared] = np.arange(mine.size)
         landed[np.flatnonzero(shared)[order]] = mine.size + np.arange(at.size)
-        reads = [ReadRequest(c.chunks, np.arange(lo, hi), out[: mine.size])] if mine.size else []
+        chunk = ReadRequest(c.chunks, np.arange(mine.size), out[: mine.size], base=int(c.starts[batch]))
+        reads = [chunk] if mine.size else []
         if at.size:
             reads.append(ReadRequest(c.shared, at[order], out[mine.size :]))
         return reads, landed
@@ -100,9 +122,10 @@ class BatchChunks:
 
 
 def index_bytes(placed: Placed) -> int:
-    """Host memory a rank holds for the chunk files' row maps (the offsets, the shared rows
-    sorted and their file rows); the chunks' own row maps are mapped, not held."""
+    """Host memory a rank holds for the chunk files' row maps (the offsets and chunk starts, the
+    shared rows sorted and their file rows); the chunks' own row maps are mapped, not held."""
     held = [c for b in placed.bins if (c := getattr(b, "chunks", None)) is not None]
     return sum(
-        8 * np.load(c.chunk_offsets, mmap_mode="r").size + 16 * np.load(c.shared_rows, mmap_mode="r").size for c in held
+        16 * np.load(c.chunk_offsets, mmap_mode="r").size + 16 * np.load(c.shared_rows, mmap_mode="r").size
+        for c in held
     )

@@ -54,6 +54,7 @@ class ReadRequest:
     file: FileRef
     rows: np.ndarray
     out: Any  # FileReader: a C-contiguous numpy array; KvikioReader: a contiguous CUDA tensor
+    base: int = 0  # the file's byte where row 0 starts (a packed chunk's page: trainer.packs)
 
 
 class Reader(Protocol):
@@ -157,9 +158,11 @@ class ReadTask:
     buffer: Any = field(repr=False)  # (the buffer: a memoryview or a CUDA tensor, its address)
 
 
-def _runs_in_bytes(rows: np.ndarray, row_bytes: int, max_run_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _runs_in_bytes(
+    rows: np.ndarray, row_bytes: int, max_run_bytes: int, base: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     first, pos, counts = coalesce(rows, max(1, max_run_bytes // max(row_bytes, 1)))
-    return first * row_bytes, pos * row_bytes, counts * row_bytes
+    return base + first * row_bytes, pos * row_bytes, counts * row_bytes
 
 
 def _tasks(requests: list[ReadTask], threads: int) -> list[ReadTask]:

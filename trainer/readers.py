@@ -219,7 +219,7 @@ class KvikioReader(_Reader):
             raise TypeError(f"out must be a contiguous {self.device_type.upper()} tensor")
         name = str(req.file)
         nbytes = out.numel() * out.element_size()
-        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes)
+        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes, req.base)
         handle = self._handle(name) if rows.size else None
         gds = self.modes.get(name) == "kvikio-gds"  # known to be read through cuFile
         # The buffer travels as the tensor (kept alive until the reads are done) and its address.

@@ -56,6 +56,20 @@ class NodePrediction(_Part):
     bin_shares: dict[str, Share]
 
 
+class ChunkReads(_Part):
+    """How a budget-packed placement's chunks (``moment place --pack-budget``, trainer/packs.py)
+    served the epoch's training batches, summed over ranks. ``replayed``: the epoch's batches are
+    the ones the placement replayed, so each should read only its chunks (the prediction:
+    ``batches_from_chunks == batches``); otherwise every read goes to the bins."""
+
+    replayed: bool
+    batches: int = Field(ge=0)  # batches that read SSD bins with chunks
+    batches_from_chunks: int = Field(ge=0)  # ... none of whose reads went to a bin
+    chunk_reads: int = Field(ge=0)  # (batch, SSD bin) reads served by the bin's chunk and shared cache
+    bin_reads: int = Field(ge=0)  # ... read from the bin instead
+    missed: int = Field(ge=0)  # of those, a replayed batch's whose rows were not its chunk's
+
+
 class EpochRecord(_Part):
     """One epoch's training part (validation is outside the timings)."""
 
@@ -77,6 +91,7 @@ class EpochRecord(_Part):
     # absent from the records of runs before they were counted.
     read_bytes_per_ssd: dict[str, int] = {}
     ssd_read_amplification: float | None = Field(default=None, ge=0)
+    chunks: ChunkReads | None = None  # a placement packed within a budget (absent otherwise, and in older files)
     gbps_per_tier: dict[str, float]
     gbps_per_ssd: dict[str, float]
     hit_rate: dict[str, float]

@@ -44,7 +44,7 @@ MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
 # Seconds per phase of `moment place` (``timings_s`` keys, in order; "total" is the whole run).
-# checksums and fsync partly run in threads beside bin writing, so the phases may add up to more.
+# checksums and fsync run in threads beside the writing of the bins and arrays, so the phases may add up to more.
 PHASES = {
     "check": "checking the dataset (a full scan)",
     "presample": "pre-sampling hotness",
@@ -188,9 +188,15 @@ class PackChunks(Strict):
     the rows it reads, rows read by more than ``threshold`` batches in a shared cache instead."""
 
     budget: int = Field(ge=0)  # bytes the chunks and shared caches may take
-    bytes: int = Field(ge=0)  # bytes they take
+    bytes: int = Field(ge=0)  # bytes they take (padding included)
     threshold: int = Field(ge=0)
     bins: dict[str, BinChunks]
+    # Each chunk starts on a multiple of this many bytes (zeros pad the chunk before): a page,
+    # so a chunk read moves its own pages only; 1 in placements made before (chunks back to back).
+    align: int = Field(default=1, ge=1)
+    # How the shared caches order their rows (a key of placement.chunks.SHARED_ORDERS: the one the
+    # replayed batches read the fewest pages of); placements made before: first then second reader.
+    order: str = "first-reader"
 
 
 class SampleFiles(Strict):
