@@ -26,6 +26,7 @@ from placement.ddak import BinSpec, Placement
 from placement.hotness import Hotness
 from placement.policies import get_policy
 from placement.predict import write_workload
+from placement.samples import FILES as SAMPLE_FILES
 from placement.writer import BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
 
 if TYPE_CHECKING:
@@ -85,11 +86,11 @@ class Phases:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def written(self, files: list[NpyWriter], phase: str, wall: float) -> None:
-        """``wall`` seconds spent writing ``files`` in ``phase``: their hashing and fsync apart."""
-        hashing, syncing = sum(f.hash_s for f in files), sum(f.fsync_s for f in files)
-        self.add(phase, wall - hashing - syncing)
-        self.add("checksums", hashing)
-        self.add("fsync", syncing)
+        """``wall`` seconds spent writing ``files`` in ``phase``, less what it waited for their
+        hashing and fsync; those ran in threads beside it and are their own phases (busy time)."""
+        self.add(phase, wall - sum(f.wait_s for f in files))
+        self.add("checksums", sum(f.hash_s for f in files))
+        self.add("fsync", sum(f.fsync_s for f in files))
 
     def rounded(self) -> dict[str, float]:
         """The seconds in ``PHASES`` order, with the total so far."""
@@ -152,7 +153,8 @@ def write_arrays(
     progress: Progress | None,
 ) -> dict[str, NpyWriter]:
     """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
-    and checksummed on the way; returns them by manifest key."""
+    and checksummed on the way; returns them by manifest key. Ids and counts are int32 where
+    they fit (``relabel.id_type``): a third fewer bytes to write and hash; readers take either."""
     ds = run.ds
     t0 = time.perf_counter()
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
@@ -169,17 +171,21 @@ def write_arrays(
         files["indices"],
         progress=stage_update(progress, "rewriting topology"),
     )
-    for key, values, dtype in (("labels", ds.labels(), ds.labels().dtype), ("hotness", hot.counts, np.int64)):
+    for f in files.values():
+        f.finish()  # its last hashing and fsync go on beside the next files
+    counts_type = rl.id_type(int(np.max(hot.counts, initial=0)))
+    for key, values, dtype in (("labels", ds.labels(), ds.labels().dtype), ("hotness", hot.counts, counts_type)):
         files[key] = NpyWriter(data / PLACED_FILES[key], dtype, (n,))
         rl.permute(values, r.new_to_old, files[key])
+        files[key].finish()
     for split in ("train", "val", "test"):
         ids = r.old_to_new[np.asarray(ds.split(split))]
         ids.sort()
-        files[split] = save_npy(data / PLACED_FILES[split], ids, np.int64)
-    files["old_to_new"] = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new, np.int64)
-    files["new_to_old"] = save_npy(data / PLACED_FILES["new_to_old"], r.new_to_old, np.int64)
+        files[split] = save_npy(data / PLACED_FILES[split], ids, wait=False)
+    files["old_to_new"] = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new, wait=False)
+    files["new_to_old"] = save_npy(data / PLACED_FILES["new_to_old"], r.new_to_old, wait=False)
     for f in files.values():
-        f.close()
+        f.close()  # every file hashed and on disk before the manifest names it
     write_workload(data / PLACED_FILES["workload"], workload)
     phases.written(list(files.values()), "relabel", time.perf_counter() - t0)
     faults.point("place:arrays-written")
@@ -223,6 +229,7 @@ def build_manifest(
     entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
     written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
     written_apart.update({key: f"{key}.npy" for key in (pack.map_keys if pack else ())})  # row maps
+    written_apart.update({key: SAMPLE_FILES[key] for key in (pack.samples.keys if pack and pack.samples else ())})
     for k, name in written_apart.items():
         path = data / name
         entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}

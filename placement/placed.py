@@ -10,6 +10,8 @@ row-major file, so a vertex's location is a range lookup. In a packed placement 
 and its slot map gives the file row of each: ``file row = slots[id - start]``; packed within a
 budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
 rows lie beside it in per-batch chunks and a shared cache, whose row maps say which row is which.
+Id maps, splits and the counts in new ids are int32 where the values fit (int64 beyond, and in
+placements written before that): readers take either, as the .npy header says.
 """
 
 from __future__ import annotations
@@ -200,7 +202,10 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
 
     if sample < 0:
         raise UsageError(f"--sample {sample}: must be 0 or more")
+    from placement.samples import check as check_samples
+
     placed = open_placed(path, checksums=True)
+    check_samples(placed)  # the stored samples are the trainer's draws
     if sample == 0:  # the placement alone: it never depends on the source once written
         return {"files": len(placed.bins) + len(placed.manifest.files), "rows": placed.num_nodes, "sampled": 0}
     try:

@@ -19,12 +19,15 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -41,6 +44,8 @@ except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
 CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
+HASH_AHEAD_BYTES = 32 << 20  # how far an NpyWriter's hashing may lag behind its writes (memory held)
+SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes
 
 
 def new_hasher() -> hashlib._Hash:
@@ -85,16 +90,31 @@ class WriteTimes:
 
 class NpyWriter:
     """An .npy file written front to back (the header, then blocks as they come), checksummed on
-    the way: the manifest's SHA-256 without reading the file back, and resident memory of one
-    block however large the file. Seconds spent hashing and in the final fsync are kept."""
+    the way: the manifest's SHA-256 without reading the file back, and resident memory of a few
+    blocks however large the file.
+
+    Neither the checksum nor the fsync holds up the caller (hashlib and fsync release the GIL):
+    blocks are hashed in a thread of the writer's own, in order, at most ``HASH_AHEAD_BYTES``
+    behind; every ``SYNC_BYTES`` another thread fsyncs what was written so far, so the disk
+    writes while the caller computes instead of all at the end; :meth:`finish` hands it the final
+    fsync and :meth:`close` waits for both. A block must not change after :meth:`write` (it is
+    hashed later): callers write fresh arrays. Busy seconds in the threads (``hash_s``,
+    ``fsync_s``) and the seconds the caller waited for them (``wait_s``) are kept."""
 
     def __init__(self, path: Path, dtype: DTypeLike, shape: tuple[int, ...]) -> None:
         self.path, self.dtype, self.shape = path, np.dtype(dtype), shape
         self.hasher = new_hasher()
-        self.hash_s = self.fsync_s = 0.0
+        self.hash_s = self.fsync_s = self.wait_s = 0.0
         self.bytes = 0
         self.digest = ""
         self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-hash")
+        self._syncing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-fsync")
+        self._hashed: deque[tuple[int, Future[float]]] = deque()  # (bytes, job), oldest first
+        self._behind = 0  # bytes queued for hashing
+        self._synced: Future[float] | None = None
+        self._unsynced = 0
+        self._finished = False
         header = io.BytesIO()
         descr = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
         np.lib.format.write_array_header_1_0(header, descr)
@@ -105,37 +125,85 @@ class NpyWriter:
         self._put(memoryview(np.ascontiguousarray(block, dtype=self.dtype)).cast("B"))
 
     def _put(self, data: memoryview) -> None:
-        t0 = time.perf_counter()
-        self.hasher.update(data)
-        self.hash_s += time.perf_counter() - t0
+        self._hashed.append((len(data), self._hashing.submit(_timed, self.hasher.update, data)))
+        self._behind += len(data)
+        while self._behind > HASH_AHEAD_BYTES:
+            self._hash_oldest()
         self.fh.write(data)
         self.bytes += len(data)
+        self._unsynced += len(data)
+        if self._unsynced >= SYNC_BYTES and (self._synced is None or self._synced.done()):
+            self._sync()
+
+    def _wait(self, job: Future[float]) -> float:
+        """A thread's busy seconds; the time spent waiting for it counted in ``wait_s``."""
+        t0 = time.perf_counter()
+        busy = job.result()
+        self.wait_s += time.perf_counter() - t0
+        return busy
+
+    def _hash_oldest(self) -> None:
+        size, job = self._hashed.popleft()
+        self._behind -= size
+        self.hash_s += self._wait(job)
+
+    def _sync(self) -> None:
+        """fsync what was written so far, in the syncing thread (one fsync in flight)."""
+        if self._synced is not None:
+            self.fsync_s += self._wait(self._synced)
+        self.fh.flush()
+        self._synced = self._syncing.submit(_timed, os.fsync, self.fh.fileno())
+        self._unsynced = 0
+
+    def finish(self) -> None:
+        """The last block is written: start the final fsync (:meth:`close` waits for it). A file
+        shorter or longer than its header says is a bug."""
+        if self._finished:
+            return
+        if self.bytes != self.expected:
+            raise RuntimeError(f"{self.path}: wrote {self.bytes} bytes, its header promises {self.expected}")
+        self._finished = True
+        self._sync()
 
     def close(self) -> str:
-        """fsync and close; the digest (also kept as ``digest``). A file shorter or longer than its
-        header says is a bug."""
+        """Finish, wait until the file is hashed and on disk, close; the digest (also kept as
+        ``digest``)."""
         if self.fh.closed:
             return self.digest
         try:
-            if self.bytes != self.expected:
-                raise RuntimeError(f"{self.path}: wrote {self.bytes} bytes, its header promises {self.expected}")
-            self.fh.flush()
-            t0 = time.perf_counter()
-            os.fsync(self.fh.fileno())
-            self.fsync_s = time.perf_counter() - t0
+            self.finish()
+            while self._hashed:
+                self._hash_oldest()
+            if self._synced is not None:
+                self.fsync_s += self._wait(self._synced)
+                self._synced = None
         finally:
+            for pool in (self._hashing, self._syncing):  # nothing may touch the file once it is closed
+                pool.shutdown(wait=True, cancel_futures=True)
             self.fh.close()
         self.digest = self.hasher.hexdigest()
         return self.digest
 
 
-def save_npy(path: Path, array: np.ndarray, dtype: DTypeLike | None = None, chunk: int = 1 << 22) -> NpyWriter:
+def _timed(fn: Callable[[Any], object], arg: Any) -> float:
+    t0 = time.perf_counter()
+    fn(arg)
+    return time.perf_counter() - t0
+
+
+def save_npy(
+    path: Path, array: np.ndarray, dtype: DTypeLike | None = None, chunk: int = 1 << 20, wait: bool = True
+) -> NpyWriter:
     """``array`` as an .npy file of ``dtype`` (default its own) through :class:`NpyWriter`,
-    converted ``chunk`` entries at a time (no full-size copy), closed: digest and timings kept."""
+    converted ``chunk`` entries at a time (no full-size copy), closed: digest and timings kept
+    (``wait=False``: only finished; the caller closes it, which waits for its hash and fsync)."""
     out = NpyWriter(path, dtype or array.dtype, array.shape)
     for lo in range(0, array.shape[0], chunk):
         out.write(array[lo : lo + chunk])
-    out.close()
+    if wait:
+        out.close()
+    else:
+        out.finish()
     return out
 
 
@@ -246,6 +314,32 @@ class _Source:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def read_ahead(features: np.ndarray, budget: int) -> threading.Thread | None:
+    """Start the kernel reading a memory-mapped source's rows into the page cache, at most
+    ``budget`` bytes from the front (the order :func:`write_bins` reads them), in a thread (the
+    request may block while it queues the reads). ``moment place`` calls it before pre-sampling,
+    which is CPU-bound on a topology already cached by the check: the disk would be idle
+    otherwise, and the bin pass then reads from memory. None where there is nothing to read."""
+    name = getattr(features, "filename", None)
+    if not isinstance(features, np.memmap) or not name or budget <= 0 or not features.flags.c_contiguous:
+        return None
+    offset, size = int(features.offset), min(int(features.nbytes), budget)
+
+    def advise() -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except OSError:
+            return  # the bin pass reports a missing source
+        try:
+            os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=advise, name="moment-read-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def _read_chunk(

@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moment.contracts.placed import PHASES
+from moment.contracts.placed import MANIFEST, PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
+from placement.writer import file_digest
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,35 @@ def test_every_feature_reads_back(plan_file: Path, dataset: Path, tmp_path: Path
     gpu_end = sum(b.count for b in placed.bins if b.tier == "gpu")
     ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
     assert hot[:gpu_end].min() >= hot[ssd_start:].max()
+    assert np.array_equal(hot, np.load(out / "hotness.npy")[old])
+    # Ids and counts as int32 where they fit (the CSR keeps the dataset's index type).
+    for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
+        assert placed.array(key).dtype == np.int32, key
     assert verify(out)["rows"] == n
+
+
+def test_placements_with_int64_ids_still_verify(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """A placement written before ids went int32 (int64 id maps, splits and counts) verifies and
+    reads back as before; so does a damaged one still fail."""
+    out = tmp_path / "placed"
+    place(plan_file, dataset, out, PlaceOptions(**OPTS))
+    m = json.loads((out / MANIFEST).read_text())
+    for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
+        path = out / m["files"][key]["path"]
+        np.save(path, np.load(path).astype(np.int64))
+        m["files"][key].update(bytes=path.stat().st_size, digest=file_digest(path))
+    (out / MANIFEST).write_text(json.dumps(m))
+    placed = open_placed(out, checksums=True)
+    assert placed.array("old_to_new").dtype == np.int64
+    assert verify(out, sample=30_000)["sampled"] > 0
+    new = np.asarray(placed.array("old_to_new"))
+    assert np.array_equal(placed.read_rows(new), np.asarray(open_dataset(dataset).features()))
+    path = out / m["files"]["new_to_old"]["path"]
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(PlacedError, match="checksum mismatch"):
+        verify(out)
 
 
 def test_timings_name_every_phase(plan_file: Path, dataset: Path, tmp_path: Path) -> None:

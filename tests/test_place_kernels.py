@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from placement import relabel as rl
+from placement import writer
 from placement.writer import BinFile, NpyWriter, file_digest, group_rows, save_npy, write_bins
 
 
@@ -59,6 +60,28 @@ def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path, chunk_rows: int
         assert np.array_equal(new_ind[new_ptr[new] : new_ptr[new + 1]], expect)
 
 
+def test_extents_look_each_row_up_once_among_hubs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows over the edge bound (hubs) go one per chunk, and each row's extent is looked up once,
+    not a look-ahead of ``max_rows`` rows again for every hub."""
+    n, max_rows, max_edges = 5000, 1000, 50
+    deg = np.full(n, 3, dtype=np.int64)
+    deg[:2000] = 100  # 2000 hubs, each over the bound
+    indptr = np.concatenate(([0], np.cumsum(deg)))
+    looked: list[int] = []
+    kernel = rl._row_extents
+    monkeypatch.setattr(
+        rl, "_row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
+    )
+    r = rl.relabel(np.zeros(n, dtype=np.int16), ["ssd"])  # one bin: new ids are the old ones
+    chunks = list(rl._extents(indptr, r, max_rows, max_edges))
+    assert [lens.size for _, _, lens in chunks[:2000]] == [1] * 2000
+    assert all(lens.size <= max_rows and (lens.sum() <= max_edges or lens.size == 1) for _, _, lens in chunks)
+    assert [end for end, _, _ in chunks] == list(np.cumsum([lens.size for _, _, lens in chunks]))
+    assert chunks[-1][0] == n and sum(looked) == n  # every row looked up once (was 2000 x 1000 for the hubs)
+    assert np.array_equal(np.concatenate([s for _, s, _ in chunks]), indptr[:-1])
+    assert np.array_equal(np.concatenate([lens for _, _, lens in chunks]), deg)
+
+
 def test_npy_writer_checksums_what_numpy_reads_back(tmp_path: Path) -> None:
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     w = save_npy(tmp_path / "a.npy", a)
@@ -68,6 +91,47 @@ def test_npy_writer_checksums_what_numpy_reads_back(tmp_path: Path) -> None:
     short.write(np.arange(4))
     with pytest.raises(RuntimeError, match="header promises"):
         short.close()
+
+
+def test_npy_writer_hashes_and_syncs_beside_its_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hashed in its thread (in order, a few blocks behind) and fsynced every few blocks in
+    another: the digest is still the file's, the content numpy's."""
+    monkeypatch.setattr(writer, "SYNC_BYTES", 4000)
+    monkeypatch.setattr(writer, "HASH_AHEAD_BYTES", 10_000)
+    rng = np.random.default_rng(4)
+    blocks = [rng.integers(0, 1 << 40, int(k)) for k in rng.integers(1, 3000, 40)]
+    total = sum(b.size for b in blocks)
+    out = NpyWriter(tmp_path / "a.npy", np.int64, (total,))
+    for b in blocks:
+        out.write(b)
+    out.finish()
+    assert out.close() == file_digest(tmp_path / "a.npy") == out.digest
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.concatenate(blocks))
+    assert out.fsync_s > 0 and out.hash_s > 0 and out.bytes == (tmp_path / "a.npy").stat().st_size
+
+
+def test_read_ahead_asks_for_the_rows_of_the_source_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel is asked for the source's rows (past the .npy header), front first, at most
+    the budget; an array in memory needs nothing."""
+    feats = np.zeros((1000, 8), dtype=np.float32)
+    np.save(tmp_path / "f.npy", feats)
+    mapped = np.load(tmp_path / "f.npy", mmap_mode="r")
+    asked: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        writer.os, "posix_fadvise", lambda fd, offset, size, advice: asked.append((offset, size, advice))
+    )
+    for budget in (1 << 30, 4096):
+        thread = writer.read_ahead(mapped, budget)
+        assert thread is not None
+        thread.join()
+    header = (tmp_path / "f.npy").stat().st_size - feats.nbytes
+    assert asked == [
+        (header, feats.nbytes, writer.os.POSIX_FADV_WILLNEED),
+        (header, 4096, writer.os.POSIX_FADV_WILLNEED),
+    ]
+    assert writer.read_ahead(feats, 1 << 30) is None and writer.read_ahead(mapped, 0) is None
 
 
 def test_write_bins_reads_a_memory_map_by_pread_as_numpy_would(tmp_path: Path) -> None:

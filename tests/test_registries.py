@@ -191,8 +191,8 @@ class _ToyReader:
             if name not in self._maps:
                 self._maps[name] = np.memmap(name, dtype=np.uint8, mode="r")
             out = req.out.reshape(len(req.rows), -1).view(np.uint8)
-            rows = self._maps[name].reshape(-1, out.shape[1])
-            out[:] = rows[np.asarray(req.rows)]
+            at = req.base + np.asarray(req.rows, dtype=np.int64)[:, None] * out.shape[1]  # rows from byte base
+            out[:] = self._maps[name][at + np.arange(out.shape[1])]
             self.preads += 1
             self.modes[name] = "memmap"
             self.read_bytes[name] = self.read_bytes.get(name, 0) + out.nbytes
