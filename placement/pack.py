@@ -5,7 +5,8 @@ eight times its bytes: :mod:`moment.ssd_reads`). DiskGNN removes this by samplin
 epochs' batches offline and packing the rows each batch needs contiguously on disk. Here the
 placement replays the trainer's own batches for the first ``epochs`` epochs (same sampler, seed,
 fan-outs, batch size and ranks: :func:`placement.sampler.train_draw_seed`) over the relabelled
-graph, and gives every SSD row its position in its bin's file in the order batches first read it
+graph (sampled once and stored, :mod:`placement.samples`: the trainer loads them, and the passes
+below read their vertices back), and gives every SSD row its position in its bin's file in the order batches first read it
 (then by the second batch that reads it, so rows a later batch reads again lie together inside
 the earlier batch's group; then by id); rows no replayed batch read follow in id order. New ids do not
 change, so the trainer's batches are the ones replayed: each packed bin gets a slot map
@@ -31,7 +32,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,12 +40,16 @@ from moment.contracts.placed import PackSummary
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 from moment.ssd_reads import pages_read
+from placement.samples import present
 from placement.writer import CHUNK_BYTES, Written, new_hasher
+
+if TYPE_CHECKING:
+    from placement.sampler import SampledBatch
 
 STATE = "pack-state.json"  # in the staging directory: the packed bins, once all are written
 
 
-def replay(
+def replay_samples(
     indptr: np.ndarray,
     indices: np.ndarray,
     train: np.ndarray,
@@ -53,10 +58,10 @@ def replay(
     seed: int,
     epochs: int,
     ranks: int,
-) -> Iterator[np.ndarray]:
-    """The vertices (new ids) of every training batch of ``epochs`` epochs on ``ranks`` ranks,
-    as the trainer samples them on the CPU (``trainer.loop``: the base sampler's permutation,
-    each rank's strided share, that rank's draws), epoch by epoch, rank by rank."""
+) -> Iterator[SampledBatch]:
+    """Every training batch of ``epochs`` epochs on ``ranks`` ranks (new ids), as the trainer
+    samples them on the CPU (``trainer.loop``: the base sampler's permutation, each rank's
+    strided share, that rank's draws), epoch by epoch, rank by rank."""
     from placement.sampler import NeighborSampler, train_draw_seed  # torch: only when packing
 
     base = NeighborSampler(indptr, indices, fanouts, seed=seed)
@@ -67,11 +72,11 @@ def replay(
                 train, batch_size, shuffle=True, epoch=epoch, rank=rank, world_size=ranks, drop_last_uneven=True
             )
             for batch in seeds:
-                yield draws.sample(batch).nodes.numpy()
+                yield draws.sample(batch)
 
 
 def replay_batches(train: int, batch_size: int, epochs: int, ranks: int) -> int:
-    """Batches :func:`replay` yields."""
+    """Batches :func:`replay_samples` yields."""
     from placement.sampler import num_batches  # torch: only when packing
 
     return epochs * ranks * num_batches(train, batch_size, ranks, drop_last_uneven=True)
@@ -286,6 +291,8 @@ def load_state(work: Path, key: str) -> tuple[list[Written], PackSummary] | None
     for c in summary.chunks.bins.values() if summary.chunks else ():  # written under their .partial names
         files += [(_partial(work, f.path), f.bytes) for f in (c.chunks, c.shared)]
     if any(not path.is_file() or path.stat().st_size != size for path, size in files):
+        return None
+    if summary.samples is not None and not present(work, summary.samples):
         return None
     return written, summary
 

@@ -51,6 +51,7 @@ from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
+from placement.samples import bytes_bound
 from placement.writer import file_digest, read_ahead
 
 
@@ -157,7 +158,7 @@ def place(
         workload, prediction, specs = _targets(run, hot, log)
     with phases("ddak"):
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
-    _preflight(run, specs, placed, log)
+    _preflight(run, specs, placed, hot, log)
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
@@ -347,10 +348,11 @@ def _least_rows(run: PlaceRun) -> dict[str, int]:
     return {s.name: max(0, left - (room - s.capacity)) for s in ssd}
 
 
-def _space_needed(run: PlaceRun, bin_rows: dict[str, int]) -> dict[Path, int]:
-    """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays."""
+def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> dict[Path, int]:
+    """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays
+    (and ``samples``: the stored samples' bytes, :func:`_samples_bytes`)."""
     ds, opts = run.ds, run.opts
-    needs: dict[Path, int] = {run.out: _arrays_bytes(ds)}
+    needs: dict[Path, int] = {run.out: _arrays_bytes(ds) + samples}
     ssd_bytes = sum(bin_rows.get(t.bin, 0) for t in run.plan.bin_targets if t.tier == "ssd") * ds.row_bytes
     budget = parse_budget(opts.pack_budget, ssd_bytes) if opts.pack_budget is not None else 0
     for t in run.plan.bin_targets:
@@ -369,13 +371,27 @@ def _arrays_bytes(ds: Dataset) -> int:
     return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (ds.labels().dtype.itemsize + 3 * ids + 16)
 
 
-def _preflight(run: PlaceRun, specs: list[BinSpec], placed: Placement, log: Callable[[str], None]) -> None:
+def _samples_bytes(run: PlaceRun, hot: Hotness) -> int:
+    """About the most ``--pack``'s stored samples take (:func:`placement.samples.bytes_bound`; 0
+    without ``--pack``)."""
+    if not run.opts.pack:
+        return 0
+    ranks, batch = run.opts.pack_ranks or 1, hot.batch_size
+    batches = pk.replay_batches(len(run.ds.split("train")), batch, run.opts.pack_epochs, ranks)
+    return bytes_bound(batches, batch, list(hot.fanouts), hot.mean_unique_per_batch, run.ds.num_nodes)
+
+
+def _preflight(
+    run: PlaceRun, specs: list[BinSpec], placed: Placement, hot: Hotness, log: Callable[[str], None]
+) -> None:
     """Say what goes where and how long it should take; refuse (one line) where a target lacks
     the space. Nothing has been written yet."""
-    needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)})
+    samples = _samples_bytes(run, hot)
+    needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)}, samples)
     for d, want in needs.items():
         names = [s.name for s in specs if run.dirs.get(s.name, run.out) == d]
         what = (["topology, labels, id maps"] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
+        what += [f"stored samples, at most {samples / 1e9:.2f} GB"] if samples and d == run.out else []
         log(f"will write {want / 1e9:.2f} GB to {d} ({'; '.join(what)})")
     features = run.ds.num_nodes * run.ds.row_bytes
     moved = features + sum(needs.values()) + run.ds.num_edges * run.ds.indices().dtype.itemsize

@@ -1,6 +1,7 @@
 """``moment place --pack``: SSD rows laid out for the batches the trainer will read.
 
-After the bins are written, the trainer's batches are replayed over the relabelled graph. Without
+After the bins are written, the trainer's batches are replayed over the relabelled graph, and their samples stored for the
+trainer to load instead of sampling (:mod:`placement.samples`). Without
 ``--pack-budget`` (:mod:`placement.pack`) each SSD bin (written to an unpacked copy first) gets its
 slot map and is rewritten in the order the batches first read its rows; with it
 (:mod:`placement.chunks`) the bins stay in id order and each gets per-batch chunks and a shared
@@ -16,13 +17,22 @@ from typing import Any
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import BinChunks, PackChunks, PackFile, PackSummary, Prediction, bin_file_name
+from moment.contracts.placed import (
+    BinChunks,
+    PackChunks,
+    PackFile,
+    PackSummary,
+    Prediction,
+    SampleFiles,
+    bin_file_name,
+)
 from moment.outputs import Staging
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from placement import chunks as ck
 from placement import pack as pk
 from placement import relabel as rl
+from placement import samples as smp
 from placement.ddak import BinSpec, Placement
 from placement.hotness import Hotness
 from placement.place_write import PLACED_FILES, Phases, PlaceRun, bin_path, packed, partial, unpacked_path
@@ -46,16 +56,22 @@ def pack_file_path(run: PlaceRun, stage: Staging, spec: BinSpec, kind: str) -> P
 
 @dataclass
 class Replay:
-    """What both packings replay: the SSD bins (plan order), their first new ids, the batches."""
+    """What both packings replay: the SSD bins (plan order), their first new ids, the batches
+    (their vertices, read back from the stored samples), and the samples' files."""
 
     ssd: list[int]
     starts: list[int]
     counts: list[int]
     batches: Callable[[], Iterator[np.ndarray]]
     total: int
+    samples: SampleFiles
 
 
-def _replay(run: PlaceRun, stage: Staging, hot: Hotness, specs: list[BinSpec], placed: Placement) -> Replay:
+def _replay(
+    run: PlaceRun, stage: Staging, hot: Hotness, specs: list[BinSpec], placed: Placement, progress: Progress | None
+) -> Replay:
+    """Sample the trainer's batches once and store them (:mod:`placement.samples`); the packing
+    passes read their vertices back from there."""
     opts = run.opts
     order = rl.bin_order([s.tier for s in specs])
     starts = dict(zip(order, np.cumsum([0] + [int(placed.used[b]) for b in order]).tolist()))
@@ -63,15 +79,16 @@ def _replay(run: PlaceRun, stage: Staging, hot: Hotness, specs: list[BinSpec], p
     arrays = {k: np.load(stage.data / PLACED_FILES[k], mmap_mode="r") for k in ("indptr", "indices", "train")}
     ranks, epochs = opts.pack_ranks or 1, opts.pack_epochs
     fanouts, batch = list(hot.fanouts), hot.batch_size
-    return Replay(
-        ssd,
-        [starts[b] for b in ssd],
-        [int(placed.used[b]) for b in ssd],
-        lambda: pk.replay(
-            arrays["indptr"], arrays["indices"], arrays["train"], fanouts, batch, opts.seed, epochs, ranks
-        ),
-        pk.replay_batches(len(arrays["train"]), batch, epochs, ranks),
+    total = pk.replay_batches(len(arrays["train"]), batch, epochs, ranks)
+    drawn = pk.replay_samples(
+        arrays["indptr"], arrays["indices"], arrays["train"], fanouts, batch, opts.seed, epochs, ranks
     )
+    node_dtype = np.dtype(rl.id_type(run.ds.num_nodes))
+    update = stage_update(progress, "sampling the training batches")
+    files = smp.record(stage.data, drawn, len(fanouts), node_dtype, update, total)
+    faults.point("place:samples-stored")
+    stored = smp.StoredSamples.in_dir(stage.data, files)
+    return Replay(ssd, [starts[b] for b in ssd], [int(placed.used[b]) for b in ssd], stored.all_nodes, total, files)
 
 
 def pack_bins(
@@ -91,7 +108,7 @@ def pack_bins(
         return chunk_bins(run, stage, hot, specs, placed, written, phases, progress)
     data = stage.data
     with phases("pack"):
-        r = _replay(run, stage, hot, specs, placed)
+        r = _replay(run, stage, hot, specs, placed, progress)
         plan = pk.plan_pack(
             r.batches,
             r.starts,
@@ -105,7 +122,7 @@ def pack_bins(
             save_npy(data / slot_file(specs[b].name), slot, rl.id_type(max(slot.size, 1))).close()
             slots[specs[b].name] = slot_file(specs[b].name).removesuffix(".npy")
         faults.point("place:pack-planned")
-        summary = _summary(run, hot, plan, slots)
+        summary = _summary(run, hot, plan, slots, r.samples)
         done = list(written)
         for b, slot in zip(r.ssd, plan.slots):
             final = partial(bin_path(run, stage, specs[b]))
@@ -115,7 +132,9 @@ def pack_bins(
     return done, summary
 
 
-def _summary(run: PlaceRun, hot: Hotness, plan: pk.PackPlan | ck.ChunkPlan, slots: dict[str, str]) -> PackSummary:
+def _summary(
+    run: PlaceRun, hot: Hotness, plan: pk.PackPlan | ck.ChunkPlan, slots: dict[str, str], samples: SampleFiles
+) -> PackSummary:
     opts = run.opts
     return PackSummary(
         epochs=opts.pack_epochs,
@@ -129,6 +148,7 @@ def _summary(run: PlaceRun, hot: Hotness, plan: pk.PackPlan | ck.ChunkPlan, slot
         unpacked_bytes=plan.unpacked_bytes,
         packed_bytes=plan.packed_bytes,
         reads=plan.reads,
+        samples=samples,
     )
 
 
@@ -147,7 +167,7 @@ def chunk_bins(
     data, opts, rb = stage.data, run.opts, run.ds.row_bytes
     assert opts.pack_budget is not None
     with phases("pack"):
-        r = _replay(run, stage, hot, specs, placed)
+        r = _replay(run, stage, hot, specs, placed, progress)
         budget = ck.parse_budget(opts.pack_budget, sum(c * rb for c in r.counts))
         plan = ck.plan_chunks(
             r.batches,
@@ -194,7 +214,7 @@ def chunk_bins(
             )
             for b in r.ssd
         }
-        summary = _summary(run, hot, plan, {}).model_copy(
+        summary = _summary(run, hot, plan, {}, r.samples).model_copy(
             update={
                 "chunks": PackChunks(
                     budget=budget,

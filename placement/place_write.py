@@ -26,6 +26,7 @@ from placement.ddak import BinSpec, Placement
 from placement.hotness import Hotness
 from placement.policies import get_policy
 from placement.predict import write_workload
+from placement.samples import FILES as SAMPLE_FILES
 from placement.writer import BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ def build_manifest(
     entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
     written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
     written_apart.update({key: f"{key}.npy" for key in (pack.map_keys if pack else ())})  # row maps
+    written_apart.update({key: SAMPLE_FILES[key] for key in (pack.samples.keys if pack and pack.samples else ())})
     for k, name in written_apart.items():
         path = data / name
         entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}

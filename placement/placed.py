@@ -202,7 +202,10 @@ def verify(path: str | Path, source: str | Path | None = None, sample: int = 10_
 
     if sample < 0:
         raise UsageError(f"--sample {sample}: must be 0 or more")
+    from placement.samples import check as check_samples
+
     placed = open_placed(path, checksums=True)
+    check_samples(placed)  # the stored samples are the trainer's draws
     if sample == 0:  # the placement alone: it never depends on the source once written
         return {"files": len(placed.bins) + len(placed.manifest.files), "rows": placed.num_nodes, "sampled": 0}
     try:

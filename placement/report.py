@@ -54,6 +54,13 @@ def print_placement(console: Console, manifest: dict[str, Any]) -> None:
             f"bytes, {pack['unpacked_bytes'] / useful:.2f}× with rows in id order; train with that seed and rank count "
             "(--reuse-samples past those epochs)"
         )
+    if pack and pack.get("samples"):
+        s, useful = pack["samples"], pack["useful_bytes"]
+        console.print(
+            f"their samples stored for the trainer to load instead of sampling: {s['bytes'] / 1e9:.3f} GB in the "
+            f"placed directory ({s['bytes'] / max(s['batches'], 1) / 2**10:.0f} KiB per batch; "
+            f"{s['bytes'] / max(useful, 1):.2f}× the feature bytes those batches read from the SSD bins)"
+        )
     if pack and pack.get("chunks"):
         c = pack["chunks"]
         shared = sum(b["shared"]["bytes"] for b in c["bins"].values())

@@ -142,6 +142,11 @@ class NeighborSampler:
         blocks.reverse()
         return SampledBatch(seeds, nodes, blocks).to(self.device)
 
+    def skip(self) -> None:
+        """Count a batch whose sample came from elsewhere (a placement's stored samples), so the
+        next ``sample`` draws what it would have drawn after sampling that batch here."""
+        self._calls += 1
+
     def _sample_hop(
         self, targets: torch.Tensor, fanout: int, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,11 @@ virtual disk with 512 B blocks it does not see 4 KiB pages), the placement's pre
 amplification, seconds per step, seeds/s, test accuracy, and the placement's time (packing
 against writing the bins). Then (b)'s IO limit, as the issue defines it: the larger of (c)'s
 step and (b)'s pages per step over the disk's sequential rate (the packed bins read front to
-back, pages dropped first). (d) ``moment place --pack-budget`` (``--pack-budget``, default 1x the SSD
+back, pages dropped first). (b) and (d) load the replayed batches' stored samples instead of
+sampling them (placement/samples.py); (e) trains (d)'s placement with ``--live-sampling``, so
+(d) vs (e) is stored samples vs live sampling, each against the IO limit, whose all-in-RAM step
+samples the same way: (c) samples live, (f) trains (c)'s placement (placed with ``--pack`` only to
+store its samples) on its stored samples. (d) ``moment place --pack-budget`` (``--pack-budget``, default 1x the SSD
 bins): per-batch chunks and a shared cache beside the bins in id order, trained like (b); its
 packing time is reported against a plain copy of the same bytes (the chunk and shared files
 copied, pages dropped first) and its disk space against the budget. ``--preset high-reuse``: a
@@ -109,7 +113,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict]
     for name, cache, pack in (
         ("unpacked", args.cpu_cache, False),
         ("packed", args.cpu_cache, True),
-        ("ram", "100%", False),
+        ("ram", "100%", True),  # packed only to store its samples: every row is in the CPU cache
         ("chunks", args.cpu_cache, True),
     ):
         out = work / f"placed-{name}"
@@ -162,14 +166,15 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
     """What (d)'s replayed batches would move at other budgets (the replay's page count, as its
     prediction; no training): the threshold, the disk used and the pages per feature byte; and the
     pages of each shared-cache order (``placement.chunks.SHARED_ORDERS``: the placement keeps the fewer)."""
-    from placement import pack as pk
     from placement.chunks import plan_chunks
     from placement.placed import open_placed
+    from placement.samples import StoredSamples
 
     placed = open_placed(root)
-    p = placed.manifest.pack
-    arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
-    nodes = list(pk.replay(*arrays, p.fanouts, p.batch_size, p.seed, p.epochs, p.ranks))
+    stored = StoredSamples.of(placed)
+    assert stored is not None, f"{root}: no stored samples"
+    nodes, p = list(stored.all_nodes()), placed.manifest.pack
+    assert p is not None
     ssd = [b for b in placed.bins if b.tier == "ssd"]
     starts, counts, rb = [b.start for b in ssd], [b.count for b in ssd], placed.row_bytes
     total = sum(counts) * rb
@@ -189,6 +194,32 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
                 for name, moved in c.shared_pages.items()
             )
         )
+
+
+def samples_report(m: dict, r: dict[str, dict], gbps: float) -> None:
+    """(d) with its stored samples against (e), the same placement sampling every batch: seconds
+    per step, each against its IO limit: the larger of the all-in-RAM step sampling the same way
+    ((f) stored, (c) live) and the bytes a step moves (its pages; with stored samples their bytes
+    too) over the disk's sequential rate; and the disk the samples take against the features."""
+    pack = m["pack"]
+    samples = pack["samples"]["bytes"]
+    per_step = samples / max(pack["batches"], 1)
+    stored, live = r["stored"], r["live"]
+    io_s = stored["pages"] / stored["steps"] / (gbps * 1e9)
+    stored_limit = max(r["ram-stored"]["step_s"], io_s + per_step / (gbps * 1e9))
+    live_limit = max(r["ram"]["step_s"], live["pages"] / live["steps"] / (gbps * 1e9))
+    ssd = sum(x["bytes"] for x in m["bins"] if x["tier"] == "ssd")
+    print(
+        f"stored samples vs live sampling (placement (d)): {stored['step_s'] * 1e3:.1f} vs {live['step_s'] * 1e3:.1f} "
+        f"ms/step ({stored['step_s'] / live['step_s']:.2f}x); all in RAM {r['ram-stored']['step_s'] * 1e3:.1f} ms "
+        f"stored, {r['ram']['step_s'] * 1e3:.1f} ms live; IO limit stored {stored_limit * 1e3:.1f} ms (pages "
+        f"{io_s * 1e3:.1f} ms + samples' {per_step / 2**10:.0f} KiB), live {live_limit * 1e3:.1f} ms; "
+        f"step / IO limit: stored {stored['step_s'] / stored_limit:.2f}x, live {live['step_s'] / live_limit:.2f}x; "
+        f"test accuracy {stored['test_acc']:.4f} vs {live['test_acc']:.4f}\n"
+        f"samples on disk: {samples / 2**20:.1f} MiB for {pack['batches']} batches ({per_step / 2**10:.0f} KiB each), "
+        f"{samples / ssd:.3f}x the SSD bins' {ssd / 2**20:.1f} MiB, {samples / max(pack['useful_bytes'], 1):.3f}x the "
+        f"feature bytes those batches read from them (not counted against --pack-budget: placed directory)"
+    )
 
 
 def report(name: str, r: dict, t: dict) -> None:
@@ -251,16 +282,23 @@ def main() -> None:
         flush=True,
     )
     reuse = "--reuse-samples" if args.epochs > args.pack_epochs else ""
-    runs = {"unpacked": (cgroup, ""), "packed": (cgroup, reuse), "ram": (None, "--shm-dir="), "chunks": (cgroup, reuse)}
+    runs = {
+        "unpacked": (cgroup, ""),
+        "packed": (cgroup, reuse),
+        "ram": (None, f"--shm-dir= {reuse} --live-sampling"),
+        "chunks": (cgroup, reuse),
+        "live": (cgroup, f"{reuse} --live-sampling"),
+        "ram-stored": (None, f"--shm-dir= {reuse}"),
+    }
     results = {}
     for name, (group, train_args) in runs.items():
-        p = placed[name]
+        p = placed[{"live": "chunks", "ram-stored": "ram"}.get(name, name)]
         files = [f for f in (ds, p["dir"]) for f in f.rglob("*") if f.is_file()]
         files += [Path(b["path"]) for b in p["manifest"]["bins"] if Path(b["path"]).is_absolute()]
         extra = ["--data", str(p["dir"]), "--epochs", str(args.epochs), f"--train-args={train_args}"]
         results[name] = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
-        report(f"({'abcd'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
-    a, b, ram, d = (results[k] for k in ("unpacked", "packed", "ram", "chunks"))
+        report(f"({'abcdef'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
+    a, b, ram, d, e, f = (results[k] for k in runs)
     root = placed["packed"]["dir"]
     bins = [
         Path(x["path"]) if Path(x["path"]).is_absolute() else root / x["path"]
@@ -268,8 +306,8 @@ def main() -> None:
         if x["tier"] == "ssd"
     ]
     gbps = sequential_gbps(bins)
-    limit_s = max(ram["step_s"], b["pages"] / b["steps"] / (gbps * 1e9))
-    d_limit_s = max(ram["step_s"], d["pages"] / d["steps"] / (gbps * 1e9))
+    limit_s = max(f["step_s"], b["pages"] / b["steps"] / (gbps * 1e9))  # (b), (d): stored samples, as (f)
+    d_limit_s = max(f["step_s"], d["pages"] / d["steps"] / (gbps * 1e9))
     print(
         f"packed vs unpacked: SSD pages per feature byte {b['pages'] / b['useful'] / (a['pages'] / a['useful']):.3f}x, "
         f"disk reads {b['disk'] / max(a['disk'], 1):.3f}x, seeds/s {b['seeds_per_s'] / a['seeds_per_s']:.2f}x, "
@@ -279,10 +317,12 @@ def main() -> None:
         f"(vs packed {d['pages'] / d['useful'] / (b['pages'] / b['useful']):.3f}x), seeds/s "
         f"{d['seeds_per_s'] / a['seeds_per_s']:.2f}x, test accuracy {d['test_acc'] - a['test_acc']:+.4f}; "
         f"measured/predicted amplification {d['pages'] / d['useful'] / d['predicted']:.3f}\n"
-        f"IO limit of a step: max(all-in-RAM step {ram['step_s'] * 1e3:.1f} ms, its pages / the disk's sequential "
+        f"IO limit of a step: max(all-in-RAM step on stored samples {f['step_s'] * 1e3:.1f} ms (sampling live "
+        f"{ram['step_s'] * 1e3:.1f} ms), its pages / the disk's sequential "
         f"{gbps:.2f} GB/s): packed {limit_s * 1e3:.1f} ms, chunks {d_limit_s * 1e3:.1f} ms; packed step "
         f"{b['step_s'] / limit_s:.2f}x its limit, chunks {d['step_s'] / d_limit_s:.2f}x, unpacked {a['step_s'] / limit_s:.2f}x"
     )
+    samples_report(placed["chunks"]["manifest"], {"stored": d, "live": e, "ram": ram, "ram-stored": f}, gbps)
     m = placed["chunks"]["manifest"]
     c, croot = m["pack"]["chunks"], placed["chunks"]["dir"]
     copies = [

@@ -484,12 +484,13 @@ def test_chunk_reads_that_miss_are_counted_and_compared(
 def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc], dataset: Path) -> None:
     """A batch asked for under another batch's number still gets its own rows (from the bin):
     the chunk is used only when its rows are the batch's."""
-    from placement.pack import replay
+    from placement.pack import replay_samples
 
     placed = open_placed(chunked[0])
     pack = placed.manifest.pack
     arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
-    nodes = [n for n, _ in zip(replay(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1), range(2))]
+    drawn = replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)
+    nodes = [b.nodes.numpy() for b, _ in zip(drawn, range(2))]
     src = np.asarray(open_dataset(dataset).features())
     new_to_old = np.asarray(placed.array("new_to_old"))
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
@@ -508,7 +509,7 @@ def test_a_placement_with_chunks_back_to_back_still_reads_right(
 ) -> None:
     """A placement made before chunks started on pages (no ``align`` in placed.json: chunks back
     to back) verifies and serves a replayed batch from its chunk with the source's rows."""
-    from placement.pack import replay
+    from placement.pack import replay_samples
 
     old = tmp_path / "old"
     shutil.copytree(chunked[0], old)
@@ -530,7 +531,7 @@ def test_a_placement_with_chunks_back_to_back_still_reads_right(
     assert verify(old, sample=placed.num_nodes)["sampled"] > 0
     pack = placed.manifest.pack
     arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
-    nodes = next(iter(replay(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)))
+    nodes = next(replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)).nodes.numpy()
     src = np.asarray(open_dataset(dataset).features())
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
         got = store.get(torch.from_numpy(nodes), batch=0).numpy()

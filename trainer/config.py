@@ -114,6 +114,13 @@ class TrainConfig:
         help="on a packed placement (moment place --pack --pack-epochs K), train epoch e on epoch e mod K's batches, "
         "the ones its SSD rows are laid out for (default: sample new batches every epoch)",
     )
+    # A packed placement stores its replayed batches' samples (placement.samples): those batches are
+    # loaded, not sampled (the same draws), unless this asks for sampling every batch.
+    live_sampling: bool = option(
+        False,
+        help="sample every training batch, even those a packed placement stored (default: a replayed batch's "
+        "stored sample is loaded instead of sampling it again)",
+    )
     eval_every: int = option(1, type=_positive, help="epochs between validation passes (the last is always evaluated)")
     deterministic: bool = option(
         False, help="deterministic kernels (torch.use_deterministic_algorithms: reproducible, slower)"

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from placement.sampler import NeighborSampler
+from placement.samples import StoredSamples
 from trainer.config import TrainConfig
 from trainer.featurestore import TieredFeatureStore
 from trainer.prefetch import Prepared
@@ -44,15 +45,22 @@ def make_prepare(
     labels: np.ndarray,
     device: torch.device,
     first_batch: int | None = None,
+    stored: StoredSamples | None = None,
 ) -> Callable[[torch.Tensor], Prepared]:
     """Seeds → sampled blocks, their features (float32) and the seeds' labels, on ``device``.
-    ``first_batch``: the replay index of the first batch (a budget-packed placement's chunks,
-    ``TieredFeatureStore.chunks.first_batch``); the prefetcher prepares batches in order."""
+    ``first_batch``: the replay index of the first batch (a packed placement's replayed batches,
+    ``TieredFeatureStore.chunks.first_batch``: their chunks and ``stored`` samples, loaded instead
+    of sampled where the seeds are the stored batch's); the prefetcher prepares batches in order."""
     numbers = count(first_batch) if first_batch is not None else None
 
     def prepare(seeds: torch.Tensor) -> Prepared:
-        batch = sampler.sample(seeds)
         which = next(numbers) if numbers is not None else None
+        loaded = stored.batch(which, seeds) if stored is not None and which is not None else None
+        if loaded is None:
+            batch = sampler.sample(seeds)
+        else:
+            sampler.skip()
+            batch = loaded.to(device)
         x = store.get(batch.nodes, batch=which).to(device, torch.float32, non_blocking=True)
         y = torch.from_numpy(np.asarray(labels[seeds.numpy()], dtype=np.int64)).to(device, non_blocking=True)
         return Prepared(batch, x, y)

@@ -45,6 +45,7 @@ from moment.errors import MomentError
 from moment.outputs import DirLock, joined
 from placement.placed import Placed, open_placed
 from placement.sampler import EVAL_STREAM, NeighborSampler, derive_seed, num_batches, train_draw_seed
+from placement.samples import StoredSamples
 from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
@@ -190,7 +191,7 @@ def pack_mismatch(pack: PackSummary | None, cfg: TrainConfig, world: int, where:
     diffs = [f"{name} {run} (packed for {packed})" for name, run, packed in runs if run != packed]
     if list(cfg.fanouts or ()) != pack.fanouts:
         diffs.append(f"fan-outs {list(cfg.fanouts or ())} (packed for {pack.fanouts})")
-    if where != "cpu":
+    if where != "cpu" and (pack.samples is None or cfg.live_sampling):  # stored samples: the CPU's draws
         diffs.append(f"sampling with the graph on the {where} (packed for CPU sampling: other draws)")
     if not diffs:
         return None
@@ -198,6 +199,16 @@ def pack_mismatch(pack: PackSummary | None, cfg: TrainConfig, world: int, where:
         f"the placement's SSD rows are packed for other batches than this run's ({', '.join(diffs)}): they are "
         "read correctly, with fewer shared pages (metrics.json ssd_read_amplification says how many)"
     )
+
+
+def stored_samples(placed: Placed, cfg: TrainConfig) -> StoredSamples | None:
+    """The placement's stored samples where this run's batches may be the replayed ones (the
+    fan-outs replayed; each batch's seeds are compared when it is loaded), unless
+    ``--live-sampling``."""
+    pack = placed.manifest.pack
+    if cfg.live_sampling or pack is None or list(cfg.fanouts or ()) != pack.fanouts:
+        return None
+    return StoredSamples.of(placed)
 
 
 def local_world_size(env: DistEnv) -> int:
@@ -242,6 +253,7 @@ class Run:
             csr_on_device=self.csr.where != "cpu",
         )
         self.sampling = sampling_setup(self.base, plan, env, self.csr)
+        self.samples = stored_samples(data.placed, cfg)
         if env.rank == 0 and (why := pack_mismatch(data.placed.manifest.pack, cfg, self.world, self.csr.where)):
             print(f"warning: {why}", file=sys.stderr)
         if device.type == "cuda":  # the launcher's check used nvidia-smi or the profile; now the real free memory
@@ -275,7 +287,7 @@ class Run:
 
     def _batches(self, seeds: Iterator[torch.Tensor], sampler_seed: int, first_batch: int | None = None) -> Prefetcher:
         sampler = epoch_sampler(self.base, sampler_seed)
-        prepare = make_prepare(sampler, self.store, self.data.labels, self.device, first_batch)
+        prepare = make_prepare(sampler, self.store, self.data.labels, self.device, first_batch, self.samples)
         return Prefetcher(seeds, prepare, self.cfg.prefetch, self.device)
 
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
@@ -305,7 +317,7 @@ class Run:
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()
-            first = self.store.chunks.first_batch(drawn, self.rank, self.world)  # budget-packed: the batches' chunks
+            first = self.store.chunks.first_batch(drawn, self.rank, self.world)  # packed: chunks, stored samples
             batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank), first)
             try:
                 with self.metrics.progress(epoch, steps) as step, compute_stream(self.device, self.stream):
@@ -344,6 +356,8 @@ class Run:
             if dist.is_initialized():
                 dist.barrier()  # nobody starts the next epoch before the checkpoint is whole
         test_acc = self.accuracy(self.data.test, cfg.epochs, 1)
+        if self.samples is not None:  # the batches loaded instead of sampled
+            self.metrics.sampling = {**self.sampling, "stored_batches": self.samples.loaded}
         digests = all_gather(param_digest(self.module))
         done: list[dict[str, Any]] = []
         together(lambda: done.append(self.metrics.finish(test_acc=test_acc, rank_param_digests=digests)))

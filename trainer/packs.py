@@ -52,8 +52,7 @@ class BatchChunks:
     def __init__(self, placed: Placed, ssd: list[PlacedBin]) -> None:
         """Every bin without chunks where the placement is not packed within a budget."""
         pack = placed.manifest.pack
-        chunked = pack is not None and pack.chunks is not None
-        self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None and chunked else (0, 1)
+        self.epochs, self.ranks = (pack.epochs, pack.ranks) if pack is not None else (0, 1)
         self.per_rank = pack.batches // (pack.epochs * pack.ranks) if pack is not None else 0  # one rank's, an epoch
         self.bins = [None if b.chunks is None else _Bin.open(b.chunks, placed.row_bytes) for b in ssd]
         # What the reads did (:meth:`since`): keys of CHUNK_COUNTS, counted since the store opened.

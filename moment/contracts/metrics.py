@@ -135,6 +135,9 @@ class Sampling(_Part):
     where: Literal["gpu", "uva", "cpu"]
     threads: int | None
     note: str | None = None
+    # training batches rank 0 loaded from a packed placement's stored samples instead of sampling
+    # them (placement/samples.py; None: no stored samples used, --live-sampling, or older metrics)
+    stored_batches: int | None = None
 
 
 class MeasuredMemory(_Part):

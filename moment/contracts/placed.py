@@ -18,7 +18,9 @@ training batches read them; each SSD bin's slot map (a ``files`` entry: the file
 its rows) is what the readers go through, and ``prediction.ssd_amplification`` is the replay's
 page count of those batches. With ``--pack-budget`` (:mod:`placement.chunks`) ``pack.chunks``
 lists instead, per SSD bin, its per-batch chunk file and shared cache (beside the bin, sizes and
-checksums like a bin's) and their row maps (``files`` entries).
+checksums like a bin's) and their row maps (``files`` entries). ``pack.samples``: the replayed
+batches' samples (:mod:`placement.samples`: ``files`` entries), which the trainer loads instead of
+sampling those batches.
 """
 
 from __future__ import annotations
@@ -197,6 +199,23 @@ class PackChunks(Strict):
     order: str = "first-reader"
 
 
+class SampleFiles(Strict):
+    """The replayed batches' samples (:mod:`placement.samples`), kept so the trainer loads them
+    instead of sampling: keys in ``files`` of the three files holding them."""
+
+    nodes: str  # every batch's vertices (seeds first, then each hop's new ones), as node_dtype
+    edges: str  # int32: per batch and hop, each target's sampled count, then the sources' positions
+    index: str  # .npy int64, a row per batch: vertices after 0..hops hops, then each hop's edges
+    node_dtype: Literal["int32", "int64"]
+    hops: int = Field(ge=1)
+    batches: int = Field(ge=0)
+    bytes: int = Field(ge=0)  # the three files' bytes
+
+    @property
+    def keys(self) -> list[str]:
+        return [self.nodes, self.edges, self.index]
+
+
 class PackSummary(Strict):
     """A packed placement (``moment place --pack``, :mod:`placement.pack`): SSD rows laid out in
     the order the replayed training batches first read them (``slots``), or, within a
@@ -216,6 +235,7 @@ class PackSummary(Strict):
     packed_bytes: int = Field(ge=0)  # ... and move in the packed layout
     reads: int = Field(ge=0)  # runs of consecutive file rows those reads form, packed
     chunks: PackChunks | None = None  # None: the ordering (slots)
+    samples: SampleFiles | None = None  # None: not stored (placements made before they were)
 
     @property
     def map_keys(self) -> list[str]:
@@ -296,7 +316,8 @@ class PlacedManifest(Contract):
             chunks = self.pack.chunks
             if set(self.pack.slots if chunks is None else chunks.bins) != ssd or (chunks and self.pack.slots):
                 raise ValueError("pack: slots (or chunks.bins, with no slots) must name every SSD bin once")
-            missing = [k for k in self.pack.map_keys if k not in self.files]
+            keys = self.pack.map_keys + (self.pack.samples.keys if self.pack.samples else [])
+            missing = [k for k in keys if k not in self.files]
             if missing:
                 raise ValueError(f"pack: {', '.join(missing)} not in files")
         return self
