@@ -9,7 +9,8 @@ gain (the same cores); what it measures is what the second agent and the exchang
 layer's rows over loopback TCP cost. ``--pin`` gives each node one core of its own
 (``taskset``), two for the baseline. The runs alternate, ``--repeats`` times; reported: the
 median over runs of the whole run's vertices/s (vertices × layers over the layers' seconds,
-inference.json) and of the wall time, and the ratios to the baseline. Run:
+inference.json) and of the wall time, and the ratios to the baseline; then the wall time of both
+commands run once more on their complete outputs (nothing to do: node 0 tells node 1). Run:
     python scripts/bench_infer_nodes.py --work /tmp/bench-infer-nodes [--pin] [--repeats 3]
 """
 
@@ -64,8 +65,10 @@ def _run(cmds: list[list[str]]) -> float:
     return time.perf_counter() - start
 
 
-def one_node(data: Path, ck: Path, out: Path, pin: bool) -> tuple[float, float, str]:
-    shutil.rmtree(out, ignore_errors=True)
+def one_node(data: Path, ck: Path, out: Path, pin: bool, fresh: bool = True) -> tuple[float, float, str]:
+    """``fresh``: remove the last run's output first (else the run has nothing to do)."""
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "moment", "infer", "--nproc", "2", "--data", str(data), "--checkpoint", str(ck)]
     cmd += ["--out", str(out), "--device", "cpu"]
     if pin:
@@ -73,8 +76,10 @@ def one_node(data: Path, ck: Path, out: Path, pin: bool) -> tuple[float, float, 
     return _result(out, _run([cmd]))
 
 
-def two_nodes(data: tuple[Path, Path], ck: Path, out: Path, pin: bool) -> tuple[float, float, str]:
-    shutil.rmtree(out, ignore_errors=True)
+def two_nodes(data: tuple[Path, Path], ck: Path, out: Path, pin: bool, fresh: bool = True) -> tuple[float, float, str]:
+    """``fresh``: remove the last run's output first (else node 0 finds it complete)."""
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
     endpoint, cores, cmds = f"127.0.0.1:{_port()}", sorted(os.sched_getaffinity(0)), []
     for node in (1, 0):
         cmd = [sys.executable, "-m", "moment", "infer", "--nnodes", "2", "--node-rank", str(node)]
@@ -106,6 +111,11 @@ def main() -> None:
             f"run {i + 1}: 1 node × 2 ranks {base[-1][0]:,.0f} vertices/s ({base[-1][1]:.1f} s), "
             f"2 nodes × 1 rank {nodes[-1][0]:,.0f} vertices/s ({nodes[-1][1]:.1f} s)"
         )
+    # The same commands once more on the complete outputs: nothing to do, every node told so.
+    again = {"one": one_node(node0, ck, args.work / "one", args.pin, fresh=False)}
+    again["two"] = two_nodes((node0, node1), ck, args.work / "two", args.pin, fresh=False)
+    digests |= {again["one"][2], again["two"][2]}
+    print(f"again, nothing to do: 1 node × 2 ranks {again['one'][1]:.1f} s, 2 nodes × 1 rank {again['two'][1]:.1f} s")
     med = {k: statistics.median(r[0] for r in runs) for k, runs in (("one", base), ("two", nodes))}
     wall = {k: statistics.median(r[1] for r in runs) for k, runs in (("one", base), ("two", nodes))}
     result = {
@@ -114,6 +124,8 @@ def main() -> None:
         "ratio_two_nodes_over_one": med["two"] / med["one"],
         "one_node_wall_s": wall["one"],
         "two_nodes_wall_s": wall["two"],
+        "nothing_to_do_one_node_wall_s": again["one"][1],
+        "nothing_to_do_two_nodes_wall_s": again["two"][1],
         "same_bytes": len(digests) == 1,
         "pinned": args.pin,
     }

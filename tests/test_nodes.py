@@ -87,11 +87,11 @@ def start_two_nodes(
     return procs
 
 
-def finish(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """Node 0's and node 1's outcome."""
-    done = []
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 600) -> list[subprocess.CompletedProcess[str]]:
+    """Node 0's and node 1's outcome (within ``timeout`` seconds of now, all together)."""
+    done, deadline = [], time.monotonic() + timeout
     for p in reversed(procs):
-        out, err = p.communicate(timeout=600)
+        out, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return done
 
@@ -160,6 +160,17 @@ def test_two_nodes_resume_from_node_0s_disk(plan_file: Path, nodes: Path, one_no
     two = MetricsDoc.read(metrics).model_dump(mode="json")
     assert [e["epoch"] for e in two["epochs"]] == [1, 2]  # the first from the checkpoint's history
     assert two["rank_param_digests"] == one_node["rank_param_digests"]
+    # Resumed once more, with nothing left to train: every node still meets the others (node 1
+    # cannot see node 0's checkpoint), takes the checkpoint rank 0 reads, trains no epoch, and
+    # stops (no node waits for the rendezvous); the parameters and epochs are the finished run's.
+    started = time.monotonic()
+    (n0, n1), metrics = two_nodes(plan_file, (nodes / "node0", nodes / "node1"), tmp_path, again=("--resume",))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert time.monotonic() - started < 300
+    assert "resuming after epoch 2 of 2: nothing left to train" in n0.stdout + n0.stderr
+    again = MetricsDoc.read(metrics).model_dump(mode="json")
+    assert [e["epoch"] for e in again["epochs"]] == [1, 2] and again["complete"]
+    assert again["rank_param_digests"] == one_node["rank_param_digests"]
 
 
 @pytest.mark.slow
@@ -419,7 +430,22 @@ def test_two_nodes_infer_what_one_process_infers(
     outs = (tmp_path / "out", tmp_path / "out") if shared else (tmp_path / "out", tmp_path / "n1" / "out")
     n0, n1 = finish(start_infer_nodes((nodes / "node0", nodes / "node1"), inferable[model], outs, extra))
     assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
-    assert "MOMENT_NODE_RANK=1" in n1.stderr and "node 1: its vertex ranges done" in n1.stdout
+    assert "MOMENT_NODE_RANK=1" in n1.stderr and "node 1: its vertex ranges done" in n1.stderr
+    written = (tmp_path / "out" / "inference.json").stat().st_mtime_ns
+    # The same commands again: only node 0 sees that its --out is complete; its ranks still meet
+    # node 1's to say so, and both nodes stop at once (torchrun's rendezvous would hold node 1 for
+    # 600 s), exit 0, each saying there is nothing to do. Nothing rewritten, no scratch left.
+    started = time.monotonic()
+    a0, a1 = finish(start_infer_nodes((nodes / "node0", nodes / "node1"), inferable[model], outs, extra), 300)
+    assert a0.returncode == 0 and a1.returncode == 0, a0.stderr[-3000:] + a1.stderr[-3000:]
+    assert time.monotonic() - started < 300
+    assert f"{tmp_path / 'out'} already holds this inference" in a0.stderr and "nothing to do" in a0.stderr
+    said = [line for line in a1.stderr.splitlines() if not line.startswith("running:")]
+    assert said == [
+        f"node 1: node 0 already holds this inference in {socket.gethostname()}:{tmp_path / 'out'} (same "
+        "checkpoint, data and options): nothing to do"
+    ], a1.stderr
+    assert (tmp_path / "out" / "inference.json").stat().st_mtime_ns == written
     memory = 2 * int(extra[1]) if extra else None  # --memory is a node's: one node of 2 ranks, twice one rank's
     one = infer(
         InferOptions(
@@ -431,6 +457,7 @@ def test_two_nodes_infer_what_one_process_infers(
     assert set(a) == set(b) == {"embeddings", "predictions", "logits"} and all(a[k] == b[k] for k in a)
     m = InferenceManifest.read(tmp_path / "out" / "inference.json")
     assert [t.vertices for t in m.throughput] == [6_000] * 3 and m.accuracy == one.accuracy
+    assert (m.nodes, m.nproc, m.world_size) == (2, 1, 2) and (one.nodes, one.nproc, one.world_size) == (1, 2, 2)
     if model == "sage":
         assert [t.engine for t in m.throughput[:2]] == ["broadcast"] * 2 and m.throughput[0].partitions > 2
         assert [t.partitions for t in m.throughput[:2]] == [t.partitions for t in one.throughput[:2]]
@@ -547,3 +574,59 @@ def test_a_node_numbering_the_vertices_otherwise_cannot_infer(nodes: Path, monke
     node0_runs(shared)
     with pytest.raises(MomentError, match="runs other options than node 0: checkpoint 'b', node 0 has 'a'"):
         node_check.check_same_inference(env, node0, {**shared, "checkpoint": "b"})
+
+
+def test_node_0s_finished_output_reaches_every_node(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0 alone sees that its --out is complete; the start-up check's collective carries its
+    word to node 1 (as HOST:OUT), which has work only when node 0 says nothing; a lone node keeps
+    its own word."""
+    from trainer import nodes as node_check
+
+    node0 = open_placed(nodes / "node0")
+    shared = {"checkpoint": "a", "layers": "all"}
+    sent: list[dict[str, object]] = []
+
+    def node0_says(finished: str | None) -> None:
+        def gather(obj: tuple[dict[str, object], NodeData, dict[str, object]]) -> list[object]:
+            sent.append(obj[0])
+            first = {"node": 0, "host": "h0", "data": str(node0.root), "finished": finished}
+            return [(first, NodeData.of(node0), shared), obj]
+
+        monkeypatch.setattr(node_check, "all_gather", gather)
+
+    env = DistEnv(1, 2, 0, True, node_rank=1, nodes=2)
+    node0_says("/data/emb")
+    assert node_check.check_same_inference(env, node0, shared) == "h0:/data/emb"
+    assert sent[-1]["finished"] is None  # node 1 has no word of its own
+    node0_says(None)
+    assert node_check.check_same_inference(env, node0, shared) is None
+    lone = DistEnv(0, 1, 0, False)
+    assert node_check.check_same_inference(lone, node0, shared, "/o") == "/o"
+
+
+def test_node_0_with_a_finished_output_still_meets_the_others(tmp_path: Path) -> None:
+    """Node 0's ranks get --finished OUT (absolute: node 1 names it) instead of a work directory:
+    the same rendezvous, nothing to compute."""
+    opts = InferOptions(
+        data=tmp_path, checkpoint=tmp_path, out=Path("rel/out"), nnodes=2, node_rank=0, rdzv_endpoint="h:29400",
+        rdzv_id="job",
+    )  # fmt: skip
+    cmd = infer_torchrun_command(opts, None)
+    assert "--work" not in cmd and cmd[cmd.index("--finished") + 1] == str(Path("rel/out").absolute())
+    assert cmd[cmd.index("--rdzv-id") + 1] == "job" and cmd[:2] == ["env", f"{NODE_RANK}=0"]
+
+
+def test_inference_json_from_before_nodes_reads_as_one_node(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path
+) -> None:
+    """inference.json records the nodes (nproc: ranks per node); a file written before it did
+    reads as one node."""
+    out = tmp_path / "out"
+    m = infer(InferOptions(data=nodes / "node0", checkpoint=inferable["gat"], out=out, device="cpu"))
+    assert (m.nodes, m.world_size) == (1, 1)
+    doc = json.loads((out / "inference.json").read_text())
+    assert doc["nodes"] == 1
+    del doc["nodes"]
+    old = InferenceManifest.parse(doc, "old.json")
+    assert (old.nodes, old.nproc, old.world_size) == (1, 1, 1)
+    assert InferenceManifest.parse({**doc, "nodes": 3, "nproc": 2}, "n.json").world_size == 6

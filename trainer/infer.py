@@ -67,9 +67,11 @@ from moment.outputs import Kind, Staging, check_free_space, check_out, write_inp
 from moment.progress import Progress
 from placement.writer import file_digest
 from trainer import broadcast, infer_predict
+from trainer.infer_nodes import node_outcome
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_rank import Features, Rank, done_before, rank_main, stage_bar
 from trainer.infer_work import (
+    ALREADY,
     WORK,
     Layout,
     Loaded,
@@ -246,7 +248,7 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         current = _validate(out)
         if current.key == key:
             stage.release()
-            log(f"{out} already holds this inference (same checkpoint, data and options): nothing to do")
+            log(f"{out} already holds this inference ({ALREADY}): nothing to do")
             return Prepared(stage, loaded, layout, key, done=current)
     memory = opts.memory or default_memory(loaded.placed)
     fresh = not stage.data.exists()
@@ -347,6 +349,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
         dtype=opts.dtype,
         layers=opts.layers,
         nproc=opts.nproc,
+        nodes=opts.nodes,
         batch_size=opts.batch_size,
         engine=opts.engine,
         memory=p.memory if "broadcast" in engines else None,
@@ -400,11 +403,20 @@ def infer(
 ) -> InferenceManifest | None:
     """``moment infer``: prepare, run every rank (in this process, or ``launch``-ed under
     torchrun when ``nproc > 1`` or on several nodes, where ``launch`` is required), finish and
-    publish. A node past 0 returns None: node 0 wrote the output; its own scratch is removed."""
+    publish. A node past 0 returns None (said in ``log``): node 0 wrote the output, or already
+    held it; its own scratch is removed."""
     if opts.nodes > 1 and launch is None:
         raise UsageError(f"--nnodes {opts.nnodes}: several nodes run their ranks under torchrun (give a launcher)")
     p = prepare(opts, log)
     if p.done is not None:
+        if opts.nodes > 1:  # the other nodes cannot see it: node 0's ranks meet theirs to say so
+            assert launch is not None
+            code = launch(torchrun_command(opts, None))
+            if code != 0:
+                raise InferenceError(
+                    f"{opts.out} already holds this inference, but the other nodes could not be told: its ranks "
+                    f"failed with exit code {code} (the lines above say why)"
+                )
         return p.done
     try:
         if opts.nodes > 1 or (opts.nproc > 1 and launch is not None):
@@ -419,8 +431,10 @@ def infer(
         else:
             run_in_process(p, opts, progress)
         if opts.node > 0:
+            said = node_outcome(p.stage.data, opts.node)
             shutil.rmtree(p.stage.data)  # this node's scratch, inside its locked staging directory
             p.stage.release()
+            log(said)
             return None
         return finish(p, opts, log)
     except BaseException:
@@ -435,15 +449,17 @@ def work_out(opts: InferOptions) -> Path:
     return out if opts.node == 0 else out.with_name(f"{out.name}.node{opts.node}")
 
 
-def torchrun_command(opts: InferOptions, data: Path, python: str = sys.executable) -> list[str]:
+def torchrun_command(opts: InferOptions, data: Path | None, python: str = sys.executable) -> list[str]:
     """``python -m trainer.torchrun --standalone --nproc-per-node N -m trainer.infer ...`` (several
     nodes: their rendezvous instead of --standalone): the ranks get their options
     (:data:`RANK_OPTIONS`) and the work directory; they read the broadcast budget ``prepare``
-    recorded there."""
+    recorded there. ``data`` None: node 0's --out is complete, its ranks only tell the other nodes
+    (``--finished OUT``)."""
     from trainer.launch import Rendezvous
     from trainer.launch import torchrun_command as launcher
 
-    argv = [*to_argv(opts, only=RANK_OPTIONS), "--work", str(data)]
+    where = ["--work", str(data)] if data is not None else ["--finished", str(Path(opts.out).absolute())]
+    argv = [*to_argv(opts, only=RANK_OPTIONS), *where]
     rdzv = Rendezvous()
     if opts.nodes > 1:
         rdzv = Rendezvous(nnodes=opts.nodes, endpoint=opts.rdzv_endpoint, id=opts.rdzv_id, node_rank=opts.node)

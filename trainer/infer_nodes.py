@@ -19,20 +19,27 @@ group, so that every node holds the whole layer, the next layer's input, on its 
   first stage some rank has not recorded (:func:`first_stage`), every rank taking part in that
   stage's exchange again (the same rows rewritten), so a node that lost its work directory
   recomputes its ranges and receives the others'.
+* Nothing to do: only node 0 can see that its --out already holds this inference, so its ranks
+  still meet the others' and say so in the start-up check's collective; every rank stops there,
+  and the other nodes' local ranks 0 leave a note (:func:`note_finished`) for their launchers,
+  which say so too (:func:`node_outcome`) instead of waiting for a node 0 that never comes.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from moment.fileio import atomic_write_text
 from trainer.dist import DistEnv, all_gather
-from trainer.infer_work import Layout, RankProgress, node_range
+from trainer.infer_work import ALREADY, WORK, Layout, RankProgress, node_range
 
 PIECE_BYTES = 1 << 26  # rows broadcast at a time (64 MiB): bounds the buffers, not the bytes sent
+FINISHED = "finished-on-node-0.json"  # in a node's work files: node 0's --out already held this inference
 
 
 class Exchange:
@@ -86,3 +93,19 @@ def gather_progress(env: DistEnv, per_node: int, state: RankProgress, data: Path
     for rank, stage, chunks, timing in everyone:
         if rank >= per_node:  # another node's rank
             RankProgress(stage, chunks, timing).write(data, rank)
+
+
+def note_finished(data: Path, where: str) -> None:
+    """Tell this node's launcher that node 0's --out (``where``: ``HOST:OUT``) already held this
+    inference: the job stopped at its start-up check, nothing computed."""
+    atomic_write_text(data / WORK / FINISHED, json.dumps({"node0_out": where}) + "\n")
+
+
+def node_outcome(data: Path, node: int) -> str:
+    """What node ``node`` (past 0) did, in one line: its ranges, or nothing where node 0's --out
+    already held this inference (:func:`note_finished`)."""
+    path = data / WORK / FINISHED
+    if not path.is_file():
+        return f"node {node}: its vertex ranges done; node 0 wrote the output to its --out"
+    where = json.loads(path.read_text())["node0_out"]
+    return f"node {node}: node 0 already holds this inference in {where} ({ALREADY}): nothing to do"

@@ -5,6 +5,7 @@ each torchrun process (:func:`rank_main`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -28,7 +29,7 @@ from moment.progress import Progress, Reporter
 from trainer import broadcast
 from trainer.dist import DistEnv, PeerFailedError, lost_peer, setup
 from trainer.featurestore import TieredFeatureStore
-from trainer.infer_nodes import Exchange, first_stage, gather_progress
+from trainer.infer_nodes import Exchange, first_stage, gather_progress, note_finished
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_work import (
     WORK,
@@ -344,13 +345,20 @@ def rank_main(argv: list[str] | None = None) -> int:
     (one line), or 128 + the signal that stopped it (quietly: the launcher reports it)."""
     ap = OptionParser(prog="python -m trainer.infer")
     add_arguments(ap, InferOptions, only=RANK_OPTIONS)
-    ap.add_argument("--work", required=True, help="the staging data directory `moment infer` prepared")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--work", help="the staging data directory `moment infer` prepared")
+    where.add_argument(
+        "--finished",
+        metavar="OUT",
+        help="several nodes, node 0: its OUT already holds this inference; meet the other nodes to say so, and stop",
+    )
     args = ap.parse_args(argv)
     env = DistEnv.from_environ()
     try:
         with procs.interruptible():
             procs.guard()  # stops by itself when its launcher is gone
-            with joined(Path(args.work).parent, "moment infer"):  # OUT.partial is this job's while it runs
+            # OUT.partial is this job's while it runs (node 0 with --finished has none)
+            with joined(Path(args.work).parent, "moment infer") if args.work else contextlib.nullcontext():
                 _rank(args, env)
         return 0
     except KeyboardInterrupt as exc:  # the launcher stops the job and reports it
@@ -385,14 +393,30 @@ def _rank(args: argparse.Namespace, env: DistEnv) -> None:
         else device_for(env, plan, args.device)
     )
     loaded = load(Path(args.data), Path(args.checkpoint), device, placement=env.node_rank == 0)
-    data = Path(args.work)
-    if not (data / WORK / INPUTS).is_file():
+    data = Path(args.work) if args.work else None
+    if data is not None and not (data / WORK / INPUTS).is_file():
         raise InferenceError(f"{data}: not a work directory prepared by `moment infer`")
-    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     shared = {"checkpoint": loaded.checkpoint_sha256, "ranks per node": per_node}
     shared.update({k: getattr(args, k) for k in ("layers", "dtype", "batch_size", "engine")})
-    check_same_inference(env, loaded.placed, shared)
+    finished = check_same_inference(env, loaded.placed, shared, args.finished)
+    if finished is not None:  # node 0's --out already holds it: every rank of every node stops here
+        if data is not None and env.local_rank == 0:
+            note_finished(data, finished)
+    else:
+        assert data is not None  # only node 0 is given --finished, and then every node stops
+        _stages(args, env, loaded, data, device, per_node)
+    if env.world_size > 1:
+        dist.destroy_process_group()
+
+
+def _stages(
+    args: argparse.Namespace, env: DistEnv, loaded: Loaded, data: Path, device: torch.device, per_node: int
+) -> None:
+    """This rank's chunks of every stage, the barriers and (several nodes) the exchanges between."""
+    import torch.distributed as dist
+
+    layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
     memory = int(read_inputs(data).get("memory") or default_memory(loaded.placed))
     worker = Rank(
         loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node
@@ -417,5 +441,3 @@ def _rank(args: argparse.Namespace, env: DistEnv) -> None:
         worker.close()
         if report is not None:
             report.__exit__()
-    if env.world_size > 1:
-        dist.destroy_process_group()

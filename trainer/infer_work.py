@@ -29,6 +29,7 @@ from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
 WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
+ALREADY = "same checkpoint, data and options"  # why an output already complete is left as it is
 
 
 def checkpoint_dir(path: Path) -> Path:

@@ -316,7 +316,12 @@ class Metrics:
         self.console.print(f"[bold]moment train[/]: {fields}", highlight=False)
         for r, where in enumerate(ranks):
             self.console.print(f"  rank {r}: {where}", highlight=False)
-        if self.history:
+        if len(self.history) >= self.cfg.epochs:  # every node still came: only node 0 sees the checkpoint
+            self.console.print(
+                f"  resuming after epoch {len(self.history)} of {self.cfg.epochs}: nothing left to train "
+                "(the test accuracy is measured again)"
+            )
+        elif self.history:
             self.console.print(f"  resuming after epoch {len(self.history)}")
 
     @contextmanager

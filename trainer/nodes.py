@@ -26,7 +26,8 @@ others wait in the all-reduce (:func:`straggler`).
 
 Inference across nodes (:func:`check_same_inference`) checks the same data and the options that
 shape its arrays, and refuses a node whose vertex numbering differs: its ranks take ranges of
-placement ids (:mod:`trainer.infer_nodes`).
+placement ids (:mod:`trainer.infer_nodes`). Its collective also carries node 0's word that its
+--out is already complete, so that every node stops there, together.
 
 Checkpoints are node 0's: global rank 0 writes them, and a resumed run (``--resume``, or a
 restarted worker group) takes the one rank 0 reads, sent to every rank (:func:`resumed`), so
@@ -184,21 +185,35 @@ def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
     return Nodes([note], True, predictions)
 
 
-def check_same_inference(env: DistEnv, placed: Placed, shared: dict[str, object]) -> None:
+def check_same_inference(
+    env: DistEnv, placed: Placed, shared: dict[str, object], finished: str | None = None
+) -> str | None:
     """Refuse to infer across nodes when a node holds other data than node 0's, runs other
     options (``shared``: the checkpoint's digest, the options that shape the arrays), or numbers
     the vertices otherwise: ranks take ranges of placement ids, and every sum must run in the
-    order of a one-node run for the output to be its bytes. A lone node checks nothing."""
-    if env.nodes > 1:
-        compare_nodes(env, placed, shared, same_ids=True)
+    order of a one-node run for the output to be its bytes. A lone node checks nothing.
+
+    The same collective tells every node whether node 0's --out already holds this inference
+    (``finished``: node 0's --out, given on node 0 only; the other nodes cannot see its disk):
+    where it is returned as ``HOST:OUT`` on every rank, and no node has work."""
+    if env.nodes <= 1:
+        return finished
+    everyone = compare_nodes(env, placed, shared, same_ids=True, extra={"finished": finished})
+    node0 = everyone[0][0]
+    return f"{node0['host']}:{node0['finished']}" if node0.get("finished") else None
 
 
 def compare_nodes(
-    env: DistEnv, placed: Placed, shared: dict[str, object], same_ids: bool = False
+    env: DistEnv,
+    placed: Placed,
+    shared: dict[str, object],
+    same_ids: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> list[tuple[dict[str, Any], NodeData, dict[str, object]]]:
     """Every rank's node, data and ``shared`` options (one collective), in rank order; a node
     whose data or options differ from node 0's (with ``same_ids``, also its vertex numbering) is
-    refused in one line naming it, on rank 0 and on that node's local rank 0."""
+    refused in one line naming it, on rank 0 and on that node's local rank 0. ``extra``: more
+    of this rank's facts for the others, not compared."""
     host, pred = socket.gethostname(), placed.manifest.prediction
     mine = {
         "node": env.node_rank,
@@ -207,6 +222,7 @@ def compare_nodes(
         "iteration_s": pred.iteration_s,
         "tier_shares": pred.tier_shares.model_dump(),
         "bin_shares": dict(pred.bin_shares),
+        **(extra or {}),
     }
     everyone = all_gather((mine, NodeData.of(placed), shared))
     node0, config0 = everyone[0][1], everyone[0][2]

@@ -47,8 +47,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     with Reporter(err) as bars:
         manifest = infer.infer(opts, progress=bars, log=err.print, launch=run_ranks)
-    if manifest is None:  # a node past 0: its ranges are in node 0's output
-        out.print(f"node {opts.node}: its vertex ranges done; node 0 wrote the output to its --out")
+    if manifest is None:  # a node past 0 (it said what it did): node 0 holds the output
         return 0
     print_inference(args.out, manifest)
     return 0

@@ -96,7 +96,8 @@ class InferenceManifest(Contract):
     vertex_ids: Literal["original"] = "original"
     dtype: Literal["float16", "float32"]  # of the hidden-layer arrays (logits are float32)
     layers: Literal["all", "last"]
-    nproc: int = Field(ge=1)
+    nproc: int = Field(ge=1)  # ranks per node
+    nodes: int = Field(default=1, ge=1)  # --nnodes (files from before several nodes: one); ranks: world_size
     batch_size: int = Field(ge=1)
     # one of trainer.infer_options.INFER_ENGINES, asked for (--engine); each layer's is in throughput;
     # files written before they named it: the registry's UNRECORDED_ENGINE
@@ -107,3 +108,8 @@ class InferenceManifest(Contract):
     # the checkpoint's last sampled evaluation during training (split -> accuracy), to compare with
     training_accuracy: dict[str, float]
     throughput: list[LayerThroughput]
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run that wrote it: every node ran ``nproc``."""
+        return self.nodes * self.nproc
