@@ -11,7 +11,8 @@ in a child process of this script:
           rows the topology is most of what place reads and writes)
   train   one epoch of the trainer on the CPU, capped at ``--batches`` batches
 
-Before each step the same bytes it reads are copied once with a plain sequential copy (read,
+Before each step the same bytes it reads are copied ``--copies`` times (default 3; the median is
+the baseline: a virtual disk's speed moves between runs) with a plain sequential copy (read,
 write, fsync), page cache dropped for the source first (``posix_fadvise``; no root needed), and
 that step's ratio is copy time / step time: 1.0 is copy speed, 0.5 half of it. For every step and
 copy the child reports its wall time, peak anonymous memory (``RssAnon``, sampled every 20 ms),
@@ -151,14 +152,20 @@ def measure(work: Path, name: str, argv: list[str], inputs: list[Path], timeout:
     return json.loads(report.read_text())
 
 
-def copy_of(work: Path, name: str, files: list[Path], timeout: float) -> dict:
-    """The plain copy of ``files`` (the bytes a step reads), into a scratch directory removed after."""
-    dst = work / f"copy-{name}"
-    dst.mkdir()
-    try:
-        return measure(work, f"copy-{name}", ["copy", *map(str, files), str(dst)], files, timeout)
-    finally:
-        shutil.rmtree(dst)
+def copy_of(work: Path, name: str, files: list[Path], timeout: float, copies: int = 1) -> dict:
+    """The plain copy of ``files`` (the bytes a step reads), into a scratch directory removed after;
+    made ``copies`` times, the median run returned (``walls_s``: every run's wall time), because a
+    virtual disk's speed moves between runs (2.5x seen here) and one copy makes a noisy baseline."""
+    runs = []
+    for _ in range(copies):
+        dst = work / f"copy-{name}"
+        dst.mkdir()
+        try:
+            runs.append(measure(work, f"copy-{name}", ["copy", *map(str, files), str(dst)], files, timeout))
+        finally:
+            shutil.rmtree(dst)
+    runs.sort(key=lambda r: r["wall_s"])
+    return {**runs[len(runs) // 2], "walls_s": [r["wall_s"] for r in runs]}
 
 
 def files_under(root: Path) -> list[Path]:
@@ -185,6 +192,7 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp", help="where inputs, outputs and copies go")
     ap.add_argument("--keep", action="store_true", help="keep what it wrote")
     ap.add_argument("--timeout", type=float, default=7200, help="seconds any one step may take")
+    ap.add_argument("--copies", type=int, default=3, help="plain copies per step; the median is the baseline")
     ap.add_argument("--child", metavar="REPORT", help=argparse.SUPPRESS)
     ap.add_argument("argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -222,7 +230,7 @@ def main() -> int:
             inputs,
             args.timeout,
         )
-        results.append(("import", m, copy_of(work, "import", inputs, args.timeout), nbytes))
+        results.append(("import", m, copy_of(work, "import", inputs, args.timeout, args.copies), nbytes))
         print(row(*results[-1]), flush=True)
 
         from placement.dataset import open_dataset
@@ -238,17 +246,18 @@ def main() -> int:
             args.timeout,
         )
         feature_files = [dataset.path("features")]  # in the dataset, or the source it refers to
-        place_copy = copy_of(work, "place", feature_files, args.timeout)
+        place_copy = copy_of(work, "place", feature_files, args.timeout, args.copies)
         place_bytes = sum(f.stat().st_size for f in feature_files)
         results.append(("place", m, place_copy, place_bytes))
         print(row(*results[-1]), flush=True)
-        inputs_copy = copy_of(work, "place-inputs", sorted({*feature_files, *ds_files}), args.timeout)
+        inputs_copy = copy_of(work, "place-inputs", sorted({*feature_files, *ds_files}), args.timeout, args.copies)
         manifest = json.loads((work / "place.out").read_text())
         t = manifest["timings_s"]
         after = t["total"] - t.get("check", 0) - t.get("presample", 0)
         print(
             f"place phases (s): {json.dumps(t)}; after pre-sampling {after:.1f} s = "
-            f"{place_copy['wall_s'] / after:.2f}x a plain copy of the features ({place_copy['wall_s']:.1f} s), "
+            f"{place_copy['wall_s'] / after:.2f}x a plain copy of the features ({place_copy['wall_s']:.1f} s; "
+            f"copies {', '.join(f'{w:.1f}' for w in place_copy['walls_s'])} s), "
             f"{inputs_copy['wall_s'] / after:.2f}x a plain copy of everything place reads: features, topology, "
             f"labels, splits ({inputs_copy['wall_s']:.1f} s); hotness: "
             f"{manifest['hotness']['batches']} batches, split-half gap {manifest['hotness'].get('bound')}",
@@ -265,7 +274,7 @@ def main() -> int:
             args.timeout,
         )
         train_bytes = sum(p.stat().st_size for p in placed_files)  # what it opens; a capped epoch reads part
-        results.append(("train", m, copy_of(work, "train", placed_files, args.timeout), train_bytes))
+        results.append(("train", m, copy_of(work, "train", placed_files, args.timeout, args.copies), train_bytes))
         print(row(*results[-1]), flush=True)
 
         print(
