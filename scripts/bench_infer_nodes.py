@@ -65,10 +65,20 @@ def _run(cmds: list[list[str]]) -> float:
     return time.perf_counter() - start
 
 
+def remove_output(out: Path) -> None:
+    """Delete ``out`` only where it is an inference output (its ``inference.json``): ``--work`` is
+    the user's directory, and a folder of theirs named like ours stays."""
+    if not out.exists():
+        return
+    if not (out / "inference.json").is_file():
+        raise SystemExit(f"{out}: exists and is not an inference output; give another --work")
+    shutil.rmtree(out)
+
+
 def one_node(data: Path, ck: Path, out: Path, pin: bool, fresh: bool = True) -> tuple[float, float, str]:
     """``fresh``: remove the last run's output first (else the run has nothing to do)."""
     if fresh:
-        shutil.rmtree(out, ignore_errors=True)
+        remove_output(out)
     cmd = [sys.executable, "-m", "moment", "infer", "--nproc", "2", "--data", str(data), "--checkpoint", str(ck)]
     cmd += ["--out", str(out), "--device", "cpu"]
     if pin:
@@ -79,7 +89,7 @@ def one_node(data: Path, ck: Path, out: Path, pin: bool, fresh: bool = True) -> 
 def two_nodes(data: tuple[Path, Path], ck: Path, out: Path, pin: bool, fresh: bool = True) -> tuple[float, float, str]:
     """``fresh``: remove the last run's output first (else node 0 finds it complete)."""
     if fresh:
-        shutil.rmtree(out, ignore_errors=True)
+        remove_output(out)
     endpoint, cores, cmds = f"127.0.0.1:{_port()}", sorted(os.sched_getaffinity(0)), []
     for node in (1, 0):
         cmd = [sys.executable, "-m", "moment", "infer", "--nnodes", "2", "--node-rank", str(node)]
