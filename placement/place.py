@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +163,11 @@ def place(
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
+    arrays = partial(write_arrays, run, stage.data, hot, placed, specs, workload, phases, progress)
     if packed:
-        written, files = packed[0], write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
+        written, files = packed[0], arrays()
     else:
-        written, files = write_placed(run, stage, hot, placed, specs, workload, phases, progress)
+        written, files = write_placed(run, stage, specs, placed, phases, progress, arrays)
     summary = None
     if run.opts.pack:
         written, summary = packed or pack_bins(run, stage, hot, specs, placed, written, phases, progress)

@@ -5,7 +5,7 @@ checksums taken on the way), with the seconds each phase took."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,14 +127,13 @@ def unpacked_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
 def write_placed(
     run: PlaceRun,
     stage: Staging,
-    hot: Hotness,
-    placed: Placement,
     specs: list[BinSpec],
-    workload: Workload,
+    placed: Placement,
     phases: Phases,
     progress: Progress | None,
+    arrays: Callable[[], dict[str, NpyWriter]],
 ) -> tuple[list[Written], dict[str, NpyWriter]]:
-    """The bins (:func:`write_placed_bins`, in a thread of their own) beside the arrays
+    """The bins (:func:`write_placed_bins`, in a thread of their own) beside ``arrays()``
     (:func:`write_arrays`, in this one). The bin pass waits on reading and flushing the features,
     the relabel on memory latency, and most of both runs outside the GIL: side by side they keep
     the disk and both cores busy, and the bins' last fsync no longer holds up the relabel.
@@ -142,7 +141,7 @@ def write_placed(
     first); its hashing and fsync count in ``checksums`` and ``fsync`` as before."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-bins") as pool:
         bins = pool.submit(write_placed_bins, run, stage, specs, placed, progress)
-        files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
+        files = arrays()
         t0 = time.perf_counter()
         result = bins.result()
         phases.add("write_bins", time.perf_counter() - t0)
