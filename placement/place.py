@@ -16,7 +16,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from placement.place_commit import (
     validate_placed,
 )
 from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
-from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed
+from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
@@ -163,11 +162,8 @@ def place(
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
-    arrays = partial(write_arrays, run, stage.data, hot, placed, specs, workload, phases, progress)
-    if packed:
-        written, files = packed[0], arrays()
-    else:
-        written, files = write_placed(run, stage, specs, placed, phases, progress, arrays)
+    written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
+    files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
     summary = None
     if run.opts.pack:
         written, summary = packed or pack_bins(run, stage, hot, specs, placed, written, phases, progress)

@@ -5,8 +5,7 @@ checksums taken on the way), with the seconds each phase took."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from placement.hotness import Hotness
 from placement.policies import get_policy
 from placement.predict import write_workload
 from placement.samples import FILES as SAMPLE_FILES
-from placement.writer import BinFile, NpyWriter, WriteTimes, Written, file_digest, save_npy, write_bins
+from placement.writer import BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
 
 if TYPE_CHECKING:
     from placement.place import PlaceOptions
@@ -124,44 +123,23 @@ def unpacked_path(run: PlaceRun, stage: Staging, spec: BinSpec) -> Path:
     return partial(bin_path(run, stage, spec).with_name(bin_file_name(f"{spec.name}-unpacked", stage.run_id)))
 
 
-def write_placed(
-    run: PlaceRun,
-    stage: Staging,
-    specs: list[BinSpec],
-    placed: Placement,
-    phases: Phases,
-    progress: Progress | None,
-    arrays: Callable[[], dict[str, NpyWriter]],
-) -> tuple[list[Written], dict[str, NpyWriter]]:
-    """The bins (:func:`write_placed_bins`, in a thread of their own) beside ``arrays()``
-    (:func:`write_arrays`, in this one). The bin pass waits on reading and flushing the features,
-    the relabel on memory latency, and most of both runs outside the GIL: side by side they keep
-    the disk and both cores busy, and the bins' last fsync no longer holds up the relabel.
-    ``write_bins`` in the timings is what the bin pass took beyond the arrays (0 when it finished
-    first); its hashing and fsync count in ``checksums`` and ``fsync`` as before."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-bins") as pool:
-        bins = pool.submit(write_placed_bins, run, stage, specs, placed, progress)
-        files = arrays()
-        t0 = time.perf_counter()
-        result = bins.result()
-        phases.add("write_bins", time.perf_counter() - t0)
-    phases.add("checksums", result.hash)
-    phases.add("fsync", result.fsync)
-    faults.point("place:bins-written")
-    return result.files, files
-
-
 def write_placed_bins(
-    run: PlaceRun, stage: Staging, specs: list[BinSpec], placed: Placement, progress: Progress | None
-) -> WriteTimes:
+    run: PlaceRun, stage: Staging, specs: list[BinSpec], placed: Placement, phases: Phases, progress: Progress | None
+) -> list[Written]:
     """The bins, one sequential pass over the source features (.partial names until the commit)."""
     files = []
     for b, s in enumerate(specs):
         path = unpacked_path(run, stage, s) if packed(run, s) else partial(bin_path(run, stage, s))
         files.append(BinFile(s.name, path, int(placed.used[b])))
-    return write_bins(
+    t0 = time.perf_counter()
+    result = write_bins(
         run.ds.features(), placed.bin_of, files, stage.data, run.key, progress=stage_update(progress, "writing bins")
     )
+    phases.add("write_bins", time.perf_counter() - t0 - result.wait)
+    phases.add("checksums", result.hash)
+    phases.add("fsync", result.fsync)
+    faults.point("place:bins-written")
+    return result.files
 
 
 def write_arrays(
@@ -177,8 +155,8 @@ def write_arrays(
     """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
     and checksummed on the way; returns them by manifest key. Ids and counts are int32 where
     they fit (``relabel.id_type``): a third fewer bytes to write and hash; readers take either.
-    The small arrays go first: their hashing and fsync run beside the CSR rewrite (the longest
-    pass) instead of after it, so less is left to flush at the end."""
+    The small arrays go first, so their hashing and fsync run beside the CSR rewrite (the
+    longest pass) instead of after it, and less is left to flush at the end."""
     ds = run.ds
     t0 = time.perf_counter()
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
@@ -208,7 +186,7 @@ def write_arrays(
     for f in files.values():
         f.close()  # every file hashed and on disk before the manifest names it
     order = ("indptr", "indices", "labels", "hotness", "train", "val", "test", "old_to_new", "new_to_old")
-    files = {k: files[k] for k in order}  # the manifest's order, as before the small arrays went first
+    files = {k: files[k] for k in order}  # the manifest's order, as when the topology came first
     write_workload(data / PLACED_FILES["workload"], workload)
     phases.written(list(files.values()), "relabel", time.perf_counter() - t0)
     faults.point("place:arrays-written")

@@ -50,7 +50,7 @@ PHASES = {
     "presample": "pre-sampling hotness",
     "predict": "re-solving the plan's model",
     "ddak": "placement (the --policy: DDAK or another)",
-    "write_bins": "writing the bins (beside the relabel: the seconds it took beyond it)",
+    "write_bins": "writing the bins",
     "relabel": "relabelling: topology, labels, splits, id maps",
     "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
     "checksums": "checksums (SHA-256)",
