@@ -200,7 +200,7 @@ class TieredFeatureStore:
         buffer, then one gather after one host→device copy puts every row in place; GPU-resident
         rows are gathered on the GPU. On a CPU device only the SSD rows are staged, and every row
         is copied straight to its place. ``batch``: its replay index (``chunks.first_batch``)."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         new = self._as_ids(ids)
         b = np.searchsorted(self._starts, new, side="right") - 1
         row = new - self._starts[b] + self._offset[b]
@@ -234,6 +234,7 @@ class TieredFeatureStore:
         self._asked += new.size
         self._calls += 1
         self._seconds += time.perf_counter() - start
+        self._cpu_seconds += time.thread_time() - cpu
         return out
 
     def _as_ids(self, ids: torch.Tensor | np.ndarray | Sequence[int]) -> np.ndarray:
@@ -376,6 +377,7 @@ class TieredFeatureStore:
         self._asked = 0
         self._calls = 0
         self._seconds = 0.0
+        self._cpu_seconds = 0.0
         self._assemble_seconds = 0.0
         self._preads0 = self.reader.preads
         self._read_bytes0 = dict(self.reader.read_bytes)
@@ -408,6 +410,9 @@ class TieredFeatureStore:
             "asked": self._asked,
             "calls": self._calls,
             "seconds": self._seconds,
+            # CPU time of the calling thread (the prefetch thread): what the reads take from training
+            # on a machine whose cores are busy; ``seconds`` also counts waiting for the SSDs
+            "cpu_seconds": self._cpu_seconds,
             "assemble_seconds": self._assemble_seconds,
             "tiers": tiers,
             "ssd_bins": bins,
