@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from moment.errors import Interrupted
 
@@ -154,27 +155,53 @@ def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None
             signal.signal(s, h)
 
 
-def _raise(signum: int, _frame: FrameType | None) -> None:
+# Code an exception must not be raised into at any point: numba's compiler and llvmlite under it.
+# An ObjectRef interrupted in its __init__ is left half made, and its __del__ then fails with a
+# traceback on stderr when it is collected (after the command's one line).
+NOT_INTERRUPTIBLE = ("numba", "llvmlite")
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    if not _interruptible_depth:  # interruptible() is restoring the handlers: the command is over
+        return
     if not _stopping:
         _stopping.append(signum)
-    if _in_unraisable_hook:  # raised here, it would be dropped too: later, from outside the hook
+    if _in_unraisable_hook or _inside(frame, NOT_INTERRUPTIBLE):  # later, from outside it
         _send_again(signum)
         return
     raise Interrupted(signum)
 
 
+def _inside(frame: FrameType | None, packages: tuple[str, ...]) -> bool:
+    """Whether ``frame`` or one of its callers runs code of ``packages``."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module.split(".")[0] in packages:
+            return True
+        frame = frame.f_back
+    return False
+
+
 _in_unraisable_hook = False
 _interruptible_depth = 0  # how many interruptible() blocks the main thread is in
+_resending: set[int] = set()  # the threads of _send_again still to send
 
 
 def _send_again(signum: int) -> None:
     """The signal to this process once more, shortly, from another thread: its handler then
-    runs in the main thread's next bytecodes, not in the finalizer that dropped it."""
+    runs in the main thread's next bytecodes, not in the finalizer that dropped it nor in the
+    compiler it deferred (a real signal, not ``_thread.interrupt_main``: it also ends a blocking
+    wait of the main thread)."""
+    token = object()
+    _resending.add(id(token))
 
     def later() -> None:
-        time.sleep(0.01)
-        if _interruptible_depth:  # not once the command has left interruptible()
-            os.kill(os.getpid(), signum)
+        try:
+            time.sleep(0.01)
+            if _interruptible_depth:  # not once the command has left interruptible()
+                os.kill(os.getpid(), signum)
+        finally:
+            _resending.discard(id(token))
 
     _thread.start_new_thread(later, ())
 
@@ -200,14 +227,19 @@ def interruptible() -> Iterator[None]:
         yield
         return
     global _interruptible_depth
-    previous = {s: signal.signal(s, _raise) for s in SIGNALS}
-    unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
-    _interruptible_depth += 1
+    _interruptible_depth += 1  # before the handlers: _raise lets go of a signal outside
+    previous: dict[signal.Signals, Any] = {}  # the handlers replaced, to put back
+    unraisable = sys.unraisablehook
     try:
+        for sig in SIGNALS:
+            previous[sig] = signal.signal(sig, _raise)
+        sys.unraisablehook = _unraisable
         yield
     finally:
-        _interruptible_depth -= 1
+        _interruptible_depth -= 1  # first: from here on _raise lets a signal go (the command is over)
         sys.unraisablehook = unraisable
+        while _resending:  # a signal sent again lands here, on _raise, not on the default action
+            time.sleep(0.001)
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -289,6 +289,45 @@ def test_a_signal_landing_in_a_finalizer_still_stops_the_command(monkeypatch: py
     assert info.value.signum == signal.SIGTERM and not finished
 
 
+def test_a_signal_landing_in_numba_or_llvmlite_is_raised_once_out_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM whose handler runs inside llvmlite (numba's compiler) is not raised there: an
+    ObjectRef interrupted in its __init__ is left half made, and its __del__ prints a traceback
+    after the command's one line. The signal comes back once the code is out of it."""
+    monkeypatch.setattr(procs, "_stopping", [])
+    done: list[str] = []
+    compiler: dict[str, object] = {"__name__": "llvmlite.binding.ffi"}  # code of llvmlite, as frames see it
+    exec(  # noqa: S102 - a function whose module is llvmlite, to be signalled inside
+        "def build(kill, spin, done):\n"
+        "    kill()\n"
+        "    spin(0.3)\n"  # the handler runs here (and its resends), inside llvmlite
+        "    done.append('built')\n",
+        compiler,
+    )
+
+    def spin(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            pass
+
+    with pytest.raises(Interrupted) as info, procs.interruptible():
+        compiler["build"](lambda: os.kill(os.getpid(), signal.SIGTERM), spin, done)  # type: ignore[operator]
+        spin(10)
+        done.append("went on")
+    assert info.value.signum == signal.SIGTERM and done == ["built"]
+
+
+def test_a_half_made_llvmlite_object_is_what_the_deferral_avoids() -> None:
+    """Why: llvmlite's ObjectRef without its __init__'s attributes (an exception raised at the
+    start of __init__) fails in __del__, and Python prints that traceback."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from llvmlite.binding.context import ContextRef\nContextRef.__new__(ContextRef)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" in done.stderr and "__del__" in done.stderr and "_as_parameter_" in done.stderr
+
+
 # -- H3: damaged checkpoints ------------------------------------------------------------------
 
 

@@ -157,13 +157,15 @@ def _hops(shape: RunShape) -> list[float]:
     return out
 
 
-def activation_bytes(shape: RunShape) -> int:
-    """Saved outputs of every layer plus the largest per-edge tensor of one layer (float32)."""
+def layer_sizes(shape: RunShape) -> list[tuple[LayerSize, tuple[float, float, int]]]:
+    """Every layer's expected size over one batch, the outermost first (layer i consumes hop
+    ``layers - i``), with the registered model's activation estimate of it, whose output width is
+    the next layer's input. The memory budget's activations and trainer.flops' step both read them."""
     estimate = activations_of(shape.model)  # the registered model's own (trainer.models.LAYERS)
     hops = _hops(shape)
     layers = len(shape.fanouts)
-    saved, edge_peak, width = 0.0, 0.0, shape.feature_dim
-    for i in range(layers):  # layer i consumes hop layers - i: the outermost first
+    sizes, width = [], shape.feature_dim
+    for i in range(layers):
         n_dst = hops[layers - 1 - i]
         last = i == layers - 1
         size = LayerSize(
@@ -175,9 +177,17 @@ def activation_bytes(shape: RunShape) -> int:
             heads=shape.heads,
             last=last,
         )
-        layer_saved, layer_peak, width = estimate(size)
-        saved += layer_saved
-        edge_peak = max(edge_peak, layer_peak)
+        activations = estimate(size)
+        sizes.append((size, activations))
+        width = activations[2]
+    return sizes
+
+
+def activation_bytes(shape: RunShape) -> int:
+    """Saved outputs of every layer plus the largest per-edge tensor of one layer (float32)."""
+    sizes = layer_sizes(shape)
+    saved = sum(a[0] for _, a in sizes)
+    edge_peak = max((a[1] for _, a in sizes), default=0.0)
     return int(4 * (saved + edge_peak))
 
 

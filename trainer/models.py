@@ -91,16 +91,40 @@ def attention(s: LayerSize) -> tuple[float, float, int]:
     return saved, 2 * s.edges * heads * s.out, heads * s.out
 
 
+# Forward FLOPs of one layer over one batch (a multiply-add is 2): what trainer.flops counts a
+# training step's compute from (``moment plan --nodes``).
+Flops = Callable[[LayerSize], float]
+
+
+def gathered_flops(s: LayerSize) -> float:
+    """SAGE: the sum of each destination's gathered neighbour rows (one add per edge and input
+    element) and two linear maps of the destinations (of the neighbours' mean and of the root),
+    ``2 × in × out`` a row each. Memory-bound: the gather moves 4 bytes per add."""
+    return s.edges * s.width + 4 * s.n_dst * s.width * s.out
+
+
+def attention_flops(s: LayerSize) -> float:
+    """GAT: every source projected to heads × out, the two attention scores of every projected
+    row, and per edge (self loops included) and head the score's softmax (about 4) and its
+    weighted message (2 × out)."""
+    heads = 1 if s.last else s.heads
+    width = heads * s.out
+    edges = s.edges + s.n_dst
+    return 2 * s.n_src * s.width * width + 2 * (s.n_src + s.n_dst) * width + edges * heads * (4 + 2 * s.out)
+
+
 @dataclass(frozen=True)
 class Layer:
     """A registered model: its layer factory, its default hidden width (``--hidden``), its
-    activation estimate for the memory budget (a gathering conv's unless it says otherwise) and,
-    when its convs are sums of messages, their scatter form (None where a conv has none)."""
+    activation estimate for the memory budget and its forward FLOPs (a gathering conv's unless it
+    says otherwise) and, when its convs are sums of messages, their scatter form (None where a
+    conv has none)."""
 
     make: LayerFactory
     hidden: int = HIDDEN
     scatter: ScatterFactory | None = None
     activations: Activations = gathered
+    flops: Flops = gathered_flops
     count: LayerCount | None = None  # its parameters by formula (None: the model is built to count them)
 
     def __call__(self, cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple[nn.Module, int]:
@@ -164,7 +188,7 @@ def _gat_count(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> tuple
 
 LAYERS: dict[str, LayerFactory] = {
     "sage": Layer(_sage, scatter=_sage_scatter, count=_sage_count),
-    "gat": Layer(_gat, hidden=64, activations=attention, count=_gat_count),  # 64 per head; no scatter form
+    "gat": Layer(_gat, hidden=64, activations=attention, flops=attention_flops, count=_gat_count),  # 64 per head
 }
 
 
@@ -176,6 +200,11 @@ def default_hidden(model: str) -> int:
 def activations_of(model: str) -> Activations:
     """The activation estimate ``model`` is registered with (a plain factory: a gathering conv's)."""
     return getattr(LAYERS.get(model), "activations", gathered)
+
+
+def flops_of(model: str) -> Flops:
+    """The forward FLOPs ``model`` is registered with (a plain factory: a gathering conv's)."""
+    return getattr(LAYERS.get(model), "flops", gathered_flops)
 
 
 class BlockGNN(nn.Module):

@@ -15,6 +15,7 @@ from moment.fileio import check_file_target
 from moment.progress import Reporter, stage_update
 
 if TYPE_CHECKING:
+    from moment.planner.nodes import Compute
     from moment.planner.workload import Workload
 
 
@@ -54,7 +55,14 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--nodes",
         metavar="N",
-        help="also predict the iteration with N such servers: local reads plus the gradient all-reduce over the NIC",
+        help="also predict the iteration with N such servers: the longer of the local reads and the compute, "
+        "plus the gradient all-reduce over the NIC",
+    )
+    p.add_argument(
+        "--compute-from",
+        metavar="metrics.json",
+        help="with --nodes: the compute per iteration an earlier run measured (moment train --metrics-json: its "
+        "training time not spent waiting for data), instead of the estimate from the model's FLOPs",
     )
     p.add_argument("--out", metavar="plan.json", help="write the plan for `moment place` and the trainer")
     p.add_argument("--picture", metavar="FILE.svg", help="draw the best layout with the flow on every link")
@@ -87,18 +95,42 @@ def _machine_and_workload(args: argparse.Namespace):
     return machine, load_workload(machine.workload, args.workload)
 
 
-def workload_parameters(workload: Workload) -> int:
-    """Parameters of the workload's model, by the trainer's own count (formulas where the model
-    registers them, no PyG import) at its feature width, ``hidden`` and fan-outs, with
+def _workload_shape(workload: Workload):
+    """The run the workload describes, as the trainer sizes it, with
     :data:`~moment.planner.nodes.DEFAULT_CLASSES` classes (a workload names none)."""
     from moment.planner.nodes import DEFAULT_CLASSES
-    from trainer.memory import model_parameters, shape_of_workload  # torch: only for --nodes
+    from trainer.memory import shape_of_workload  # torch: only for --nodes
 
-    return model_parameters(shape_of_workload(workload, ranks_per_node=1, sockets=1, classes=DEFAULT_CLASSES))
+    return shape_of_workload(workload, ranks_per_node=1, sockets=1, classes=DEFAULT_CLASSES)
+
+
+def workload_parameters(workload: Workload) -> int:
+    """Parameters of the workload's model, by the trainer's own count (formulas where the model
+    registers them, no PyG import) at its feature width, ``hidden`` and fan-outs."""
+    from trainer.memory import model_parameters
+
+    return model_parameters(_workload_shape(workload))
+
+
+def workload_step_flops(workload: Workload) -> float:
+    """FLOPs of one training step (forward and backward) of the workload's model on one batch,
+    by the trainer's own count (:mod:`trainer.flops`)."""
+    from trainer.flops import step_flops
+
+    return step_flops(_workload_shape(workload))
+
+
+def _estimated_compute(machine, workload: Workload, scored) -> Compute:
+    """The step's FLOPs on the slowest GPU of the layout ``scored``."""
+    from moment.planner.nodes import estimated_compute
+
+    kinds = {d.id: d.kind for d in machine.devices()}
+    gpus = [d for d in scored.layout.values() if kinds.get(d) == "gpu"]
+    return estimated_compute(machine, gpus, workload_step_flops(workload))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from moment.planner.nodes import check_nodes, nodes_prediction
+    from moment.planner.nodes import check_nodes, measured_compute, nodes_prediction
     from moment.planner.plan import check_ssd_tier, default_counts, parse_range, plan
 
     machine, workload = _machine_and_workload(args)
@@ -108,6 +140,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError("--top must be at least 1")
     nodes = None if args.nodes is None else check_nodes(args.nodes)
+    if args.compute_from and nodes is None:
+        raise UsageError("--compute-from needs --nodes N (it is the compute of the several-server prediction)")
     if len(gpus) > 1 or len(ssds) > 1:
         if nodes is not None:
             raise UsageError("--nodes needs one GPU count and one SSD count, not a range")
@@ -116,6 +150,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if target:
             check_file_target(target)
     check_ssd_tier(machine, workload, args.profile, gpus[0], ssds[0])
+    # a bad metrics file is refused before the search, and nothing is written
+    measured = measured_compute(args.compute_from) if args.compute_from else None
     with Reporter(err) as report:
         outcome = plan(
             machine,
@@ -130,7 +166,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     several = None
     if nodes is not None:
-        several = nodes_prediction(machine, workload_parameters(workload), outcome.best.prop.iteration_s, nodes)
+        compute = measured or _estimated_compute(machine, workload, outcome.best)
+        several = nodes_prediction(
+            machine, workload_parameters(workload), outcome.best.prop.iteration_s, nodes, compute
+        )
     if args.out:
         from moment.planner.planfile import save_plan
 

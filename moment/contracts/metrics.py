@@ -176,6 +176,16 @@ class MetricsDoc(Contract):
     memory: MeasuredMemory | None = None  # rank 0's measured peaks (absent in files from before)
     nodes: list[NodePrediction] | None = None  # several nodes: each node's own prediction
 
+    def compute_s_per_iteration(self) -> float | None:
+        """Training time per iteration not spent waiting for data: Σ (epoch_s - data_wait_s) over
+        Σ iterations (forward, backward, the optimizer step and the ranks' gradient all-reduce;
+        the slowest rank's time less the ranks' mean wait). None without an iteration: what
+        ``moment plan --nodes --compute-from`` takes as the compute of an iteration."""
+        iterations = sum(e.iterations for e in self.epochs)
+        if not iterations:
+            return None
+        return sum(max(e.epoch_s - e.data_wait_s, 0.0) for e in self.epochs) / iterations
+
     @model_validator(mode="after")
     def _complete(self) -> MetricsDoc:
         if self.complete and (self.test_acc is None or self.rank_param_digests is None):

@@ -187,9 +187,11 @@ class SearchStats(_Part):
 
 
 class NodesPrediction(_Part):
-    """``moment plan --nodes N`` (report-only): the iteration with N such servers, the one-node
-    data time plus a ring all-reduce of the model's gradients over each node's NIC
-    (``moment.planner.nodes``)."""
+    """``moment plan --nodes N`` (report-only): the iteration with N such servers, the longer of
+    the one-node data time and the compute (``bound`` says which) plus a ring all-reduce of the
+    model's gradients over each node's NIC (``moment.planner.nodes``). Plans written before the
+    compute term have none of its fields (None): their ``iteration_s`` is the data time plus the
+    all-reduce."""
 
     nodes: Annotated[int, Field(ge=1)]
     parameters: Annotated[int, Field(ge=0)]
@@ -197,6 +199,11 @@ class NodesPrediction(_Part):
     nic_gbps: Annotated[float, Field(gt=0.0)]
     nic_source: str
     data_iteration_s: float
+    compute_s: Annotated[float, Field(ge=0.0)] | None = None  # one iteration's compute on one GPU
+    compute_source: str | None = None  # "measured: FILE ..." or "estimated: FLOPs at a GPU rate ..."
+    step_flops: Annotated[float, Field(ge=0.0)] | None = None  # the estimate's (None: measured)
+    gpu_tflops: Annotated[float, Field(gt=0.0)] | None = None  # the estimate's GPU rate
+    bound: Literal["data", "compute"] | None = None  # the longer of the two
     allreduce_s: Annotated[float, Field(ge=0.0)]
     iteration_s: float
 

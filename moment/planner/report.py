@@ -89,13 +89,16 @@ def print_prediction(console: Console, s: Scored, workload: Workload) -> None:
 
 
 def nodes_line(n: dict) -> str:
-    """``moment plan --nodes N``'s prediction in one line (the plan's ``nodes`` record)."""
-    speed = n["nodes"] * n["data_iteration_s"] / n["iteration_s"] if n["iteration_s"] > 0 else float(n["nodes"])
+    """``moment plan --nodes N``'s prediction in one line (the plan's ``nodes`` record): the two
+    terms, the one that bounds the iteration, and where the compute figure came from."""
+    one = max(n["data_iteration_s"], n["compute_s"])  # one server's iteration, no network
+    speed = n["nodes"] * one / n["iteration_s"] if n["iteration_s"] > 0 else float(n["nodes"])
     return (
-        f"with {n['nodes']} such servers: {seconds(n['iteration_s'])} s per iteration = local reads "
-        f"{seconds(n['data_iteration_s'])} s + gradient all-reduce {seconds(n['allreduce_s'])} s "
-        f"({n['parameters']:,} parameters, ring over {n['nic_gbps']:.3g} GB/s NICs, {n['nic_source']}; "
-        f"compute not modelled): {speed:.2f}× one server's seeds/s"
+        f"with {n['nodes']} such servers: {seconds(n['iteration_s'])} s per iteration = max(local reads "
+        f"{seconds(n['data_iteration_s'])} s, compute {seconds(n['compute_s'])} s) + gradient all-reduce "
+        f"{seconds(n['allreduce_s'])} s, bound by {n['bound']}; compute {n['compute_source']}; "
+        f"{n['parameters']:,} parameters, ring over {n['nic_gbps']:.3g} GB/s NICs, {n['nic_source']}: "
+        f"{speed:.2f}× one server's seeds/s"
     )
 
 

@@ -97,6 +97,11 @@ class Device(_Strict):
         default=None, gt=0, description="random 4 KiB reads per second: bounds small random reads (moment/ssd_reads.py)"
     )
     double_width: bool | None = None
+    tflops: Annotated[float | None, Field(default=None, gt=0), _at_most(10000, "TFLOP/s", "FLOP/s")] = Field(
+        default=None,
+        description="a GPU's sustained FP32 TFLOP/s training a GNN (measured): moment plan --nodes's compute "
+        "(moment/topology/gpu_flops.py's datasheet peak × derating otherwise)",
+    )
 
 
 class Slot(_Strict):
