@@ -19,13 +19,14 @@ per vertex (a mark) and a buffer for one batch's vertex set.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 
 import numpy as np
+
+from moment.cores import usable_cores
 
 numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
@@ -114,7 +115,7 @@ class CountSampler:
         self.fanouts = np.asarray([int(f) for f in fanouts], dtype=np.int64)
         self.seed = int(seed)
         self.num_nodes = len(indptr) - 1
-        self.threads = threads or max(1, min(THREADS, len(os.sched_getaffinity(0))))
+        self.threads = threads or usable_cores(THREADS)
         self._most = most_per_batch(batch_size, fanouts, self.num_nodes)
         self._local = threading.local()
 

@@ -14,7 +14,6 @@ nothing else of N entries is held and nothing is read back to checksum it.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +23,7 @@ from types import ModuleType
 import numpy as np
 
 from moment.contracts.tiers import TIERS
+from moment.cores import usable_cores
 from moment.progress import Update
 from placement.writer import NpyWriter
 
@@ -57,33 +57,64 @@ def id_type(n: int) -> type[np.integer]:
     return np.int32 if n < np.iinfo(np.int32).max else np.int64
 
 
-def _maps_py(
-    bin_of: np.ndarray, rank: np.ndarray, starts: np.ndarray, new_to_old: np.ndarray, old_to_new: np.ndarray
+def _count_py(bin_of: np.ndarray, rank: np.ndarray, lo: int, hi: int, counts: np.ndarray) -> None:
+    """``counts[k]`` += the vertices of ``lo:hi`` in the bin of rank ``k`` (no N-sized temporary,
+    which ``np.bincount`` of a narrow ``bin_of`` makes)."""
+    for v in range(lo, hi):
+        counts[rank[bin_of[v]]] += 1
+
+
+def _fill_py(
+    bin_of: np.ndarray,
+    rank: np.ndarray,
+    lo: int,
+    hi: int,
+    pos: np.ndarray,
+    new_to_old: np.ndarray,
+    old_to_new: np.ndarray,
 ) -> None:
-    """Stable counting sort of the vertices by their bin's rank: both id maps in one pass."""
-    pos = starts.copy()
-    for v in range(bin_of.size):
+    """Stable counting sort of the vertices ``lo:hi`` by their bin's rank, new ids from ``pos``
+    (by rank) on: both id maps in one pass."""
+    for v in range(lo, hi):
         k = rank[bin_of[v]]
-        new_to_old[pos[k]] = v
-        old_to_new[v] = pos[k]
-        pos[k] += 1
+        p = pos[k]
+        new_to_old[p] = v
+        old_to_new[v] = p
+        pos[k] = p + 1
 
 
-_maps = numba.njit(cache=True)(_maps_py) if numba is not None else _maps_py
+_count = numba.njit(cache=True, nogil=True)(_count_py) if numba is not None else _count_py
+_fill = numba.njit(cache=True, nogil=True)(_fill_py) if numba is not None else _fill_py
 
 
-def relabel(bin_of: np.ndarray, tiers: list[str]) -> Relabel:
-    """New ids: bins in tier order, original order inside each bin (a stable sort by bin rank)."""
+def relabel(bin_of: np.ndarray, tiers: list[str], threads: int | None = None) -> Relabel:
+    """New ids: bins in tier order, original order inside each bin (a stable sort by bin rank).
+
+    The vertices are cut into ``threads`` ranges (default: the usable cores, at most
+    ``GATHER_THREADS``), each counted per bin and then filled at once (the compiled passes
+    release the GIL); a range's vertices of a bin follow those of the ranges before it, so the
+    sort stays stable."""
     order = bin_order(tiers)
     rank = np.empty(len(tiers), dtype=np.int64)
     rank[order] = np.arange(len(tiers), dtype=np.int64)
-    counts = np.bincount(bin_of, minlength=len(tiers))[order]
-    starts = np.zeros(len(tiers) + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    dtype = id_type(bin_of.size)
-    new_to_old = np.empty(bin_of.size, dtype=dtype)
-    old_to_new = np.empty(bin_of.size, dtype=dtype)
-    _maps(bin_of, rank, starts, new_to_old, old_to_new)
+    bin_of = np.asarray(bin_of)  # a memory map as a plain array over the same pages (what the kernels take)
+    n = bin_of.size
+    parts = max(1, min(threads or usable_cores(GATHER_THREADS), n >> 16))  # small graphs: one range
+    cuts = [n * t // parts for t in range(parts + 1)]
+    counts = np.zeros((parts, len(tiers)), dtype=np.int64)  # by rank
+    dtype = id_type(n)
+    new_to_old = np.empty(n, dtype=dtype)
+    old_to_new = np.empty(n, dtype=dtype)
+    with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="moment-relabel") as pool:
+        list(pool.map(lambda t: _count(bin_of, rank, cuts[t], cuts[t + 1], counts[t]), range(parts)))
+        starts = np.zeros(len(tiers) + 1, dtype=np.int64)
+        np.cumsum(counts.sum(axis=0), out=starts[1:])
+        pos = starts[:-1] + np.cumsum(counts, axis=0) - counts  # where range t's vertices of each bin begin
+        fill = [
+            pool.submit(_fill, bin_of, rank, cuts[t], cuts[t + 1], pos[t], new_to_old, old_to_new) for t in range(parts)
+        ]
+        for job in fill:
+            job.result()
     return Relabel(old_to_new, new_to_old, starts, order)
 
 
@@ -169,7 +200,7 @@ def rewrite_csr(
     ``GATHER_THREADS``) gather the next chunks while this one is checksummed and written; at most
     ``threads + 1`` chunks are held."""
     n = r.new_to_old.size
-    threads = threads or max(1, min(GATHER_THREADS, len(os.sched_getaffinity(0))))
+    threads = threads or usable_cores(GATHER_THREADS)
     out_indptr.write(np.zeros(1, dtype=np.int64))
     end_of_last = 0
     chunks = _extents(indptr, r, chunk_rows, chunk_edges)

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from numpy.typing import DTypeLike
 
+from moment.cores import usable_cores
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 
@@ -228,7 +229,7 @@ def _hash_part(hasher: hashlib._Hash, part: memoryview) -> float:
 def hash_threads(nbins: int) -> int:
     """Threads hashing a chunk's parts: one per bin up to the cores (SHA-256 runs at 1-2 GB/s a
     core, so one thread would bound a server's array of SSDs; bins hash independently)."""
-    return max(1, min(nbins, os.cpu_count() or 1))
+    return usable_cores(nbins)
 
 
 def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, int]) -> float:

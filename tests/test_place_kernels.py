@@ -151,3 +151,19 @@ def test_write_bins_reads_a_memory_map_by_pread_as_numpy_would(tmp_path: Path) -
             assert np.array_equal(np.fromfile(f.path, dtype=np.float32).reshape(-1, 6), feats[bin_of == b])
         digests.append([w.digest for w in done.files])
     assert digests[0] == digests[1]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_relabel_in_ranges_is_the_same_stable_sort(threads: int) -> None:
+    """The id maps built by ``threads`` ranges of vertices at once: the same stable sort by bin
+    rank as one pass, whatever the ranges' shares of each bin (a bin absent from a range too)."""
+    rng = np.random.default_rng(threads)
+    tiers = ["ssd", "gpu", "ssd", "cpu"]
+    n = 300_000  # at least 2^16 vertices per range
+    bin_of = rng.choice(4, n, p=[0.6, 0.05, 0.3, 0.05]).astype(np.int16)
+    bin_of[: n // 4] = 0  # the first range holds bin 0 only
+    r = rl.relabel(bin_of, tiers, threads=threads)
+    rank = np.array([2, 0, 3, 1])[bin_of]
+    assert np.array_equal(r.new_to_old, np.argsort(rank, kind="stable"))
+    assert np.array_equal(r.old_to_new[r.new_to_old], np.arange(n))
+    assert np.array_equal(np.diff(r.starts), np.bincount(bin_of, minlength=4)[r.order])
