@@ -164,14 +164,17 @@ class StoredSamples:
         blocks = []
         for k in range(self.hops):
             targets, n = int(levels[k]), int(counts[k])
-            per = torch.from_numpy(np.asarray(self.edges[at : at + targets], dtype=np.int64))
-            src = torch.from_numpy(np.asarray(self.edges[at + targets : at + targets + n], dtype=np.int64))
+            per = np.asarray(self.edges[at : at + targets], dtype=np.int64)
+            src = np.asarray(self.edges[at + targets : at + targets + n], dtype=np.int64)
             if int(per.sum()) != n or bool((per < 0).any()):
                 raise PlacedError(
                     f"{self.paths['edges']}: batch {i}'s hop {k + 1} counts {int(per.sum())} edges, its index {n}: damaged"
                 )
-            dst = torch.repeat_interleave(torch.arange(targets), per)
-            blocks.append(SampledBlock(torch.stack([src, dst]), num_dst=targets, num_src=int(levels[k + 1])))
+            # numpy, not torch: torch splits these over its intra-op threads, which spin where the
+            # cores are busy training (this runs on the prefetch thread)
+            dst = np.repeat(np.arange(targets, dtype=np.int64), per)
+            edge_index = torch.from_numpy(np.stack([src, dst]))
+            blocks.append(SampledBlock(edge_index, num_dst=targets, num_src=int(levels[k + 1])))
             at += targets + n
         blocks.reverse()
         self.loaded += 1

@@ -70,6 +70,11 @@ def worker(args: argparse.Namespace) -> dict:
         "disk": disk_read_bytes() - before,
         "predicted": doc.prediction.ssd_amplification,
         "step_s": sum(e.epoch_s for e in epochs) / sum(e.iterations for e in epochs),
+        # the prefetch thread's feature-store calls per step: wall time, and CPU time on that thread
+        "feature_s": sum(e.feature_read_s for e in epochs) / sum(e.iterations for e in epochs),
+        "feature_cpu_s": sum((e.feature_cpu_s_per_iteration or 0.0) * e.iterations for e in epochs)
+        / sum(e.iterations for e in epochs),
+        "data_wait_s": sum(e.data_wait_s for e in epochs) / sum(e.iterations for e in epochs),
         "seeds_per_s": sum(e.seeds for e in epochs) / sum(e.epoch_s for e in epochs),
         "steps": sum(e.iterations for e in epochs),
         "test_acc": doc.test_acc,
@@ -230,7 +235,9 @@ def report(name: str, r: dict, t: dict) -> None:
     )
     print(
         f"{name:9}: {amp}disk reads {r['disk'] / 2**20:.0f} MiB; {r['useful'] / 2**20:.0f} MiB from the SSD bins; "
-        f"{r['step_s'] * 1e3:.1f} ms/step, {r['seeds_per_s']:,.0f} seeds/s over {r['steps']} steps; test accuracy "
+        f"{r['step_s'] * 1e3:.1f} ms/step (waiting for data {r['data_wait_s'] * 1e3:.1f} ms; features "
+        f"{r['feature_s'] * 1e3:.1f} ms, of it CPU {r['feature_cpu_s'] * 1e3:.1f} ms, on the prefetch thread), "
+        f"{r['seeds_per_s']:,.0f} seeds/s over {r['steps']} steps; test accuracy "
         f"{r['test_acc']:.4f}; place: {t['total']:.1f} s, of which writing the bins {t['write_bins']:.1f} s"
         + (f", packing {t['pack']:.1f} s" if "pack" in t else ""),
         flush=True,

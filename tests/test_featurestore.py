@@ -451,3 +451,19 @@ def test_stage_reserved_once_for_growing_batches(
             assert np.array_equal(s.get(torch.from_numpy(ids)).numpy(), truth[ids])
         assert len(sizes) == 2 and s.stats()["staging"]["grown"] == 1
         assert sizes[0] == 4000 * placed.row_bytes + staging.PAGE
+
+
+def test_a_cpu_store_stages_only_ssd_rows(placed_dir: Path, truth: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU device every row is put straight into the output: rows of the host tiers are not
+    gathered into the staging buffer first (torch's gather is not called), which holds the
+    distinct SSD rows only; the rows are the source's."""
+    from trainer import featurestore, staging
+
+    monkeypatch.setattr(featurestore, "gather_rows", lambda *a: pytest.fail("host rows staged"))
+    ids = np.random.default_rng(6).integers(0, len(truth), 3_000)
+    with TieredFeatureStore(open_placed(placed_dir)) as s:
+        got = s.get(torch.from_numpy(ids)).numpy()
+        st = s.stats()
+    assert np.array_equal(got, truth[ids])
+    assert st["tiers"]["gpu"]["rows"] > 0 and st["tiers"]["cpu"]["rows"] > 0
+    assert st["staging"]["bytes"] == st["tiers"]["ssd"]["unique_rows"] * s.row_bytes + staging.PAGE

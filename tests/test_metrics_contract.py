@@ -92,6 +92,7 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
         "data_wait_s",
         "feature_read_s",
         "feature_read_s_per_iteration",
+        "feature_cpu_s_per_iteration",
         "rows_per_tier",
         "bytes_per_tier",
         "bytes_per_ssd",

@@ -504,6 +504,33 @@ def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc
             assert (chunks["batches"], chunks["batches_from_chunks"]) == (1, int(right))
 
 
+def test_a_budget_that_shares_nothing_reads_each_batch_from_its_chunk(
+    plan_file: Path, dataset: Path, tmp_path: Path
+) -> None:
+    """At 1x the budget holds every row in chunks (no shared cache): each replayed batch reads
+    its chunks alone, in id order, and gets the source's rows; another batch's rows under its
+    number still miss."""
+    from placement.pack import replay_samples
+
+    place(plan_file, dataset, tmp_path / "c", PlaceOptions(pack_budget="1x", **OPTS))
+    placed = open_placed(tmp_path / "c")
+    assert placed.manifest.pack.chunks.threshold >= 1
+    assert all(b.chunks is None or np.load(b.chunks.shared_rows).size == 0 for b in placed.bins)
+    pack = placed.manifest.pack
+    arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
+    drawn = replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)
+    nodes = [b.nodes.numpy() for b, _ in zip(drawn, range(3))]
+    src = np.asarray(open_dataset(dataset).features())[np.asarray(placed.array("new_to_old"))]
+    with TieredFeatureStore(placed, device="cpu", io="posix") as store:
+        for number, ids in ((0, nodes[0]), (1, nodes[1]), (2, nodes[2]), (2, nodes[0])):
+            store.reset_stats()
+            assert store.get(torch.from_numpy(ids), batch=number).numpy().tobytes() == src[ids].tobytes()
+            chunks, right = store.stats()["chunks"], ids is nodes[number]
+            assert chunks["batches_from_chunks"] == int(right) and chunks["batches"] == 1
+            assert chunks["missed"] == chunks["bin_reads"] and (chunks["missed"] > 0) != right
+            assert (chunks["chunk_reads"] > 0) == right
+
+
 def test_a_placement_with_chunks_back_to_back_still_reads_right(
     chunked: tuple[Path, MetricsDoc], dataset: Path, tmp_path: Path
 ) -> None:

@@ -621,6 +621,8 @@ def test_feature_read_time_is_compared_only_on_the_plans_gpus(
     assert doc["on_plan_gpus"] is False
     assert doc["measured_feature_read_s"] == pytest.approx(sum(e["feature_read_s"] for e in epochs) / iterations)
     assert epochs[0]["feature_read_s_per_iteration"] == pytest.approx(epochs[0]["feature_read_s"] / iterations)
+    # the store's CPU on its thread: some, and no more than its wall time (a thread runs on one core)
+    assert 0 < epochs[0]["feature_cpu_s_per_iteration"] <= epochs[0]["feature_read_s_per_iteration"] * 1.01 + 1e-3
     printed = " ".join(capsys.readouterr().out.split())  # the table wraps at the terminal's width
     assert "not compared: ranks are not on the plan's GPUs" in printed, printed
 

@@ -24,9 +24,13 @@ process that names the same path uses one copy: the first to come writes it, the
   mostly consecutive: few, long reads, few pages each); packed within a budget, a replayed
   training batch reads its chunk and shared pages instead (:mod:`trainer.packs`).
 
-Rows of host-resident tiers are gathered into the same staging buffer, after the SSD rows; one
-final gather (``assemble`` in the stats; on a GPU after one host→device copy) puts every row in
-its place in the output, so each SSD row is copied once after its read. On CUDA the CPU tier is
+On a GPU, rows of host-resident tiers are gathered into the same staging buffer, after the SSD
+rows, and after one host→device copy one final gather (``assemble`` in the stats) puts every row
+in its place in the output, so each SSD row is copied once after its read. On a CPU device each
+row is put straight into its place in the output by a compiled copy on the calling thread
+(:func:`put_rows`): a host tier's rows from the tier, the SSD rows from the staging buffer
+(``assemble``); every row is copied once, and the prefetch thread running it leaves the other
+cores to training (torch's gathers would split over its intra-op threads). On CUDA the CPU tier is
 instead registered with CUDA (``uva``, :mod:`trainer.uva`; ``--host-gather``) and its rows are
 gathered by a kernel reading it in place over PCIe, straight into the output: no host gather,
 no staging, no extra copy (GPU review #17); where registration fails they take the staging
@@ -192,10 +196,11 @@ class TieredFeatureStore:
     def get(self, ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
         """Rows of ``ids`` (new ids, any order, repeats allowed), in that order, on ``device``.
 
-        Rows held in host memory and distinct SSD rows are first put in one staging buffer, then
-        one gather (on the CPU, or on the GPU after one host→device copy) puts every row in
-        place; GPU-resident rows are gathered on the GPU. ``batch``: its replay index (``chunks.first_batch``)."""
-        start = time.perf_counter()
+        On a GPU, rows held in host memory and distinct SSD rows are first put in one staging
+        buffer, then one gather after one host→device copy puts every row in place; GPU-resident
+        rows are gathered on the GPU. On a CPU device only the SSD rows are staged, and every row
+        is copied straight to its place. ``batch``: its replay index (``chunks.first_batch``)."""
+        start, cpu = time.perf_counter(), time.thread_time()
         new = self._as_ids(ids)
         b = np.searchsorted(self._starts, new, side="right") - 1
         row = new - self._starts[b] + self._offset[b]
@@ -203,29 +208,33 @@ class TieredFeatureStore:
         self._bin_rows += np.bincount(b, minlength=self._bin_rows.size)
         uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
         host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu" and not self._mapped(t)]
+        on_host = self.device.type == "cpu"  # every row straight into the output: only SSD rows staged
         ssd_rows = 0 if self.reader.on_device else uniq.size
-        stage = self._host_stage.take((ssd_rows + sum(where[t].size for t in host_tiers)) * self.row_bytes)
-        stage = stage.view(-1, self.row_bytes)
-        src = np.zeros(new.size, dtype=np.int64)  # each staged row's row in the staging buffer
-        at = ssd_rows
-        for t in host_tiers:
-            k = where[t].size
-            self._gather(t, row[where[t]], stage[at : at + k])
-            src[where[t]] = np.arange(at, at + k)
-            at += k
-        ssd_stage, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows], batch)
-        src[where[SSD]] = inverse if staged is None else staged[inverse]
+        staged_rows = ssd_rows + (0 if on_host else sum(where[t].size for t in host_tiers))
+        stage = self._host_stage.take(staged_rows * self.row_bytes).view(-1, self.row_bytes)
         out = torch.empty((new.size, self.dim), dtype=self.dtype, device=self.device)
-        if self.device.type == "cpu":
-            if stage.shape[0]:  # empty when every row comes from the registered CPU tier
-                self._assemble_on_host(out, stage, src)
-            self._gather_mapped(out, where[CPU], row[where[CPU]])  # after: the host gather wrote every row
+        if on_host:
+            for t in host_tiers:
+                self._gather(t, row[where[t]], out, where[t])
+            _, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows], batch)
+            self._assemble_on_host(out, where[SSD], stage, inverse if staged is None else staged[inverse])
+            self._gather_mapped(out, where[CPU], row[where[CPU]])
         else:
+            src = np.zeros(new.size, dtype=np.int64)  # each staged row's row in the staging buffer
+            at = ssd_rows
+            for t in host_tiers:
+                k = where[t].size
+                self._gather(t, row[where[t]], stage[at : at + k])
+                src[where[t]] = np.arange(at, at + k)
+                at += k
+            ssd_stage, staged = self._read_ssd(b[where[SSD]], uniq, stage[:ssd_rows], batch)
+            src[where[SSD]] = inverse if staged is None else staged[inverse]
             self._assemble_on_device(out, where, row, stage, src, ssd_stage)
         self._host_stage.release()
         self._asked += new.size
         self._calls += 1
         self._seconds += time.perf_counter() - start
+        self._cpu_seconds += time.thread_time() - cpu
         return out
 
     def _as_ids(self, ids: torch.Tensor | np.ndarray | Sequence[int]) -> np.ndarray:
@@ -239,12 +248,16 @@ class TieredFeatureStore:
                 raise IndexError(f"new id {lo if lo < 0 else hi} out of range [0, {self.placed.num_nodes})")
         return new
 
-    def _gather(self, tier: int, rows: np.ndarray, stage: torch.Tensor) -> None:
-        """Copy rows of a host-resident tier into the staging buffer."""
+    def _gather(self, tier: int, rows: np.ndarray, dst: torch.Tensor, at: np.ndarray | None = None) -> None:
+        """Copy rows of a host-resident tier into the staging buffer (its byte rows ``dst``), or
+        with ``at`` into those rows of the host output ``dst``."""
         if rows.size == 0:
             return
         start = time.perf_counter()
-        gather_rows(self._tensors[tier], rows, stage)
+        if at is None:
+            gather_rows(self._tensors[tier], rows, dst)
+        else:
+            put_rows(_byte_rows(dst), at, _byte_rows(self._tensors[tier]), rows)
         self._count(tier, rows.size, rows.size * self.row_bytes, time.perf_counter() - start)
 
     def _read_ssd(
@@ -272,8 +285,9 @@ class TieredFeatureStore:
             chunk = self.chunks.requests(k, batch, rows, target[lo:hi])
             if chunk is not None:  # a replayed batch: its chunk and shared rows
                 reads, landed = chunk
-                staged = np.arange(uniq.size) if staged is None else staged
-                staged[lo:hi] = lo + landed
+                if landed is not None:
+                    staged = np.arange(uniq.size) if staged is None else staged
+                    staged[lo:hi] = lo + landed
                 requests += reads
                 owner += [k] * len(reads)
                 continue
@@ -343,10 +357,10 @@ class TieredFeatureStore:
             self._count(CPU, pos.size, pos.size * self.row_bytes, time.perf_counter() - start)
         return True
 
-    def _assemble_on_host(self, out: torch.Tensor, stage: torch.Tensor, src: np.ndarray) -> None:
-        """Fill a host output: every row comes from the staging buffer, in one gather."""
+    def _assemble_on_host(self, out: torch.Tensor, pos: np.ndarray, stage: torch.Tensor, src: np.ndarray) -> None:
+        """Put the SSD rows of a host output (at ``pos``) from the staging buffer (its rows ``src``)."""
         start = time.perf_counter()
-        np.take(_records(stage), src, out=_records(out), mode="clip")
+        put_rows(_byte_rows(out), pos, stage.numpy(), src)
         self._assemble_seconds += time.perf_counter() - start
 
     # Statistics ##############################################################
@@ -363,6 +377,7 @@ class TieredFeatureStore:
         self._asked = 0
         self._calls = 0
         self._seconds = 0.0
+        self._cpu_seconds = 0.0
         self._assemble_seconds = 0.0
         self._preads0 = self.reader.preads
         self._read_bytes0 = dict(self.reader.read_bytes)
@@ -395,6 +410,9 @@ class TieredFeatureStore:
             "asked": self._asked,
             "calls": self._calls,
             "seconds": self._seconds,
+            # CPU time of the calling thread (the prefetch thread): what the reads take from training
+            # on a machine whose cores are busy; ``seconds`` also counts waiting for the SSDs
+            "cpu_seconds": self._cpu_seconds,
             "assemble_seconds": self._assemble_seconds,
             "tiers": tiers,
             "ssd_bins": bins,
@@ -444,6 +462,40 @@ def gather_rows(src: torch.Tensor, rows: np.ndarray, out: torch.Tensor) -> None:
     into the byte rows ``out``: ATen's ``index_select`` splits the rows over torch's intra-op
     threads (numpy's ``take`` copies on one); bytes, not values, so every row is copied as is."""
     torch.index_select(src.view(torch.uint8), 0, torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)), out=out)
+
+
+# The compiled row copy (trainer.rows_kernel), looked up at first use; None: numpy's.
+_COPY: list[Any] = []
+
+
+def put_rows(dst: np.ndarray, at: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
+    """``dst[at] = src[rows]`` for byte rows (2-D uint8 of one width): each row copied once, on
+    this thread alone (:mod:`trainer.rows_kernel`: numpy would copy every row twice, torch would
+    split the copy over its intra-op threads); numpy where numba cannot build the kernel."""
+    if at.size != rows.size:
+        raise ValueError(f"{at.size} rows to put, {rows.size} to take")
+    if at.size == 0:
+        return
+    for name, idx, n in (("output", at, dst.shape[0]), ("source", rows, src.shape[0])):
+        if int(idx.min()) < 0 or int(idx.max()) >= n:
+            raise IndexError(f"{name} row out of range [0, {n})")
+    if not _COPY:
+        from trainer import rows_kernel
+
+        _COPY.append(rows_kernel.copier())
+    copy = _COPY[0]
+    at, rows = np.ascontiguousarray(at, dtype=np.int64), np.ascontiguousarray(rows, dtype=np.int64)
+    if copy is None:
+        dst.view(np.dtype((np.void, dst.shape[1])))[at] = src.view(np.dtype((np.void, src.shape[1])))[rows]
+    elif dst.shape[1] % 8 == 0 and dst.ctypes.data % 8 == 0 and src.ctypes.data % 8 == 0:
+        copy(dst.view(np.uint64), at, src.view(np.uint64), rows)
+    else:
+        copy(dst, at, src, rows)
+
+
+def _byte_rows(t: torch.Tensor) -> np.ndarray:
+    """A 2-D host tensor's rows as bytes (no copy)."""
+    return t.view(torch.uint8).numpy()
 
 
 def _records(t: torch.Tensor) -> np.ndarray:

@@ -12,7 +12,9 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   ``loss`` (mean over steps and ranks), ``val_acc`` (None when not evaluated that epoch),
   ``data_wait_s`` (time the loop waited for a prepared batch, mean over ranks),
   ``feature_read_s`` (time in the feature store per rank, mean) and
-  ``feature_read_s_per_iteration``, ``rows_per_tier`` and
+  ``feature_read_s_per_iteration`` (wall time: waiting for the SSDs included),
+  ``feature_cpu_s_per_iteration`` (the CPU time of those calls on the thread making them, the
+  prefetch thread: what they take from training where the cores are busy), ``rows_per_tier`` and
   ``bytes_per_tier`` (summed over ranks; SSD bytes count distinct rows read per batch),
   ``bytes_per_ssd`` (the same per SSD bin: how the reads spread over the SSDs: the useful
   feature bytes), ``read_bytes_per_ssd`` (the bytes of the pages the reader's reads of each SSD
@@ -71,10 +73,11 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     tiers = {t: {"rows": 0, "bytes": 0, "seconds": 0.0} for t in TIERS}
     bins: dict[str, dict[str, float]] = {}
     bin_rows: dict[str, int] = {}
-    asked, seconds = 0, 0.0
+    asked, seconds, cpu = 0, 0.0, 0.0
     for s in per_rank:
         asked += s["asked"]
         seconds += s["seconds"]
+        cpu += s.get("cpu_seconds", 0.0)
         for t, v in s["tiers"].items():
             for k in ("rows", "bytes", "seconds"):
                 tiers.setdefault(t, {"rows": 0, "bytes": 0, "seconds": 0.0})[k] += v[k]
@@ -84,7 +87,14 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
             b = bins.setdefault(name, {"rows": 0, "bytes": 0, "read_bytes": 0, "seconds": 0.0})
             for k in b:
                 b[k] += v[k]
-    return {"asked": asked, "seconds": seconds, "tiers": tiers, "ssd_bins": bins, "bin_rows": bin_rows}
+    return {
+        "asked": asked,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "tiers": tiers,
+        "ssd_bins": bins,
+        "bin_rows": bin_rows,
+    }
 
 
 def _per_iteration(history: list[dict[str, Any]], key: str) -> float | None:
@@ -122,6 +132,7 @@ def epoch_record(
         "data_wait_s": data_wait_s,
         "feature_read_s": merged["seconds"] / max(len(stats), 1),
         "feature_read_s_per_iteration": merged["seconds"] / max(len(stats), 1) / max(iterations, 1),
+        "feature_cpu_s_per_iteration": merged["cpu_seconds"] / max(len(stats), 1) / max(iterations, 1),
         "rows_per_tier": {t: int(v["rows"]) for t, v in merged["tiers"].items()},
         "bytes_per_tier": {t: int(v["bytes"]) for t, v in merged["tiers"].items()},
         "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},

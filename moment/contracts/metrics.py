@@ -84,6 +84,8 @@ class EpochRecord(_Part):
     data_wait_s: float = Field(ge=0)
     feature_read_s: float = Field(ge=0)
     feature_read_s_per_iteration: float = Field(ge=0)
+    # CPU time of the feature store's calls on their thread, per iteration (absent in older files).
+    feature_cpu_s_per_iteration: float | None = Field(default=None, ge=0)
     rows_per_tier: dict[str, int]
     bytes_per_tier: dict[str, int]
     bytes_per_ssd: dict[str, int]  # feature bytes read from each SSD bin (distinct rows)
