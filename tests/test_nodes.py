@@ -29,7 +29,7 @@ from placement.placed import open_placed
 from placement.synth import synthesize
 from trainer import broadcast, checkpoint, launch, loop
 from trainer.config import TrainConfig
-from trainer.dist import NODE_RANK, DistEnv, check_numbering
+from trainer.dist import NODE_RANK, DistEnv, all_done, check_numbering
 from trainer.infer import InferOptions, infer, work_out
 from trainer.infer import torchrun_command as infer_torchrun_command
 from trainer.nodes import NodeData, config_difference, per_node, shared_config, source_order, straggler
@@ -239,6 +239,26 @@ def test_two_nodes_claiming_one_node_rank_are_refused() -> None:
     store.set("moment/numbering/1", json.dumps([0, 0, "hostB", 2]))
     with pytest.raises(MomentError, match="--node-rank 0 is given to two nodes"):
         check_numbering(store, a, 0, 2)
+
+
+def test_a_leaving_rank_waits_until_every_rank_is_done_with_the_group() -> None:
+    """leave(): no rank closes its sockets while another may still be in its last collective; a
+    peer that never comes costs the timeout, not a hang."""
+    import threading
+    from datetime import timedelta
+
+    store = dist.HashStore()
+    result: list[bool] = []
+    first = threading.Thread(target=lambda: result.append(all_done(store, 0, 2, timedelta(seconds=20))))
+    first.start()
+    first.join(0.3)
+    assert first.is_alive() and not result  # rank 1 has not marked itself done
+    assert all_done(store, 1, 2, timedelta(seconds=20))
+    first.join(5)
+    assert result == [True]
+    started = time.monotonic()
+    assert not all_done(dist.HashStore(), 0, 2, timedelta(seconds=0.2))  # rank 1 gone
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(

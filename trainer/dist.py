@@ -40,6 +40,9 @@ from moment.errors import MomentError
 # take minutes), longer than NCCL's default 10 minutes.
 COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 NODE_RANK = "MOMENT_NODE_RANK"  # moment train --node-rank: this node's place in the global rank order
+# How long a rank leaving a job that succeeded waits for the others to be done with the group.
+LEAVE_TIMEOUT = timedelta(seconds=30)
+_rendezvous: list[dist.Store] = []  # the store this process's group was made from (setup)
 
 
 @dataclass
@@ -112,7 +115,35 @@ def setup(requested: str, backend: str, env: DistEnv, plan: PlanDoc | None) -> t
             check_numbering(store, env, rank, world)
             rank = env.rank
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, **kwargs)
+        _rendezvous[:] = [store]
     return device, where
+
+
+def leave() -> None:
+    """Destroy the process group once every rank is done with it (a job that succeeded).
+
+    gloo may tear a pair down while the peer is still finishing its last collective on it
+    (gloo#155); a rank of the two-node test once died so (SIGABRT, "terminate called without an
+    active exception") right after the start-up check, its only collective. So each rank marks
+    itself done in the rendezvous store and waits, at most :data:`LEAVE_TIMEOUT`, for the other
+    marks before it closes its sockets. Not on a failure: the peers would wait for nothing."""
+    if not dist.is_initialized():
+        return
+    if _rendezvous:
+        all_done(_rendezvous[0], dist.get_rank(), dist.get_world_size(), LEAVE_TIMEOUT)
+    dist.destroy_process_group()
+
+
+def all_done(store: dist.Store, rank: int, world: int, timeout: timedelta) -> bool:
+    """Mark ``rank`` done in ``store`` and wait for every rank's mark; False after ``timeout``
+    (a peer gone: leave anyway). Keys of an earlier attempt in a shared store only end the wait
+    early, as before this existed."""
+    store.set(f"moment/left/{rank}", "1")
+    try:
+        store.wait([f"moment/left/{r}" for r in range(world)], timeout)
+    except RuntimeError:  # DistStoreError: timed out
+        return False
+    return True
 
 
 def check_numbering(store: dist.Store, env: DistEnv, launch_rank: int, world: int) -> None:

@@ -27,7 +27,7 @@ from moment.options import OptionParser, add_arguments
 from moment.outputs import INPUTS, joined
 from moment.progress import Progress, Reporter
 from trainer import broadcast
-from trainer.dist import DistEnv, PeerFailedError, lost_peer, setup
+from trainer.dist import DistEnv, PeerFailedError, leave, lost_peer, setup
 from trainer.featurestore import TieredFeatureStore
 from trainer.infer_nodes import Exchange, first_stage, gather_progress, note_finished
 from trainer.infer_options import RANK_OPTIONS, InferOptions
@@ -382,8 +382,6 @@ def rank_main(argv: list[str] | None = None) -> int:
 
 
 def _rank(args: argparse.Namespace, env: DistEnv) -> None:
-    import torch.distributed as dist
-
     plan = read_plan(args.plan) if args.plan else None
     # gloo (barriers, the exchange between nodes) whatever the device; several nodes: global ranks
     # from --node-rank, checked (trainer.dist.setup)
@@ -407,7 +405,7 @@ def _rank(args: argparse.Namespace, env: DistEnv) -> None:
         assert data is not None  # only node 0 is given --finished, and then every node stops
         _stages(args, env, loaded, data, device, per_node)
     if env.world_size > 1:
-        dist.destroy_process_group()
+        leave()  # every rank done with the group first (gloo#155)
 
 
 def _stages(
