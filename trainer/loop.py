@@ -41,6 +41,7 @@ from moment import hw, procs
 from moment.contracts.checkpoint import DataIdentity
 from moment.contracts.placed import PackSummary
 from moment.contracts.plan import PlanDoc, read_plan
+from moment.cores import usable_cores
 from moment.errors import MomentError
 from moment.outputs import DirLock, joined
 from placement.placed import Placed, open_placed
@@ -151,8 +152,7 @@ def sampling_setup(
     out: dict[str, Any] = {"where": where, "threads": None}
     if where == "cpu":
         sharing = sum(socket_of(plan, r) == socket_of(plan, env.local_rank) for r in range(local_world_size(env)))
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, cpus // max(sharing, 1))
+        threads = max(1, usable_cores() // max(sharing, 1))
         if threads > torch.get_num_threads():
             torch.set_num_threads(threads)
         out["threads"] = torch.get_num_threads()

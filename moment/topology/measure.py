@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from moment import hw
+from moment.cores import usable_cores
 from moment.errors import MomentError, UsageError
 from moment.hw import cuda_bus_ids, parse_bdf
 from moment.preads import native_preads
@@ -159,7 +160,7 @@ def dram_copy_gbps(megabytes: int = 256, repeats: int = 5, threads: int | None =
     """Bytes copied per second (one direction), best of ``repeats``, with one thread per core
     (numpy releases the GIL while copying): one thread alone reaches a fraction of a socket's
     memory bandwidth."""
-    threads = threads or os.cpu_count() or 1
+    threads = threads or usable_cores()
     chunk = megabytes * 1024 * 1024 // 8 // threads
     src = [np.ones(chunk, dtype=np.float64) for _ in range(threads)]
     dst = [np.empty_like(a) for a in src]
