@@ -78,3 +78,11 @@ def pages_read(offsets: np.ndarray, sizes: np.ndarray, page: int = PAGE_BYTES) -
     offsets, sizes = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     first, last = offsets // page, (offsets + sizes - 1) // page
     return (int((last - first + 1).sum()) - int((first[1:] == last[:-1]).sum())) * page
+
+
+def span_pages(offset: np.ndarray | int, size: np.ndarray | int, page: int = PAGE_BYTES) -> np.ndarray:
+    """Bytes of the pages each read of ``size`` bytes at byte ``offset`` of a file touches (0 for
+    an empty one), elementwise: what a batch's slice of a mapped file (its stored sample, a chunk
+    row map) moves, each read on its own (a page two batches share counts for each)."""
+    offset, size = np.asarray(offset, dtype=np.int64), np.asarray(size, dtype=np.int64)
+    return np.where(size > 0, (offset + size - 1) // page - offset // page + 1, 0) * page

@@ -20,10 +20,13 @@ page-reordered cache so that replicating them does not blow the disk budget. Her
 
 ``threshold`` is the largest for which chunks, their padding and shared caches together fit the
 budget: the fewer rows shared, the fewer pages a batch reads beyond its one chunk read. The
-padding is not known before the chunks are laid out; it is counted at its most (each chunk's
-last page nearly empty, :func:`pad_bound`; a chunk per (batch, bin) pair with rows, or per row
-stored in chunks where those are fewer), so the files never exceed the budget. The smallest
-space is every row read at least once, stored once (threshold 1); a budget below it is refused. The bins
+padding is first counted at its most (each chunk's last page nearly empty, :func:`pad_bound`; a
+chunk per (batch, bin) pair with rows, or per row stored in chunks where those are fewer); where
+that bound refuses thresholds whose rows alone would fit, one more pass over the batches counts
+the padding as the chunks would lay it out (:func:`laid_out_space`), so small bins, whose
+chunks are a few pages and whose bound is far from the padding, share no more rows than they
+must; either way the files never exceed the budget. The smallest space is every row read at
+least once, stored once (threshold 1), its chunks padded; a budget below it is refused. The bins
 stay whole and in id order: batches other than the replayed ones (evaluation, another seed) read
 them as before. Both files of a bin are written in one sequential pass over the bin
 (:func:`write_gathered`: "batched packing"): each slice of the bin read is scattered to every
@@ -44,7 +47,7 @@ import numpy as np
 from moment.errors import UsageError
 from moment.progress import Update
 from moment.sizes import parse_size
-from moment.ssd_reads import PAGE_BYTES, pages_read
+from moment.ssd_reads import PAGE_BYTES, pages_read, span_pages
 from placement.pack import (
     Readers,
     SsdRows,
@@ -104,21 +107,59 @@ def pad_bound(chunks: np.ndarray | int, row_bytes: int, align: int = ALIGN) -> n
     return np.asarray(chunks, dtype=np.int64) * (align - math.gcd(row_bytes, align))
 
 
-def threshold_for(count: np.ndarray, row_bytes: int, budget: int, what: str, pairs: int = 0) -> int:
-    """The largest threshold whose files, padding counted at its most (:func:`space`), fit
-    ``budget`` bytes; ``what`` (the option and its value) names the budget in the refusal when
-    even threshold 1 does not fit."""
-    need = space(count, row_bytes, pairs)
+def threshold_for(
+    count: np.ndarray,
+    row_bytes: int,
+    budget: int,
+    what: str,
+    pairs: int = 0,
+    exact: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> int:
+    """The largest threshold whose files fit ``budget`` bytes; ``what`` (the option and its
+    value) names the budget in the refusal when even threshold 1 does not fit. The padding is
+    counted at its most (:func:`space`), except that ``exact`` (thresholds -> their files' bytes
+    with the padding the chunks would take, :func:`laid_out_space`), where given, settles the
+    thresholds the bound refuses but the rows alone would fit: on small bins, where the bound
+    is far from the padding laid out, more rows go to chunks."""
+    need, rows_only = space(count, row_bytes, pairs), space(count, row_bytes)
     fits = np.flatnonzero(need[1:] <= budget) + 1
-    if fits.size == 0:
-        least = int(need[1])
+    t = int(fits[-1]) if fits.size else 0
+    could = np.flatnonzero(rows_only[1:] <= budget) + 1  # the padding takes space: none fits past these
+    least = int(need[1]) if need.size > 1 else 0
+    if exact is not None and could.size and int(could[-1]) > t:
+        candidates = np.arange(t + 1, int(could[-1]) + 1)
+        laid = exact(candidates)
+        fit = candidates[laid <= budget]
+        t = int(fit[-1]) if fit.size else t
+        least = int(laid[0]) if candidates[0] == 1 else least
+    if t == 0:
         raise UsageError(
             f"{what}: {budget:,} bytes cannot hold even the shared cache: the replayed batches read "
-            f"{int(space(count, row_bytes)[1]):,} bytes of distinct SSD rows, which take up to {least:,} bytes with "
+            f"{int(rows_only[1]):,} bytes of distinct SSD rows, which take up to {least:,} bytes with "
             f"chunks padded to pages; give at least that (e.g. {-(-least // 2**20)}MiB) "
             "or leave --pack-budget out to order the bins' rows in place"
         )
-    return int(fits[-1])
+    return t
+
+
+def laid_out_space(
+    batches: Iterable[np.ndarray], rows: SsdRows, count: np.ndarray, row_bytes: int, align: int = ALIGN
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Thresholds -> bytes of the chunks and shared files as :func:`plan_chunks` would lay them
+    out, the padding as it falls, by a pass over ``batches``: at threshold T a batch's chunk in a
+    bin holds its rows there that at most T batches read, padded to ``align``."""
+
+    def at(thresholds: np.ndarray) -> np.ndarray:
+        t = np.asarray(thresholds, dtype=np.int64)
+        chunks = np.zeros(t.size, dtype=np.int64)
+        for nodes in batches:
+            for b, part in rows.split(rows.of(nodes)):
+                held = np.searchsorted(np.sort(count[part + rows.local[b]]), t, side="right")
+                chunks += -(-held * row_bytes // align) * align
+        read = np.sort(count[count > 0])
+        return chunks + (read.size - np.searchsorted(read, t, side="right")) * row_bytes
+
+    return at
 
 
 # How a shared cache may order its rows (rows read together should share pages); the replay
@@ -150,7 +191,9 @@ def plan_chunks(
     draws the MinHash functions."""
     rows = SsdRows(starts, counts)
     who, done = readers(batches(), rows, progress, total, MINHASHES if "minhash" in orders else 0, seed)
-    t = threshold_for(who.count, row_bytes, budget, what, who.pairs)
+    t = threshold_for(
+        who.count, row_bytes, budget, what, who.pairs, laid_out_space(batches(), rows, who.count, row_bytes)
+    )
     shared_ids = [np.flatnonzero(who.count[lo : lo + n] > t) + lo for lo, n in zip(rows.local, rows.sizes)]
     n_shared = sum(r.size for r in shared_ids)
     index = np.full(rows.total, -1, dtype=np.int64)  # each row's place among the shared rows, -1: not shared
@@ -195,6 +238,17 @@ def plan_chunks(
     plan.bytes = int(at.sum()) + n_shared * row_bytes
     assert plan.bytes <= budget, f"{plan.bytes} bytes of chunks exceed the budget's {budget}: pad_bound is wrong"
     return plan
+
+
+def row_map_pages(path: Path, offsets: np.ndarray) -> int:
+    """Bytes of the pages of the chunk row map ``path`` (.npy, mapped by the trainer) that the
+    replayed batches read, each its own chunk's slice (``offsets``: :class:`ChunkPlan`'s
+    ``chunk_offsets``): the trainer compares it with the batch's rows before reading the chunk."""
+    mapped = np.load(path, mmap_mode="r")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return int(
+        span_pages(int(mapped.offset) + offsets[:-1] * mapped.itemsize, np.diff(offsets) * mapped.itemsize).sum()
+    )
 
 
 @dataclass

@@ -65,6 +65,7 @@ class Replay:
     batches: Callable[[], Iterator[np.ndarray]]
     total: int
     samples: SampleFiles
+    sample_pages: int  # bytes of the pages loading every stored batch reads of the sample files
 
 
 def _replay(
@@ -88,7 +89,10 @@ def _replay(
     files = smp.record(stage.data, drawn, len(fanouts), node_dtype, update, total)
     faults.point("place:samples-stored")
     stored = smp.StoredSamples.in_dir(stage.data, files)
-    return Replay(ssd, [starts[b] for b in ssd], [int(placed.used[b]) for b in ssd], stored.all_nodes, total, files)
+    pages = sum(int(p.sum()) for p in stored.pages().values())
+    return Replay(
+        ssd, [starts[b] for b in ssd], [int(placed.used[b]) for b in ssd], stored.all_nodes, total, files, pages
+    )
 
 
 def pack_bins(
@@ -122,7 +126,7 @@ def pack_bins(
             save_npy(data / slot_file(specs[b].name), slot, rl.id_type(max(slot.size, 1))).close()
             slots[specs[b].name] = slot_file(specs[b].name).removesuffix(".npy")
         faults.point("place:pack-planned")
-        summary = _summary(run, hot, plan, slots, r.samples)
+        summary = _summary(run, hot, plan, slots, r.samples, r.sample_pages)  # slot maps: in memory, read once
         done = list(written)
         for b, slot in zip(r.ssd, plan.slots):
             final = partial(bin_path(run, stage, specs[b]))
@@ -133,7 +137,12 @@ def pack_bins(
 
 
 def _summary(
-    run: PlaceRun, hot: Hotness, plan: pk.PackPlan | ck.ChunkPlan, slots: dict[str, str], samples: SampleFiles
+    run: PlaceRun,
+    hot: Hotness,
+    plan: pk.PackPlan | ck.ChunkPlan,
+    slots: dict[str, str],
+    samples: SampleFiles,
+    placed_bytes: int,
 ) -> PackSummary:
     opts = run.opts
     return PackSummary(
@@ -148,6 +157,7 @@ def _summary(
         unpacked_bytes=plan.unpacked_bytes,
         packed_bytes=plan.packed_bytes,
         reads=plan.reads,
+        placed_bytes=placed_bytes,
         samples=samples,
     )
 
@@ -214,7 +224,11 @@ def chunk_bins(
             )
             for b in r.ssd
         }
-        summary = _summary(run, hot, plan, {}, r.samples).model_copy(
+        maps_read = sum(
+            ck.row_map_pages(data / map_file("chunkrows", specs[b].name), plan.chunk_offsets[i])
+            for i, b in enumerate(r.ssd)
+        )
+        summary = _summary(run, hot, plan, {}, r.samples, r.sample_pages + maps_read).model_copy(
             update={
                 "chunks": PackChunks(
                     budget=budget,
@@ -242,16 +256,21 @@ def packed_prediction(
     run: PlaceRun, workload: Workload, prediction: Prediction, summary: PackSummary, data: Path
 ) -> Prediction:
     """The prediction for the packed layout: the workload's SSD reads are the replay's (mean
-    bytes moved per read, pages per feature byte), the model re-solved with them for the
-    iteration time. DDAK's targets (``bin_shares``) stay those it placed by: packing comes after."""
-    amp = summary.amplification
+    bytes moved per read, pages per feature byte: the SSD pages and those of the stored samples
+    and chunk row maps, every byte a batch reads from disk, charged to the SSDs), the model
+    re-solved with them for the iteration time. DDAK's targets (``bin_shares``) stay those it
+    placed by: packing comes after."""
+    amp, disk = summary.amplification, summary.disk_amplification
     if amp is None or summary.reads == 0:  # the replayed batches read no SSD row: nothing to pack for
         return prediction
     packed = workload.model_copy(
-        update={"ssd_pack_bytes": max(1, round(summary.packed_bytes / summary.reads)), "ssd_pack_amplification": amp}
+        update={
+            "ssd_pack_bytes": max(1, round(summary.packed_bytes / summary.reads)),
+            "ssd_pack_amplification": disk or amp,
+        }
     )
     write_workload(data / PLACED_FILES["workload"], packed)
-    update: dict[str, Any] = {"ssd_amplification": amp}
+    update: dict[str, Any] = {"ssd_amplification": amp, "disk_amplification": disk}
     if run.machine is not None:
         update["iteration_s"] = predict(run.plan, run.machine, packed).iteration_s
     return prediction.model_copy(update=update)

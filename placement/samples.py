@@ -35,6 +35,7 @@ import numpy as np
 from moment import faults
 from moment.contracts.placed import PlacedError, SampleFiles
 from moment.progress import Update
+from moment.ssd_reads import span_pages
 from placement import relabel as rl
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class StoredSamples:
         self.node_at = np.concatenate(([0], np.cumsum(levels[:, -1])))
         self.edge_at = np.concatenate(([0], np.cumsum(levels[:, :-1].sum(axis=1) + counts.sum(axis=1))))
         self.loaded = 0  # batches ``batch`` returned
+        # bytes of the pages ``batch`` read of each file (a key of placed.json ``files``): what a
+        # batch loaded instead of sampled reads from disk (metrics.json ``placed_read_bytes``)
+        self.keys = {"nodes": files.nodes, "edges": files.edges}
+        self.read_bytes = dict.fromkeys(self.keys.values(), 0)
         self.nodes = _mapped(paths["nodes"], self.dtype, int(self.node_at[-1]))
         self.edges = _mapped(paths["edges"], EDGE_DTYPE, int(self.edge_at[-1]))
 
@@ -142,6 +147,18 @@ class StoredSamples:
         """Batch ``i``'s vertices (seeds first)."""
         return np.asarray(self.nodes[self.node_at[i] : self.node_at[i + 1]])
 
+    def pages(self) -> dict[str, np.ndarray]:
+        """Per file key, the bytes of the pages loading each batch reads of it (its vertices and
+        its edges, each one slice): the replay's count, :meth:`batch`'s when it loads them all."""
+        nodes, edges = self.node_at * self.dtype.itemsize, self.edge_at * EDGE_DTYPE.itemsize
+        return {
+            self.keys["nodes"]: span_pages(nodes[:-1], np.diff(nodes)),
+            self.keys["edges"]: span_pages(edges[:-1], np.diff(edges)),
+        }
+
+    def _read(self, role: str, first: int, count: int, itemsize: int) -> None:
+        self.read_bytes[self.keys[role]] += int(span_pages(first * itemsize, count * itemsize))
+
     def all_nodes(self) -> Iterator[np.ndarray]:
         """Every batch's vertices, in replay order."""
         return (self.nodes_of(i) for i in range(self.batches))
@@ -158,8 +175,13 @@ class StoredSamples:
         row = self.index[i]
         levels, counts = row[: self.hops + 1], row[self.hops + 1 :]
         nodes = self.nodes_of(i)
-        if seeds is not None and (seeds.numel() != levels[0] or not np.array_equal(nodes[: levels[0]], seeds.numpy())):
+        if seeds is not None and seeds.numel() != levels[0]:
             return None
+        if seeds is not None and not np.array_equal(nodes[: levels[0]], seeds.numpy()):
+            self._read("nodes", int(self.node_at[i]), int(levels[0]), self.dtype.itemsize)  # the seeds compared
+            return None
+        self._read("nodes", int(self.node_at[i]), nodes.size, self.dtype.itemsize)
+        self._read("edges", int(self.edge_at[i]), int(self.edge_at[i + 1] - self.edge_at[i]), EDGE_DTYPE.itemsize)
         at = int(self.edge_at[i])
         blocks = []
         for k in range(self.hops):

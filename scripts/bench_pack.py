@@ -67,6 +67,9 @@ def worker(args: argparse.Namespace) -> dict:
     return {
         "useful": sum(sum(e.bytes_per_ssd.values()) for e in epochs),
         "pages": sum(sum(e.read_bytes_per_ssd.values()) for e in epochs),
+        # pages of the placed directory's files the batches read (stored samples, chunk row maps)
+        "placed": sum(sum(e.placed_read_bytes.values()) for e in epochs),
+        "disk_predicted": doc.prediction.disk_amplification,
         "disk": disk_read_bytes() - before,
         "predicted": doc.prediction.ssd_amplification,
         "step_s": sum(e.epoch_s for e in epochs) / sum(e.iterations for e in epochs),
@@ -204,21 +207,23 @@ def budget_curve(root: Path, budgets: list[float]) -> None:
 def samples_report(m: dict, r: dict[str, dict], gbps: float) -> None:
     """(d) with its stored samples against (e), the same placement sampling every batch: seconds
     per step, each against its IO limit: the larger of the all-in-RAM step sampling the same way
-    ((f) stored, (c) live) and the bytes a step moves (its pages; with stored samples their bytes
-    too) over the disk's sequential rate; and the disk the samples take against the features."""
+    ((f) stored, (c) live) and the bytes a step moves (its pages; with stored samples the pages of
+    them and of the chunk row maps too, as measured) over the disk's sequential rate; and the disk the samples take against the features."""
     pack = m["pack"]
     samples = pack["samples"]["bytes"]
     per_step = samples / max(pack["batches"], 1)
     stored, live = r["stored"], r["live"]
     io_s = stored["pages"] / stored["steps"] / (gbps * 1e9)
-    stored_limit = max(r["ram-stored"]["step_s"], io_s + per_step / (gbps * 1e9))
+    placed_s = stored["placed"] / stored["steps"] / (gbps * 1e9)  # the samples' (and row maps') pages read
+    stored_limit = max(r["ram-stored"]["step_s"], io_s + placed_s)
     live_limit = max(r["ram"]["step_s"], live["pages"] / live["steps"] / (gbps * 1e9))
     ssd = sum(x["bytes"] for x in m["bins"] if x["tier"] == "ssd")
     print(
         f"stored samples vs live sampling (placement (d)): {stored['step_s'] * 1e3:.1f} vs {live['step_s'] * 1e3:.1f} "
         f"ms/step ({stored['step_s'] / live['step_s']:.2f}x); all in RAM {r['ram-stored']['step_s'] * 1e3:.1f} ms "
         f"stored, {r['ram']['step_s'] * 1e3:.1f} ms live; IO limit stored {stored_limit * 1e3:.1f} ms (pages "
-        f"{io_s * 1e3:.1f} ms + samples' {per_step / 2**10:.0f} KiB), live {live_limit * 1e3:.1f} ms; "
+        f"{io_s * 1e3:.1f} ms + samples' and row maps' {stored['placed'] / stored['steps'] / 2**10:.0f} KiB), "
+        f"live {live_limit * 1e3:.1f} ms; "
         f"step / IO limit: stored {stored['step_s'] / stored_limit:.2f}x, live {live['step_s'] / live_limit:.2f}x; "
         f"test accuracy {stored['test_acc']:.4f} vs {live['test_acc']:.4f}\n"
         f"samples on disk: {samples / 2**20:.1f} MiB for {pack['batches']} batches ({per_step / 2**10:.0f} KiB each), "
@@ -229,10 +234,13 @@ def samples_report(m: dict, r: dict[str, dict], gbps: float) -> None:
 
 def report(name: str, r: dict, t: dict) -> None:
     amp = (
-        f"SSD pages {r['pages'] / r['useful']:.2f}x the feature bytes (predicted {r['predicted']:.2f}x), "
+        f"SSD pages {r['pages'] / r['useful']:.3f}x the feature bytes (predicted {r['predicted']:.3f}x), "
         if r["useful"]
         else ""
     )
+    if r["useful"] and (r["placed"] or r["disk_predicted"]):  # stored samples and chunk row maps read too
+        predicted = "—" if r["disk_predicted"] is None else f"{r['disk_predicted']:.3f}x"
+        amp += f"with the placed directory's pages {(r['pages'] + r['placed']) / r['useful']:.3f}x (predicted {predicted}), "
     print(
         f"{name:9}: {amp}disk reads {r['disk'] / 2**20:.0f} MiB; {r['useful'] / 2**20:.0f} MiB from the SSD bins; "
         f"{r['step_s'] * 1e3:.1f} ms/step (waiting for data {r['data_wait_s'] * 1e3:.1f} ms; features "
@@ -276,7 +284,8 @@ def main() -> None:
     ds, placed = prepare(args, work)
     limit = parse_size(args.mem_limit)
     try:
-        cgroup = make_cgroup(limit, name="moment-bench-pack") if limit else None
+        # a cgroup of its own: runs side by side (other worktrees) share no limit
+        cgroup = make_cgroup(limit, name=f"moment-bench-pack-{os.getpid()}") if limit else None
     except OSError as exc:
         print(f"no memory cgroup ({exc}): running without a limit", flush=True)
         cgroup = None
@@ -305,6 +314,11 @@ def main() -> None:
         extra = ["--data", str(p["dir"]), "--epochs", str(args.epochs), f"--train-args={train_args}"]
         results[name] = run_worker("moment", group, files, extra, work / f"{name}.json", script=__file__)
         report(f"({'abcdef'[list(runs).index(name)]}) {name}", results[name], p["manifest"]["timings_s"])
+    if cgroup is not None:  # ours (named with this pid), empty now that its workers are done
+        try:
+            cgroup.rmdir()
+        except OSError as exc:
+            print(f"{cgroup}: not removed ({exc})", flush=True)
     a, b, ram, d, e, f = (results[k] for k in runs)
     root = placed["packed"]["dir"]
     bins = [

@@ -98,6 +98,8 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
         "bytes_per_ssd",
         "read_bytes_per_ssd",
         "ssd_read_amplification",
+        "placed_read_bytes",
+        "disk_read_amplification",
         "chunks",
         "gbps_per_tier",
         "gbps_per_ssd",
@@ -112,6 +114,32 @@ def test_the_written_file_round_trips_with_the_keys_users_read(tmp_path: Path) -
     assert doc.complete and doc.test_acc == 0.75 and doc.epochs[1].val_acc == 0.5 and doc.sampling.where == "cpu"
     assert doc.prediction.ssd_route is not None and doc.prediction.ssd_route.run == "host"
     assert doc.epochs[0].read_bytes_per_ssd == {"nvme0": 2_867_200} and doc.epochs[0].ssd_read_amplification == 32.0
+
+
+def test_the_placed_directory_s_reads_are_summed_over_ranks_beside_the_ssd_pages() -> None:
+    """Each rank's pages of the placed directory's files (stored samples, chunk row maps) are
+    summed per file; every byte read per feature byte adds them to the SSD pages."""
+    ranks = [
+        {**STATS, "placed_read_bytes": {"samples_nodes": 8192}},
+        {**STATS, "placed_read_bytes": {"samples_nodes": 4096, "chunkrows_nvme0": 4096}},
+    ]
+    r = epoch_record(1, train_s=1.0, iterations=3, seeds=1536, loss=1.0, val_acc=None, data_wait_s=0.0, stats=ranks)
+    assert r["placed_read_bytes"] == {"samples_nodes": 12_288, "chunkrows_nvme0": 4096}
+    assert r["ssd_read_amplification"] == 32.0
+    assert r["disk_read_amplification"] == (2 * 700 * 4096 + 16_384) / (2 * 89_600)
+
+
+def test_a_file_from_before_the_placed_directory_s_reads_were_counted_loads(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.json"
+    _run(path)
+    doc = json.loads(path.read_text())
+    for e in doc["epochs"]:
+        del e["placed_read_bytes"], e["disk_read_amplification"]
+    del doc["prediction"]["disk_amplification"]
+    path.write_text(json.dumps(doc))
+    old = MetricsDoc.read(path)
+    assert old.epochs[0].placed_read_bytes == {} and old.epochs[0].disk_read_amplification is None
+    assert old.prediction.disk_amplification is None and old.epochs[0].ssd_read_amplification == 32.0
 
 
 def test_an_accuracy_of_nan_is_written_and_read_back(tmp_path: Path) -> None:

@@ -382,6 +382,7 @@ class TieredFeatureStore:
         self._preads0 = self.reader.preads
         self._read_bytes0 = dict(self.reader.read_bytes)
         self._chunks0 = self.chunks.counts()
+        self._placed0 = dict(self.chunks.read_bytes)
 
     def stats(self) -> dict[str, Any]:
         """Rows asked, bytes moved and seconds per tier and per SSD bin since the last reset; SSD
@@ -420,6 +421,9 @@ class TieredFeatureStore:
             "bin_rows": {b.name: int(r) for b, r in zip(self.placed.bins, self._bin_rows)},
             "hit_rate": {name: tiers[name]["rows"] / asked for name in ("gpu", "cpu")},
             "chunks": self.chunks.since(self._chunks0),  # budget-packed: reads served by chunks (trainer.packs)
+            # pages of the placed directory's files read (the chunk row maps; the loop adds the
+            # stored samples'), per key of placed.json ``files``
+            "placed_read_bytes": {k: n - self._placed0[k] for k, n in self.chunks.read_bytes.items()},
             "io": {
                 "reader": type(self.reader).__name__,
                 "engine": self.reader.engine,  # FileReader: native (compiled) or python

@@ -317,6 +317,7 @@ class Run:
                 cfg.max_batches_per_epoch or sys.maxsize,
             )
             self.store.reset_stats()
+            loaded0 = dict(self.samples.read_bytes) if self.samples is not None else {}
             first = self.store.chunks.first_batch(drawn, self.rank, self.world)  # packed: chunks, stored samples
             batches = self._batches(seeds, train_draw_seed(cfg.seed, drawn, self.rank), first)
             try:
@@ -324,7 +325,10 @@ class Run:
                     result = train_epoch(self.model, self.optimizer, iter(batches), self.device, step)
             finally:
                 batches.close()
-            stats = all_gather(self.store.stats())
+            local = self.store.stats()
+            if self.samples is not None:  # the stored samples' pages the epoch's batches read, beside the row maps'
+                local["placed_read_bytes"].update({k: n - loaded0[k] for k, n in self.samples.read_bytes.items()})
+            stats = all_gather(local)
             loss_sum, iterations, seeds_done, wait = all_reduce_sum(
                 [result.loss_sum, result.iterations, result.seeds, result.data_wait_s], self.device
             )

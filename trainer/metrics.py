@@ -20,6 +20,11 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   feature bytes), ``read_bytes_per_ssd`` (the bytes of the pages the reader's reads of each SSD
   bin touched: what the SSD moved, 4 KiB pages, each once per batch) and
   ``ssd_read_amplification`` (their sum over the useful bytes' sum; None without SSD reads),
+  ``placed_read_bytes`` (a packed placement: the pages the batches read of the placed directory's
+  files, per key of placed.json ``files``: each loaded batch's stored sample, each chunk row map's
+  slice a replayed batch is checked against; not the graph live sampling reads) and
+  ``disk_read_amplification`` (the SSD pages and these over the useful bytes: every byte a batch
+  read from disk),
   ``chunks`` (a placement packed within a budget: how many batches read only their chunks, of how
   many, and the (batch, bin) reads served by chunks or by the bins; ``replayed``: the epoch's
   batches are the ones packed for, so all should; None for other placements),
@@ -37,7 +42,9 @@ written and read only through its contract, :class:`moment.contracts.metrics.Met
   one iteration's feature reads), ``tier_shares`` and ``bin_shares`` (share of feature reads
   each tier and bin should serve: compare with the epochs' ``read_share_per_tier`` and
   ``read_share_per_bin``), ``ssd_amplification`` (the pages the SSDs should move per feature
-  byte: compare with the epochs' ``ssd_read_amplification``), the workload it is for, and
+  byte: compare with the epochs' ``ssd_read_amplification``), ``disk_amplification`` (a packed
+  placement: with the placed directory's pages too; compare with ``disk_read_amplification``),
+  the workload it is for, and
   ``note`` where this run differs;
   ``comparable`` is false when it is the plan's prediction for other data (the profile was not
   found when placing); ``predicted_iteration_s`` repeats its ``iteration_s``;
@@ -74,8 +81,11 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     bins: dict[str, dict[str, float]] = {}
     bin_rows: dict[str, int] = {}
     asked, seconds, cpu = 0, 0.0, 0.0
+    placed: dict[str, int] = {}
     for s in per_rank:
         asked += s["asked"]
+        for key, n in s.get("placed_read_bytes", {}).items():
+            placed[key] = placed.get(key, 0) + int(n)
         seconds += s["seconds"]
         cpu += s.get("cpu_seconds", 0.0)
         for t, v in s["tiers"].items():
@@ -94,6 +104,7 @@ def merge_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "tiers": tiers,
         "ssd_bins": bins,
         "bin_rows": bin_rows,
+        "placed_read_bytes": placed,
     }
 
 
@@ -138,6 +149,10 @@ def epoch_record(
         "bytes_per_ssd": {name: int(v["bytes"]) for name, v in merged["ssd_bins"].items()},
         "read_bytes_per_ssd": {name: int(v["read_bytes"]) for name, v in merged["ssd_bins"].items()},
         "ssd_read_amplification": read_amplification(merged["ssd_bins"].values()),
+        "placed_read_bytes": merged["placed_read_bytes"],
+        "disk_read_amplification": read_amplification(
+            merged["ssd_bins"].values(), sum(merged["placed_read_bytes"].values())
+        ),
         "chunks": chunk_reads(stats, replayed),
         "gbps_per_tier": {t: v["bytes"] / secs / 1e9 for t, v in merged["tiers"].items()},
         "gbps_per_ssd": {name: v["bytes"] / secs / 1e9 for name, v in merged["ssd_bins"].items()},
@@ -172,12 +187,12 @@ def read_shares(merged: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
-def read_amplification(bins: Iterable[dict[str, Any]]) -> float | None:
-    """Bytes read from the SSDs (the pages the reads touched) per feature byte read from them;
-    None when nothing was read."""
+def read_amplification(bins: Iterable[dict[str, Any]], placed: int = 0) -> float | None:
+    """Bytes read from the SSDs (the pages the reads touched), and ``placed`` bytes of the placed
+    directory's pages, per feature byte read from them; None when nothing was read."""
     bins = list(bins)
     useful = sum(b["bytes"] for b in bins)
-    return sum(b["read_bytes"] for b in bins) / useful if useful else None
+    return (sum(b["read_bytes"] for b in bins) + placed) / useful if useful else None
 
 
 def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
@@ -193,6 +208,7 @@ def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
         "tier_shares": placed.tier_shares.model_dump(),
         "bin_shares": dict(placed.bin_shares),
         "ssd_amplification": placed.ssd_amplification,
+        "disk_amplification": placed.disk_amplification,
         "workload": wl.model_dump(),
         "comparable": placed.source == "dataset",  # re-solved for this data (else the plan's, for other data)
     }
@@ -208,6 +224,8 @@ def prediction(placed: Prediction, cfg: TrainConfig) -> dict[str, Any]:
         differs.append("so the read shares will differ from the prediction")
     if cfg.resolved_device() == "cpu":
         differs.append("the time is predicted for the profile's machine, this run is on the CPU")
+    if cfg.live_sampling and placed.disk_amplification is not None:
+        differs.append("--live-sampling: the stored samples' pages disk_amplification counts are not read")
     where = (
         f"predicted by moment place for this dataset on {placed.profile} ({placed.layout})"
         if placed.source == "dataset"
@@ -242,13 +260,17 @@ def param_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _amplification_line(doc: MetricsDoc) -> str:
-    """Pages read from the SSDs per feature byte over the run, beside the prediction's."""
+def _amplification_line(doc: MetricsDoc, placed: bool = False) -> str:
+    """Pages read from the SSDs per feature byte over the run, beside the prediction's; with
+    ``placed``, the placed directory's pages too (every byte the batches read from disk)."""
     measured = read_amplification(
-        {"bytes": sum(e.bytes_per_ssd.get(b, 0) for e in doc.epochs), "read_bytes": n}
-        for b, n in _summed(e.read_bytes_per_ssd for e in doc.epochs).items()
+        (
+            {"bytes": sum(e.bytes_per_ssd.get(b, 0) for e in doc.epochs), "read_bytes": n}
+            for b, n in _summed(e.read_bytes_per_ssd for e in doc.epochs).items()
+        ),
+        sum(_summed(e.placed_read_bytes for e in doc.epochs).values()) if placed else 0,
     )
-    predicted = doc.prediction.ssd_amplification
+    predicted = doc.prediction.disk_amplification if placed else doc.prediction.ssd_amplification
     return f"{_fmt(measured, '.2f')}× the feature bytes measured (whole pages), {_fmt(predicted, '.2f')}× predicted"
 
 
@@ -453,6 +475,10 @@ class Metrics:
             why = "ranks are not on the plan's GPUs" if not doc.on_plan_gpus else "the prediction is for other data"
             summary.add_row("feature reads", f"{_fmt(reads, '.4f')} s per iteration; not compared: {why}")
         summary.add_row("SSD bytes read", _amplification_line(doc))
+        if doc.prediction.disk_amplification is not None or any(e.placed_read_bytes for e in doc.epochs):
+            summary.add_row(
+                "disk bytes read", _amplification_line(doc, placed=True) + " (with stored samples, row maps)"
+            )
         if (chunks := chunk_batches(doc)) is not None:
             batches = sum(e.chunks.batches for e in doc.epochs if e.chunks is not None)
             summary.add_row(

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from moment.ssd_reads import span_pages
 from placement.placed import ChunkFiles, Placed, PlacedBin, chunk_starts
 from trainer.read_base import ReadRequest
 
@@ -35,15 +36,23 @@ class _Bin:
     rows: np.ndarray  # the bin row at each row of the chunk row map (mapped: read one chunk's worth per batch)
     shared_sorted: np.ndarray  # the shared rows, sorted (in memory)
     shared_at: np.ndarray  # ... and the shared-file row of each
+    rows_key: str  # the chunk row map's key in placed.json ``files`` (its file's name, less .npy)
+    rows_at: int  # the byte in its file where ``rows`` start (after the .npy header)
 
     @classmethod
     def open(cls, files: ChunkFiles, row_bytes: int) -> _Bin:
         shared = np.load(files.shared_rows).astype(np.int64)
         order = np.argsort(shared)
-        rows = np.asarray(np.load(files.chunk_rows, mmap_mode="r"))  # a plain view: slicing a memmap costs µs
+        mapped = np.load(files.chunk_rows, mmap_mode="r")
+        rows = np.asarray(mapped)  # a plain view: slicing a memmap costs µs
         offsets = np.load(files.chunk_offsets)
         starts = chunk_starts(offsets, row_bytes, files.align)
-        return cls(files.chunks, files.shared, offsets, starts, rows, shared[order], order)
+        key = files.chunk_rows.name.removesuffix(".npy")
+        return cls(files.chunks, files.shared, offsets, starts, rows, shared[order], order, key, int(mapped.offset))
+
+    def rows_read(self, lo: int, hi: int) -> int:
+        """Bytes of the pages of the chunk row map that reading its rows ``lo:hi`` touches."""
+        return int(span_pages(self.rows_at + lo * self.rows.itemsize, (hi - lo) * self.rows.itemsize))
 
 
 class BatchChunks:
@@ -57,6 +66,9 @@ class BatchChunks:
         self.bins = [None if b.chunks is None else _Bin.open(b.chunks, placed.row_bytes) for b in ssd]
         # What the reads did (:meth:`since`): keys of CHUNK_COUNTS, counted since the store opened.
         self.counted = dict.fromkeys(CHUNK_COUNTS, 0)
+        # Bytes of the pages read of each chunk row map (by its key in placed.json ``files``): a
+        # replayed batch's slice, compared with its rows (metrics.json ``placed_read_bytes``).
+        self.read_bytes = {c.rows_key: 0 for c in self.bins if c is not None}
 
     def first_batch(self, epoch: int, rank: int, world: int) -> int | None:
         """The replay index of ``rank``'s first training batch of ``epoch`` (the epoch whose
@@ -103,6 +115,8 @@ class BatchChunks:
             mine = rows[~shared]
         else:  # nothing shared (the budget held every row in chunks): the rows are the chunk's or not
             pos, shared, mine = None, None, rows
+        if mine.size == hi - lo:
+            self.read_bytes[c.rows_key] += c.rows_read(lo, hi)
         if mine.size != hi - lo or not np.array_equal(mine, c.rows[lo:hi]):
             self.counted["missed"] += 1
             self.counted["bin_reads"] += 1

@@ -93,6 +93,12 @@ class EpochRecord(_Part):
     # absent from the records of runs before they were counted.
     read_bytes_per_ssd: dict[str, int] = {}
     ssd_read_amplification: float | None = Field(default=None, ge=0)
+    # Pages the batches read of the placed directory's files besides the SSD bins (a packed
+    # placement's stored samples, a budget-packed bin's chunk row map), per key of placed.json
+    # ``files``; and every byte read from disk per feature byte: (Σ read_bytes_per_ssd + Σ these)
+    # / Σ bytes_per_ssd. Absent from older files.
+    placed_read_bytes: dict[str, int] = {}
+    disk_read_amplification: float | None = Field(default=None, ge=0)
     chunks: ChunkReads | None = None  # a placement packed within a budget (absent otherwise, and in older files)
     gbps_per_tier: dict[str, float]
     gbps_per_ssd: dict[str, float]
@@ -123,6 +129,7 @@ class RunPrediction(_Part):
     tier_shares: TierShares
     bin_shares: dict[str, Share]
     ssd_amplification: float | None = Field(default=None, ge=1)  # pages moved per feature byte read from SSDs
+    disk_amplification: float | None = Field(default=None, ge=1)  # ... with the placed directory's pages too
     workload: PredictedWorkload
     comparable: bool  # re-solved for this dataset (else the plan's, for other data)
     note: str

@@ -162,6 +162,10 @@ class Prediction(Strict):
     # Bytes the SSDs move per feature byte read from them (whole pages: moment/ssd_reads.py);
     # None in placements made before it was predicted.
     ssd_amplification: float | None = Field(default=None, ge=1)
+    # A packed placement: every byte its replayed batches read from disk per feature byte, the SSD
+    # pages and those of the placed directory's files (stored samples, chunk row maps:
+    # PackSummary.placed_bytes); None: not packed, or placed before these were counted.
+    disk_amplification: float | None = Field(default=None, ge=1)
     workload: PredictedWorkload
 
 
@@ -234,6 +238,10 @@ class PackSummary(Strict):
     unpacked_bytes: int = Field(ge=0)  # pages those reads would move with rows in id order
     packed_bytes: int = Field(ge=0)  # ... and move in the packed layout
     reads: int = Field(ge=0)  # runs of consecutive file rows those reads form, packed
+    # Bytes of the pages those batches read of the placed directory's files: their stored samples
+    # (each batch's vertices and edges) and the chunk row maps (each chunk's slice); None: placed
+    # before they were counted.
+    placed_bytes: int | None = Field(default=None, ge=0)
     chunks: PackChunks | None = None  # None: the ordering (slots)
     samples: SampleFiles | None = None  # None: not stored (placements made before they were)
 
@@ -247,6 +255,14 @@ class PackSummary(Strict):
     def amplification(self) -> float | None:
         """Bytes moved per feature byte read, packed (None: the batches read no SSD row)."""
         return self.packed_bytes / self.useful_bytes if self.useful_bytes else None
+
+    @property
+    def disk_amplification(self) -> float | None:
+        """Every byte read per feature byte: the packed pages and the placed directory's
+        (None: no SSD row read, or ``placed_bytes`` not counted)."""
+        if not self.useful_bytes or self.placed_bytes is None:
+            return None
+        return (self.packed_bytes + self.placed_bytes) / self.useful_bytes
 
 
 class PlacedManifest(Contract):

@@ -158,8 +158,9 @@ class Workload(BaseModel):
     ssd_pack_amplification: float | None = Field(
         default=None,
         ge=1,
-        description="bytes a packed placement's SSD reads move per feature byte, counted page by page on the "
-        "training batches `moment place --pack` replayed (placement/pack.py); None: the pack's page rounding",
+        description="bytes a packed placement's batches read from disk per feature byte, counted page by page on "
+        "the training batches `moment place --pack` replayed (placement/pack.py): the SSD pages, and the pages of "
+        "their stored samples and chunk row maps, charged to the SSDs; None: the pack's page rounding",
     )
     hotness: HotnessCurve = Field(default_factory=HotnessCurve)
     model: str = "graphsage"
