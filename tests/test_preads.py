@@ -122,6 +122,49 @@ def test_rings_are_one_per_thread_and_closed_with_the_reader(tmp_path: Path) -> 
     assert _open_fds() == before
 
 
+@pytest.mark.parametrize("engine", RUNNABLE)
+def test_close_waits_for_reads_in_flight_before_closing_their_files(tmp_path: Path, engine: str) -> None:
+    """A command interrupted while its reader's threads read closes the reader at once: the
+    files must stay open until those reads are done. A descriptor closed under a read in flight
+    can be reused meanwhile (a pipe, say) and the read then waits forever, and the interpreter
+    with it at exit (the CI hang of the SIGTERM test)."""
+    files = [_file(tmp_path, f"bin{k}", 500, 512, k) for k in range(2)]
+    reader = FileReader(threads=2, engine=engine)
+    started, release = threading.Barrier(3), threading.Event()
+    issue = reader.issue
+
+    def held(task: Any) -> Any:
+        started.wait(timeout=10)
+        release.wait(timeout=10)
+        os.fstat(task.file.fd)  # EBADF if the reader closed it meanwhile
+        return issue(task)
+
+    reader.issue = held  # type: ignore[method-assign]
+    requests = [ReadRequest(p, np.array([k + 5]), np.empty((1, 512), dtype=np.uint8)) for k, (p, _) in enumerate(files)]
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            reader.read_batch(requests)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    reading = threading.Thread(target=read)
+    reading.start()
+    started.wait(timeout=10)  # both tasks in flight, one per thread
+    closing = threading.Thread(target=reader.close)
+    closing.start()
+    time.sleep(0.3)
+    assert closing.is_alive()  # waiting for the reads
+    release.set()
+    reading.join(timeout=10)
+    closing.join(timeout=10)
+    assert not failed, failed
+    for (_, data), req in zip(files, requests):
+        assert np.array_equal(req.out, data[req.rows])
+    assert not reader._files  # noqa: SLF001 - closed once the reads were done
+
+
 def test_auto_falls_back_when_io_uring_is_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Docker's default seccomp profile blocks io_uring: auto takes pread; asking for io_uring
     by name says why it cannot."""

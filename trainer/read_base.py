@@ -197,9 +197,24 @@ class _Pool:
         return list(self._pool.map(do, tasks))
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        """Cancel the tasks not started and wait for the running ones: only then may the reader
+        close the files and rings they read with. A signal meanwhile (the ``Interrupted`` that is
+        unwinding the command, sent again) is raised once the threads are done, not before: a
+        file closed under a read in flight can be a descriptor reused by then, a pipe, say, and
+        the read would wait on it forever, with the interpreter waiting on that thread at exit."""
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        pool.shutdown(wait=False, cancel_futures=True)
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                pool.shutdown(wait=True)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
 
 def _finish_times(start: float, n: int, results: list[tuple[int, float, int]]) -> tuple[list[float], int]:
