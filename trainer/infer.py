@@ -65,7 +65,7 @@ from moment.errors import UsageError
 from moment.options import to_argv
 from moment.outputs import Kind, Staging, check_free_space, check_out, write_inputs
 from moment.progress import Progress
-from placement.writer import file_digest
+from placement.digests import file_digest
 from trainer import broadcast, infer_predict
 from trainer.infer_nodes import node_outcome
 from trainer.infer_options import RANK_OPTIONS, InferOptions
@@ -337,7 +337,11 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     arrays = {}
     for name, (path, shape, dt) in layout.exports().items():
         arrays[name] = ArrayEntry(
-            path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size, sha256=file_digest(data / path)
+            path=path,
+            shape=list(shape),
+            dtype=dt,
+            bytes=(data / path).stat().st_size,
+            sha256=file_digest(data / path, "sha256"),
         )
     shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
     manifest = InferenceManifest(
