@@ -616,8 +616,8 @@ def test_a_node_numbering_the_vertices_otherwise_is_named_for_inference(
     nodes: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Node 1 on the larger caches' placement (the same data, another numbering) trains and infers:
-    the inference check names it (it then computes in node 0's ids); a node running another
-    checkpoint is refused, by name."""
+    the inference check names it (it then computes in node 0's ids); a node with other data, or
+    running another checkpoint, is refused, by name."""
     from trainer import nodes as node_check
 
     node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
@@ -637,6 +637,8 @@ def test_a_node_numbering_the_vertices_otherwise_is_named_for_inference(
     assert node_check.check_same_data(env, wide, TrainConfig(data="d")).reorder  # training: a note, not a refusal
     assert node_check.check_same_inference(env, wide, shared) == node_check.SameInference(None, (1,))
     assert node_check.check_same_inference(env, node0, shared) == node_check.SameInference()  # numbered alike
+    with pytest.raises(MomentError, match=r"node 1 \(.*other-node\) holds other data than node 0: "):
+        node_check.check_same_inference(env, open_placed(nodes / "other-node"), shared)
     node0_runs(shared)
     with pytest.raises(MomentError, match="runs other options than node 0: checkpoint 'b', node 0 has 'a'"):
         node_check.check_same_inference(env, node0, {**shared, "checkpoint": "b"})
