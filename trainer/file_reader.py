@@ -86,14 +86,14 @@ class FileReader(_Reader):
         return seconds
 
     def close(self) -> None:
-        """Close the files this reader opened and stop its threads."""
+        """Stop its threads, then close the files this reader opened and its rings."""
+        self._pool.shutdown()  # first: no read may be in flight on a file closed below
         for f in self._files.values():
             if f.owned:
                 os.close(f.fd)
             if f.direct_fd is not None and f.direct_fd != f.fd:
                 os.close(f.direct_fd)
         self._files.clear()
-        self._pool.shutdown()
         for ring in self._rings:
             ring.close()
         self._rings.clear()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -16,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from moment.errors import MomentError
+from moment.gated_pool import GatedPool
 from moment.ssd_reads import pages_read
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
@@ -187,19 +187,21 @@ class _Pool:
         if threads < 1:
             raise ValueError(f"threads must be ≥ 1, got {threads}")
         self.threads, self._name = threads, name
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: GatedPool | None = None
 
     def run(self, do: Any, tasks: list[ReadTask]) -> list[Any]:
         if len(tasks) <= 1 or self.threads == 1:
             return [do(t) for t in tasks]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
-        return list(self._pool.map(do, tasks))
+            self._pool = GatedPool(self.threads, self._name)
+        return self._pool.map(do, tasks)
 
     def shutdown(self) -> None:
+        """Cancel the tasks not started and wait for the running ones, a signal meanwhile
+        included: only then may the reader close the files and rings they read with."""
         if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+            pool, self._pool = self._pool, None
+            pool.close()
 
 
 def _finish_times(start: float, n: int, results: list[tuple[int, float, int]]) -> tuple[list[float], int]:
