@@ -9,7 +9,6 @@ import errno
 import functools
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -17,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from moment.errors import MomentError
+from moment.gated_pool import GatedPool
 from moment.ssd_reads import PAGE_BYTES, pages_read
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
@@ -224,34 +224,21 @@ class _Pool:
         if threads < 1:
             raise ValueError(f"threads must be ≥ 1, got {threads}")
         self.threads, self._name = threads, name
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: GatedPool | None = None
 
     def run(self, do: Any, tasks: list[ReadTask]) -> list[Any]:
         if len(tasks) <= 1 or self.threads == 1:
             return [do(t) for t in tasks]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
-        return list(self._pool.map(do, tasks))
+            self._pool = GatedPool(self.threads, self._name)
+        return self._pool.map(do, tasks)
 
     def shutdown(self) -> None:
-        """Cancel the tasks not started and wait for the running ones: only then may the reader
-        close the files and rings they read with. A signal meanwhile (the ``Interrupted`` that is
-        unwinding the command, sent again) is raised once the threads are done, not before: a
-        file closed under a read in flight can be a descriptor reused by then, a pipe, say, and
-        the read would wait on it forever, with the interpreter waiting on that thread at exit."""
-        if self._pool is None:
-            return
-        pool, self._pool = self._pool, None
-        pool.shutdown(wait=False, cancel_futures=True)
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                pool.shutdown(wait=True)
-                break
-            except KeyboardInterrupt as exc:
-                interrupted = interrupted or exc
-        if interrupted is not None:
-            raise interrupted
+        """Cancel the tasks not started and wait for the running ones, a signal meanwhile
+        included: only then may the reader close the files and rings they read with."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
 
 
 def _finish_times(start: float, n: int, results: list[tuple[int, float, int]]) -> tuple[list[float], int]:
