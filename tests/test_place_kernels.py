@@ -68,9 +68,9 @@ def test_extents_look_each_row_up_once_among_hubs(monkeypatch: pytest.MonkeyPatc
     deg[:2000] = 100  # 2000 hubs, each over the bound
     indptr = np.concatenate(([0], np.cumsum(deg)))
     looked: list[int] = []
-    kernel = rl._row_extents
+    kernel = rl.row_extents
     monkeypatch.setattr(
-        rl, "_row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
+        rl, "row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
     )
     r = rl.relabel(np.zeros(n, dtype=np.int16), ["ssd"])  # one bin: new ids are the old ones
     chunks = list(rl._extents(indptr, r, max_rows, max_edges))

@@ -264,7 +264,10 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         scratch = max((layer.spilled_edge_bytes for layer in predicted), default=0)
         check_free_space({out: layout.nbytes(exports=opts.node == 0) + scratch}, InferenceError)
         stage.create()
-        layout.create(stage.data, exports=opts.node == 0)
+        if opts.node == 0:
+            layout.create(stage.data)
+        else:  # its ranks make its arrays once node 0 says there is work (infer_nodes.make_arrays)
+            (stage.data / WORK).mkdir(parents=True, exist_ok=True)
         write_inputs(stage.data / WORK, key, memory=memory)
     return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
