@@ -48,6 +48,7 @@ from moment.errors import UsageError
 from moment.progress import Update
 from moment.sizes import parse_size
 from moment.ssd_reads import PAGE_BYTES, pages_read, span_pages
+from placement.digests import PLACED_DIGEST, file_digest
 from placement.pack import (
     Readers,
     SsdRows,
@@ -59,7 +60,7 @@ from placement.pack import (
     readers,
 )
 from placement.placed import chunk_row_bytes, chunk_starts
-from placement.writer import CHUNK_BYTES, Written, file_digest
+from placement.writer import CHUNK_BYTES, Written
 
 ALIGN = PAGE_BYTES  # each chunk starts on a page (PackChunks.align)
 MINHASHES = 4  # hashes in a shared row's signature (HashOrder)
@@ -318,7 +319,7 @@ def write_gathered(
         size = g.path.stat().st_size
         if size != g.file_bytes(row_bytes):
             raise RuntimeError(f"{g.path}: wrote {size} bytes, expected {g.file_bytes(row_bytes)}")
-        written.append(Written(g.name, g.path, size, file_digest(g.path)))
+        written.append(Written(g.name, g.path, size, file_digest(g.path, PLACED_DIGEST), PLACED_DIGEST))
     return written
 
 

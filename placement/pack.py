@@ -40,8 +40,9 @@ from moment.contracts.placed import PackSummary
 from moment.fileio import atomic_write_text
 from moment.progress import Update
 from moment.ssd_reads import pages_read
+from placement.digests import PLACED_DIGEST, UNRECORDED_DIGEST, new_hasher
 from placement.samples import present
-from placement.writer import CHUNK_BYTES, Written, new_hasher
+from placement.writer import CHUNK_BYTES, Written
 
 if TYPE_CHECKING:
     from placement.sampler import SampledBatch
@@ -254,7 +255,7 @@ def write_packed(src: Path, dst: Path, name: str, slots: np.ndarray, row_bytes: 
         else np.empty((0, row_bytes), dtype=np.uint8)
     )
     step = max(1, CHUNK_BYTES // row_bytes)
-    hasher = new_hasher()
+    hasher = new_hasher(PLACED_DIGEST)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(dst, "wb", buffering=0) as fh:
         for at in range(0, slots.size, step):
@@ -267,7 +268,7 @@ def write_packed(src: Path, dst: Path, name: str, slots: np.ndarray, row_bytes: 
     size = dst.stat().st_size
     if size != slots.size * row_bytes:
         raise RuntimeError(f"{dst}: wrote {size} bytes, expected {slots.size * row_bytes}")
-    return Written(name, dst, size, hasher.hexdigest())
+    return Written(name, dst, size, hasher.hexdigest(), PLACED_DIGEST)
 
 
 def save_state(work: Path, key: str, written: list[Written], summary: PackSummary) -> None:
@@ -285,7 +286,10 @@ def load_state(work: Path, key: str) -> tuple[list[Written], PackSummary] | None
         return None
     if not isinstance(state, dict) or state.get("key") != key:
         return None
-    written = [Written(w["name"], Path(w["path"]), int(w["bytes"]), w["digest"]) for w in state["written"]]
+    written = [  # a state written before it recorded the algorithm: SHA-256, the only one then
+        Written(w["name"], Path(w["path"]), int(w["bytes"]), w["digest"], w.get("algorithm", UNRECORDED_DIGEST))
+        for w in state["written"]
+    ]
     summary = PackSummary.model_validate(state["summary"])
     files = [(w.path, w.bytes) for w in written]
     for c in summary.chunks.bins.values() if summary.chunks else ():  # written under their .partial names

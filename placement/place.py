@@ -36,6 +36,7 @@ from placement import pack as pk
 from placement.chunks import parse_budget
 from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
+from placement.digests import PLACED_DIGEST, file_digest
 from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
 from placement.place_commit import (
     PLACED,
@@ -52,7 +53,7 @@ from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
 from placement.samples import bytes_bound
-from placement.writer import file_digest, read_ahead
+from placement.writer import read_ahead
 
 
 @dataclass
@@ -210,7 +211,9 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         opts = replace(opts, pack_ranks=max(1, sum(s.kind == "gpu" for s in plan.layout.slots)))
     had_output = check_out(out, PLACED)
     caches = _cache_rows(plan, ds, opts)
-    hot_given = file_digest(opts.hotness) if opts.hotness is not None and opts.hotness.is_file() else None
+    hot_given = (
+        file_digest(opts.hotness, PLACED_DIGEST) if opts.hotness is not None and opts.hotness.is_file() else None
+    )
     key = _key(
         plan.profile.model_dump(),
         plan.workload.model_dump(mode="json"),

@@ -213,7 +213,9 @@ def chunk_bins(
             for w in ck.write_gathered(written[b].path, r.counts[i], rb, outputs, step):
                 final = w.path.with_name(w.path.name.removesuffix(".partial"))
                 where = str(final.relative_to(data)) if final.is_relative_to(data) else str(final)
-                files[specs[b].name, w.name] = PackFile(path=where, bytes=w.bytes, digest=w.digest)
+                files[specs[b].name, w.name] = PackFile(
+                    path=where, bytes=w.bytes, digest=w.digest, digest_algorithm=w.algorithm
+                )
         bins = {
             specs[b].name: BinChunks(
                 chunks=files[specs[b].name, "chunks"],

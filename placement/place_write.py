@@ -23,11 +23,12 @@ from moment.topology.model import Machine
 from placement import relabel as rl
 from placement.dataset import Dataset
 from placement.ddak import BinSpec, Placement
+from placement.digests import PLACED_DIGEST, file_digest
 from placement.hotness import Hotness
 from placement.policies import get_policy
 from placement.predict import write_workload
 from placement.samples import FILES as SAMPLE_FILES
-from placement.writer import BinFile, NpyWriter, Written, file_digest, save_npy, write_bins
+from placement.writer import BinFile, NpyWriter, Written, save_npy, write_bins
 
 if TYPE_CHECKING:
     from placement.place import PlaceOptions
@@ -221,18 +222,23 @@ def build_manifest(
                 "path": str(final.relative_to(data)) if final.is_relative_to(data) else str(final),
                 "bytes": w.bytes,
                 "digest": w.digest,
+                "digest_algorithm": w.algorithm,
                 "target": spec.target,
                 "achieved": float(shares[idx]),
                 "capacity": spec.capacity,
             }
         )
-    entries = {k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest} for k, f in files.items()}
+    entries = {
+        k: {"path": PLACED_FILES[k], "bytes": f.bytes, "digest": f.digest, "digest_algorithm": f.algorithm}
+        for k, f in files.items()
+    }
     written_apart = {k: PLACED_FILES[k] for k in ("hotness_counts", "hotness_meta", "workload")}  # by their modules
     written_apart.update({key: f"{key}.npy" for key in (pack.map_keys if pack else ())})  # row maps
     written_apart.update({key: SAMPLE_FILES[key] for key in (pack.samples.keys if pack and pack.samples else ())})
     for k, name in written_apart.items():
         path = data / name
-        entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": file_digest(path)}
+        digest = file_digest(path, PLACED_DIGEST)
+        entries[k] = {"path": name, "bytes": path.stat().st_size, "digest": digest, "digest_algorithm": PLACED_DIGEST}
     doc = {
         "format": PlacedManifest.FORMAT,
         "run_id": stage.run_id,

@@ -3,12 +3,12 @@
 A placed directory holds ``placed.json`` (written last: its presence with ``complete: true`` is
 what makes the directory a placed dataset), the topology, labels and splits in new ids, the
 old↔new id maps, the hotness it was placed by, and the GPU/CPU cache bins; SSD bins live in the
-directory of their SSD (or ``bins/`` inside). Every file has its size and SHA-256 checksum in
-the manifest. New ids are ranges: bin ``b`` holds ids ``[start, start + count)`` in a raw
-row-major file, so a vertex's location is a range lookup. In a packed placement (``moment place
---pack``: :mod:`placement.pack`) an SSD bin's rows lie in the order training batches read them,
-and its slot map gives the file row of each: ``file row = slots[id - start]``; packed within a
-budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
+directory of their SSD (or ``bins/`` inside). Every file has its size and checksum in the
+manifest, with the algorithm that took it (:mod:`placement.digests`). New ids are ranges: bin
+``b`` holds ids ``[start, start + count)`` in a raw row-major file, so a vertex's location is a
+range lookup. In a packed placement (``moment place --pack``: :mod:`placement.pack`) an SSD
+bin's rows lie in the order training batches read them, and its slot map gives the file row of
+each: ``file row = slots[id - start]``; packed within a budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
 rows lie beside it in per-batch chunks and a shared cache, whose row maps say which row is which.
 Id maps, splits and the counts in new ids are int32 where the values fit (int64 beyond, and in
 placements written before that): readers take either, as the .npy header says.
@@ -23,10 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from moment.contracts.placed import FORMAT, MANIFEST, PackFile, PlacedError, PlacedManifest, bin_file_name
+from moment.contracts.placed import (
+    FORMAT,
+    MANIFEST,
+    BinEntry,
+    FileEntry,
+    PackFile,
+    PlacedError,
+    PlacedManifest,
+    bin_file_name,
+)
 from moment.errors import UsageError
 from placement.dataset import FeatureShape
-from placement.writer import file_digest
+from placement.digests import DigestError, check_digest, file_digest
 
 __all__ = ["FORMAT", "MANIFEST", "Placed", "PlacedBin", "PlacedError", "open_placed", "verify"]
 
@@ -182,16 +191,23 @@ def open_placed(path: str | Path, checksums: bool = False) -> Placed:
         for b in m.bins
     ]
     placed = Placed(root, m.model_dump(mode="json"), bins, m)
-    checks = [(b.path, b.bytes, b.digest) for b in bins]
-    checks += [(root / f.path, f.bytes, f.digest) for f in m.files.values()]
-    checks += [(path, f.bytes, f.digest) for path, f, _ in pack_files(m, root)]
-    for file, size, digest in checks:
+    checks: list[tuple[Path, BinEntry | FileEntry | PackFile]] = [(b.path, e) for b, e in zip(bins, m.bins)]
+    checks += [(root / f.path, f) for f in m.files.values()]
+    checks += [(path, f) for path, f, _ in pack_files(m, root)]
+    for file, entry in checks:
+        try:
+            check_digest(entry.digest_algorithm, entry.digest)
+        except DigestError as exc:
+            raise PlacedError(f"{manifest}: the entry of {file}: {exc}") from None
+    for file, entry in checks:
         if not file.is_file():
             raise PlacedError(f"{file}: missing (listed in {manifest})")
-        if file.stat().st_size != size:
-            raise PlacedError(f"{file}: {file.stat().st_size} bytes, manifest says {size}: truncated or replaced")
-        if checksums and file_digest(file) != digest:
-            raise PlacedError(f"{file}: checksum mismatch: the file is damaged")
+        if file.stat().st_size != entry.bytes:
+            raise PlacedError(
+                f"{file}: {file.stat().st_size} bytes, manifest says {entry.bytes}: truncated or replaced"
+            )
+        if checksums and file_digest(file, entry.digest_algorithm) != entry.digest:
+            raise PlacedError(f"{file}: checksum mismatch ({entry.digest_algorithm}): the file is damaged")
     return placed
 
 

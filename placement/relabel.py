@@ -118,7 +118,7 @@ def relabel(bin_of: np.ndarray, tiers: list[str], threads: int | None = None) ->
     return Relabel(old_to_new, new_to_old, starts, order)
 
 
-def _gather_rows_py(
+def mapped_rows_py(
     indices: np.ndarray, starts: np.ndarray, lens: np.ndarray, old_to_new: np.ndarray, out: np.ndarray
 ) -> None:
     """``out`` = the rows ``starts[i]:starts[i] + lens[i]`` of ``indices``, one after the other,
@@ -135,10 +135,10 @@ def _gather_rows_py(
         out[j] = old_to_new[out[j]]
 
 
-_gather_rows = numba.njit(cache=True, nogil=True)(_gather_rows_py) if numba is not None else _gather_rows_py
+mapped_rows = numba.njit(cache=True, nogil=True)(mapped_rows_py) if numba is not None else mapped_rows_py
 
 
-def _row_extents_py(new_to_old: np.ndarray, indptr: np.ndarray, lo: int, starts: np.ndarray, lens: np.ndarray) -> None:
+def row_extents_py(new_to_old: np.ndarray, indptr: np.ndarray, lo: int, starts: np.ndarray, lens: np.ndarray) -> None:
     """Each new row ``lo + i``'s first edge in the old CSR and its degree (one random read of
     ``indptr`` per row: the two ends share a cache line)."""
     for i in range(starts.size):
@@ -148,7 +148,7 @@ def _row_extents_py(new_to_old: np.ndarray, indptr: np.ndarray, lo: int, starts:
         lens[i] = indptr[old + 1] - s
 
 
-_row_extents = numba.njit(cache=True, nogil=True)(_row_extents_py) if numba is not None else _row_extents_py
+row_extents = numba.njit(cache=True, nogil=True)(row_extents_py) if numba is not None else row_extents_py
 
 
 def _extents(
@@ -164,7 +164,7 @@ def _extents(
     while row < n:
         starts = np.empty(min(max_rows, n - row), dtype=np.int64)
         lens = np.empty_like(starts)
-        _row_extents(r.new_to_old, indptr, row, starts, lens)
+        row_extents(r.new_to_old, indptr, row, starts, lens)
         ends = np.cumsum(lens)
         at = 0
         while at < lens.size:
@@ -178,7 +178,7 @@ def _extents(
 def _gather(indices: np.ndarray, r: Relabel, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """The rows' neighbour lists in new ids, one after the other."""
     block = np.empty(int(lens.sum()), dtype=indices.dtype)
-    _gather_rows(indices, starts, lens, r.old_to_new, block)
+    mapped_rows(indices, starts, lens, r.old_to_new, block)
     return block
 
 

@@ -5,7 +5,7 @@ as the trainer's sampler drew them, kept so that training loads them instead of 
 The replay samples every batch of the first ``--pack-epochs`` epochs once
 (:func:`placement.pack.replay_samples`) and writes it here; both packing passes then read the
 batches' vertices back (:meth:`StoredSamples.nodes_of`) instead of sampling again. Three files in
-the placed directory, each a ``files`` entry of the manifest (size, SHA-256: ``moment verify``
+the placed directory, each a ``files`` entry of the manifest (size, checksum: ``moment verify``
 checks them, and re-samples the first batch to compare), no pickle:
 
 * ``samples_nodes.bin``: every batch's vertices (``SampledBatch.nodes``: its seeds, then each

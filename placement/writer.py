@@ -3,10 +3,10 @@
 The source features are read front to back in chunks; each chunk's rows are grouped by bin
 (original order kept inside a bin, which is the relabelled order) and appended to that bin's
 file. Every few hundred MB the bin files are fsync'ed and the progress recorded, so a killed
-run resumes from the last checkpoint instead of starting over. Checksums (SHA-256: hardware
-accelerated on current CPUs, ~1 GB/s) are computed on the way; on resume the already-written
-part is re-read to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run
-in threads beside the writes (numpy, hashlib and fsync release the GIL), and rows are grouped by
+run resumes from the last checkpoint instead of starting over. Checksums (:mod:`placement.digests`:
+xxh3-128, ~15 GB/s a core) are computed on the way; on resume the already-written part is re-read
+to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run in threads beside
+the writes (numpy, the hashers and fsync release the GIL), and rows are grouped by
 bin with one compiled pass (a counting sort of whole rows, no argsort or gather), which is what
 brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py).
 The seconds spent hashing and in fsync are measured in their threads and returned
@@ -15,7 +15,6 @@ The seconds spent hashing and in fsync are measured in their threads and returne
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -35,6 +34,7 @@ from numpy.typing import DTypeLike
 from moment.cores import usable_cores
 from moment.fileio import atomic_write_text
 from moment.progress import Update
+from placement.digests import PLACED_DIGEST, Hasher, new_hasher
 
 numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
@@ -47,19 +47,6 @@ CHECKPOINT_BYTES = 512 << 20
 CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
 HASH_AHEAD_BYTES = 32 << 20  # how far an NpyWriter's hashing may lag behind its writes (memory held)
 SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes
-
-
-def new_hasher() -> hashlib._Hash:
-    return hashlib.sha256()
-
-
-def file_digest(path: Path, block: int = 8 << 20) -> str:
-    """Checksum of a whole file (what the manifest records and ``moment verify`` re-checks)."""
-    h = new_hasher()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -75,6 +62,7 @@ class Written:
     path: Path
     bytes: int
     digest: str
+    algorithm: str  # the digest's (a key of placement.digests.DIGESTS)
 
 
 @dataclass
@@ -91,10 +79,10 @@ class WriteTimes:
 
 class NpyWriter:
     """An .npy file written front to back (the header, then blocks as they come), checksummed on
-    the way: the manifest's SHA-256 without reading the file back, and resident memory of a few
-    blocks however large the file.
+    the way (:data:`~placement.digests.PLACED_DIGEST`): the manifest's digest without reading the
+    file back, and resident memory of a few blocks however large the file.
 
-    Neither the checksum nor the fsync holds up the caller (hashlib and fsync release the GIL):
+    Neither the checksum nor the fsync holds up the caller (the hasher and fsync release the GIL):
     blocks are hashed in a thread of the writer's own, in order, at most ``HASH_AHEAD_BYTES``
     behind; every ``SYNC_BYTES`` another thread fsyncs what was written so far, so the disk
     writes while the caller computes instead of all at the end; :meth:`finish` hands it the final
@@ -104,7 +92,8 @@ class NpyWriter:
 
     def __init__(self, path: Path, dtype: DTypeLike, shape: tuple[int, ...]) -> None:
         self.path, self.dtype, self.shape = path, np.dtype(dtype), shape
-        self.hasher = new_hasher()
+        self.algorithm = PLACED_DIGEST
+        self.hasher = new_hasher(self.algorithm)
         self.hash_s = self.fsync_s = self.wait_s = 0.0
         self.bytes = 0
         self.digest = ""
@@ -220,15 +209,15 @@ def _save_state(work: Path, key: str, next_row: int, sizes: dict[str, int]) -> N
     atomic_write_text(work / STATE, json.dumps({"key": key, "next_row": next_row, "bytes": sizes}))
 
 
-def _hash_part(hasher: hashlib._Hash, part: memoryview) -> float:
+def _hash_part(hasher: Hasher, part: memoryview) -> float:
     t0 = time.perf_counter()
     hasher.update(part)
     return time.perf_counter() - t0
 
 
 def hash_threads(nbins: int) -> int:
-    """Threads hashing a chunk's parts: one per bin up to the cores (SHA-256 runs at 1-2 GB/s a
-    core, so one thread would bound a server's array of SSDs; bins hash independently)."""
+    """Threads hashing a chunk's parts: one per bin up to the cores (xxh3-128 runs at about 15 GB/s
+    a core, so one thread would still bound a server's array of SSDs; bins hash independently)."""
     return usable_cores(nbins)
 
 
@@ -372,7 +361,7 @@ def write_bins(
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
     state = _load_state(work, key)
     start = state["next_row"] if state else 0
-    hashers = [new_hasher() for _ in files]
+    hashers = [new_hasher(PLACED_DIGEST) for _ in files]
     handles = []
     for f, h in zip(files, hashers):
         done = state["bytes"].get(f.name, 0) if state else 0
@@ -456,7 +445,7 @@ def write_bins(
         size = f.path.stat().st_size
         if size != f.rows * row_bytes:
             raise RuntimeError(f"{f.path}: wrote {size} bytes, expected {f.rows * row_bytes}")
-        times.files.append(Written(f.name, f.path, size, h.hexdigest()))
+        times.files.append(Written(f.name, f.path, size, h.hexdigest(), PLACED_DIGEST))
     return times
 
 

@@ -26,6 +26,7 @@ REGISTRIES = (
     ("placement.policies", "POLICIES"),
     ("placement.ddak", "PRIORITIES"),
     ("placement.importers", "IMPORTERS"),
+    ("placement.digests", "DIGESTS"),
     ("trainer.readers", "READERS"),
     ("trainer.file_reader", "READ_ENGINES"),
     ("trainer.models", "LAYERS"),
@@ -110,3 +111,10 @@ def test_files_older_than_a_field_read_the_registrys_declared_member(
     field = InferenceManifest.model_fields["engine"]
     assert not field.is_required() and field.get_default(call_default_factory=True) == "toy-engine"
     assert json.dumps(ImportProvenance.model_validate(record).model_dump())  # a plain name, written as one
+    import placement.digests as digests
+    from moment.contracts.placed import FileEntry
+
+    entry = {"path": "labels.npy", "bytes": 8, "digest": "0" * 64}  # placed.json before it named the algorithm
+    assert FileEntry.model_validate(entry).digest_algorithm == digests.UNRECORDED_DIGEST in digests.DIGESTS
+    monkeypatch.setattr(digests, "UNRECORDED_DIGEST", "toy-digest")
+    assert FileEntry.model_validate(entry).digest_algorithm == "toy-digest"

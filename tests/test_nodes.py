@@ -485,19 +485,64 @@ def test_two_nodes_infer_what_one_process_infers(
 
 
 @pytest.mark.slow
-def test_a_node_numbering_the_vertices_otherwise_is_refused(
-    nodes: Path, inferable: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_a_node_numbering_the_vertices_otherwise_infers_what_one_process_infers(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path, model: str
 ) -> None:
-    """Node 1's placement has larger caches (the same data, another numbering): ranges of placement
-    ids would not split the same vertices; both nodes stop at start, naming node 1, no traceback."""
+    """Node 1's placement has larger caches: the same data, another numbering. It computes in node
+    0's ids, and node 0's --out holds the bytes of one process on node 0's placement, on the
+    broadcast engine (SAGE, partitions and relays; node 1 first stopped in layer 2 and the job
+    resumed, its map made again) and the gather engine (GAT)."""
+    numbering = [np.asarray(open_placed(nodes / k).array("new_to_old")) for k in ("node0", "wide")]
+    assert not np.array_equal(*numbering)
+    data, ck = (nodes / "node0", nodes / "wide"), inferable[model]
+    extra = _memory() if model == "sage" else []
     outs = (tmp_path / "o0", tmp_path / "o1")
-    n0, n1 = finish(start_infer_nodes((nodes / "node0", nodes / "wide"), inferable["gat"], outs, []))
-    assert n0.returncode == 1 and n1.returncode == 1
-    for run in (n0, n1):
-        assert "Traceback" not in run.stderr, run.stderr[-3000:]
-        refusal = [line for line in run.stderr.splitlines() if "numbers the vertices otherwise" in line]
-        assert len(refusal) == 1 and "node 1 (" in refusal[0] and str(nodes / "wide") in refusal[0], run.stderr
-    assert not outs[0].exists()
+    if model == "sage":
+        n0, n1 = finish(start_infer_nodes(data, ck, outs, extra, {1: "infer:layer2:chunk0"}))
+        assert n1.returncode != 0 and n0.returncode != 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+        assert "Traceback" not in n0.stderr + n1.stderr, n0.stderr + n1.stderr
+        assert (
+            json.loads((tmp_path / "o1.node1.partial" / "data" / "work" / "progress-1.json").read_text())["stage"] == 1
+        )
+    n0, n1 = finish(start_infer_nodes(data, ck, outs, extra))
+    assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
+    assert "note: node(s) 1 number the vertices otherwise than node 0" in n0.stderr
+    if model == "sage":
+        assert "resuming the interrupted" in n0.stderr and "resuming the interrupted" in n1.stderr
+    memory = 2 * int(extra[1]) if extra else None
+    one = infer(
+        InferOptions(
+            data=nodes / "node0", checkpoint=ck, out=tmp_path / "one", nproc=2, layers="all", batch_size=BLOCK,
+            device="cpu", memory=memory,
+        )
+    )  # fmt: skip
+    a, b = _inferred(outs[0]), _inferred(tmp_path / "one")
+    assert set(a) == set(b) == {"embeddings", "predictions", "logits"} and all(a[k] == b[k] for k in a)
+    assert InferenceManifest.read(outs[0] / "inference.json").accuracy == one.accuracy
+    assert not (tmp_path / "o1.node1.partial").exists() and not outs[1].exists()
+
+
+def test_a_renumbered_node_rewrites_its_ranges_in_edges_in_node_0s_ids(nodes: Path, tmp_path: Path) -> None:
+    """The in-edges a node numbered otherwise computes from are node 0's rows of its range, in
+    node 0's ids and order; rows outside the range are empty."""
+    from trainer.infer_nodes import JobIds, job_csr
+
+    node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
+    to_mine = np.asarray(wide.array("old_to_new"))[np.asarray(node0.array("new_to_old"))].astype(np.int64)
+    from_job = np.empty_like(to_mine)
+    from_job[to_mine] = np.arange(to_mine.size)
+    assert not np.array_equal(to_mine, np.arange(to_mine.size))  # the numbering differs
+    (tmp_path / "work").mkdir()
+    np.save(tmp_path / "work" / "job-to-mine.npy", to_mine)
+    n, lo, hi = to_mine.size, 1_234, 4_321
+    job_csr(wide, to_mine, from_job, lo, hi, tmp_path)
+    job = JobIds.open(tmp_path)
+    ptr, idx = np.asarray(node0.array("indptr")), np.asarray(node0.array("indices"))
+    assert np.array_equal(job.to_mine, to_mine) and job.indptr.shape == (n + 1,)
+    assert not job.indptr[: lo + 1].any() and (job.indptr[hi:] == job.indptr[-1]).all()
+    assert np.array_equal(np.diff(job.indptr[lo : hi + 1]), np.diff(ptr[lo : hi + 1]))
+    assert np.array_equal(job.indices, idx[ptr[lo] : ptr[hi]]) and job.indices.dtype == idx.dtype
 
 
 @pytest.mark.slow
@@ -567,10 +612,12 @@ def test_each_node_runs_the_infer_ranks_with_its_node_rank(tmp_path: Path) -> No
     assert "--standalone" in one and one[0] != "env"
 
 
-def test_a_node_numbering_the_vertices_otherwise_cannot_infer(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The inference check is the training check plus the numbering: node 1 on the larger caches'
-    placement (the same data) trains, but is refused for inference, by name; a node running
-    another checkpoint is refused too."""
+def test_a_node_numbering_the_vertices_otherwise_is_named_for_inference(
+    nodes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 on the larger caches' placement (the same data, another numbering) trains and infers:
+    the inference check names it (it then computes in node 0's ids); a node with other data, or
+    running another checkpoint, is refused, by name."""
     from trainer import nodes as node_check
 
     node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
@@ -588,9 +635,10 @@ def test_a_node_numbering_the_vertices_otherwise_cannot_infer(nodes: Path, monke
     env = DistEnv(1, 2, 0, True, node_rank=1, nodes=2)
     node0_runs(None)
     assert node_check.check_same_data(env, wide, TrainConfig(data="d")).reorder  # training: a note, not a refusal
-    with pytest.raises(MomentError, match=r"node 1 \(.*numbers the vertices otherwise than node 0"):
-        node_check.check_same_inference(env, wide, shared)
-    node_check.check_same_inference(env, node0, shared)  # the same numbering, the same options
+    assert node_check.check_same_inference(env, wide, shared) == node_check.SameInference(None, (1,))
+    assert node_check.check_same_inference(env, node0, shared) == node_check.SameInference()  # numbered alike
+    with pytest.raises(MomentError, match=r"node 1 \(.*other-node\) holds other data than node 0: "):
+        node_check.check_same_inference(env, open_placed(nodes / "other-node"), shared)
     node0_runs(shared)
     with pytest.raises(MomentError, match="runs other options than node 0: checkpoint 'b', node 0 has 'a'"):
         node_check.check_same_inference(env, node0, {**shared, "checkpoint": "b"})
@@ -616,12 +664,12 @@ def test_node_0s_finished_output_reaches_every_node(nodes: Path, monkeypatch: py
 
     env = DistEnv(1, 2, 0, True, node_rank=1, nodes=2)
     node0_says("/data/emb")
-    assert node_check.check_same_inference(env, node0, shared) == "h0:/data/emb"
+    assert node_check.check_same_inference(env, node0, shared).finished == "h0:/data/emb"
     assert sent[-1]["finished"] is None  # node 1 has no word of its own
     node0_says(None)
-    assert node_check.check_same_inference(env, node0, shared) is None
+    assert node_check.check_same_inference(env, node0, shared).finished is None
     lone = DistEnv(0, 1, 0, False)
-    assert node_check.check_same_inference(lone, node0, shared, "/o") == "/o"
+    assert node_check.check_same_inference(lone, node0, shared, "/o").finished == "/o"
 
 
 def test_node_0_with_a_finished_output_still_meets_the_others(tmp_path: Path) -> None:
@@ -634,6 +682,42 @@ def test_node_0_with_a_finished_output_still_meets_the_others(tmp_path: Path) ->
     cmd = infer_torchrun_command(opts, None)
     assert "--work" not in cmd and cmd[cmd.index("--finished") + 1] == str(Path("rel/out").absolute())
     assert cmd[cmd.index("--rdzv-id") + 1] == "job" and cmd[:2] == ["env", f"{NODE_RANK}=0"]
+
+
+def test_a_node_past_0_makes_its_arrays_only_once_there_is_work(
+    nodes: Path, inferable: dict[str, Path], tmp_path: Path
+) -> None:
+    """Node 1's launcher prepares its work directory without the layers' arrays (node 0 may
+    already hold the output: then it has nothing to compute); its local rank 0 makes them after
+    the start-up check, once; a resumed job keeps what it wrote, one begun by an older launcher
+    (which made them itself) too."""
+    from trainer.infer import prepare
+    from trainer.infer_nodes import make_arrays
+
+    opts = InferOptions(
+        data=nodes / "node1", checkpoint=inferable["gat"], out=tmp_path / "o", nnodes=2, node_rank=1,
+        rdzv_endpoint="h:29400", rdzv_id="job", device="cpu",
+    )  # fmt: skip
+    p = prepare(opts)
+    work = p.stage.data / "work"
+    assert work.is_dir() and not list(work.glob("h*.npy"))
+    for env in (DistEnv(2, 4, 1, True, node_rank=1, nodes=2), DistEnv(0, 4, 0, True, node_rank=0, nodes=2)):
+        make_arrays(env, p.layout, p.stage.data)  # not node 1's local rank 0: nothing
+        assert not list(work.glob("h*.npy"))
+    node1 = DistEnv(2, 4, 0, True, node_rank=1, nodes=2)
+    make_arrays(node1, p.layout, p.stage.data)
+    made = sorted(work.glob("h*.npy"))
+    assert [f.name for f in made] == [f"h{k}.npy" for k in range(1, p.layout.depth + 1)]
+    rows = p.layout.open(p.stage.data, p.layout.work(1)[0])
+    rows[0] = 1.0
+    rows.flush()
+    make_arrays(node1, p.layout, p.stage.data)  # again (a resumed job): kept
+    assert (p.layout.open(p.stage.data, p.layout.work(1)[0])[0] == 1.0).all()
+    (work / "arrays-made").unlink()  # a job begun before the ranks made the arrays, with rows recorded
+    (work / "progress-2.json").write_text(json.dumps({"stage": 1, "chunks": 0, "timing": {}}))
+    make_arrays(node1, p.layout, p.stage.data)
+    assert (p.layout.open(p.stage.data, p.layout.work(1)[0])[0] == 1.0).all()
+    p.stage.unlock()
 
 
 def test_inference_json_from_before_nodes_reads_as_one_node(

@@ -35,11 +35,11 @@ from placement.chunks import (
     write_gathered,
 )
 from placement.dataset import open_dataset
+from placement.digests import PLACED_DIGEST, file_digest
 from placement.pack import SsdRows, minhash_order, plan_pack, readers
 from placement.place import PlaceOptions, place
 from placement.placed import Placed, chunk_starts, open_placed, verify
 from placement.synth import synthesize
-from placement.writer import file_digest
 from trainer.featurestore import TieredFeatureStore
 from trainer.loop import main as train_main
 from trainer.metrics import chunk_batches
@@ -411,7 +411,7 @@ def test_one_pass_scatters_every_row_to_its_copies(tmp_path: Path) -> None:
     written = write_gathered(src, 10, 8, outputs, slice_rows=3)
     for w, g in zip(written, outputs):
         assert g.path.read_bytes() == rows[g.rows].tobytes() and w.bytes == g.rows.size * 8
-        assert w.digest == file_digest(g.path)
+        assert w.digest == file_digest(g.path, PLACED_DIGEST) and w.algorithm == PLACED_DIGEST
 
 
 def test_chunks_are_written_from_their_pages_on(tmp_path: Path) -> None:
@@ -659,7 +659,7 @@ def test_a_placement_with_chunks_back_to_back_still_reads_right(
         path.write_bytes(data[where(np.arange(at.size))[:, None] + np.arange(placed.row_bytes)].tobytes())
         entry = c["bins"][b.name]["chunks"]
         c["bytes"] += path.stat().st_size - entry["bytes"]
-        entry.update(bytes=path.stat().st_size, digest=file_digest(path))
+        entry.update(bytes=path.stat().st_size, digest=file_digest(path, entry["digest_algorithm"]))
     (old / "placed.json").write_text(json.dumps(raw))
     placed = open_placed(old)
     assert verify(old, sample=placed.num_nodes)["sampled"] > 0

@@ -15,10 +15,10 @@ from moment.contracts.placed import MANIFEST, PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
 from placement.dataset import open_dataset
+from placement.digests import file_digest
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
-from placement.writer import file_digest
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_placements_with_int64_ids_still_verify(plan_file: Path, dataset: Path, 
     for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
         path = out / m["files"][key]["path"]
         np.save(path, np.load(path).astype(np.int64))
-        m["files"][key].update(bytes=path.stat().st_size, digest=file_digest(path))
+        m["files"][key].update(bytes=path.stat().st_size, digest=file_digest(path, m["files"][key]["digest_algorithm"]))
     (out / MANIFEST).write_text(json.dumps(m))
     placed = open_placed(out, checksums=True)
     assert placed.array("old_to_new").dtype == np.int64

@@ -10,7 +10,8 @@ import pytest
 
 from placement import relabel as rl
 from placement import writer
-from placement.writer import BinFile, NpyWriter, file_digest, group_rows, save_npy, write_bins
+from placement.digests import PLACED_DIGEST, file_digest
+from placement.writer import BinFile, NpyWriter, group_rows, save_npy, write_bins
 
 
 @pytest.mark.parametrize("width", [1, 6, 12, 512])
@@ -51,7 +52,7 @@ def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path, chunk_rows: int
     rl.rewrite_csr(indptr, indices, r, out_ptr, out_ind, chunk_rows, lambda done, _: seen.append(done), chunk_edges)
     assert len(seen) > 10 and len(seen) >= indices.size // max(chunk_edges, int(deg.max())) and seen[-1] == n
     for f in (out_ptr, out_ind):
-        assert f.close() == file_digest(f.path)
+        assert f.close() == file_digest(f.path, PLACED_DIGEST)
     new_ptr, new_ind = np.load(tmp_path / "indptr.npy"), np.load(tmp_path / "indices.npy")
     assert new_ind.dtype == np.int32 and new_ptr[-1] == indices.size
     for new in range(n):
@@ -68,9 +69,9 @@ def test_extents_look_each_row_up_once_among_hubs(monkeypatch: pytest.MonkeyPatc
     deg[:2000] = 100  # 2000 hubs, each over the bound
     indptr = np.concatenate(([0], np.cumsum(deg)))
     looked: list[int] = []
-    kernel = rl._row_extents
+    kernel = rl.row_extents
     monkeypatch.setattr(
-        rl, "_row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
+        rl, "row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
     )
     r = rl.relabel(np.zeros(n, dtype=np.int16), ["ssd"])  # one bin: new ids are the old ones
     chunks = list(rl._extents(indptr, r, max_rows, max_edges))
@@ -86,7 +87,7 @@ def test_npy_writer_checksums_what_numpy_reads_back(tmp_path: Path) -> None:
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     w = save_npy(tmp_path / "a.npy", a)
     assert np.array_equal(np.load(tmp_path / "a.npy"), a)
-    assert w.digest == file_digest(tmp_path / "a.npy") and w.bytes == (tmp_path / "a.npy").stat().st_size
+    assert w.digest == file_digest(tmp_path / "a.npy", PLACED_DIGEST) and w.bytes == (tmp_path / "a.npy").stat().st_size
     short = NpyWriter(tmp_path / "b.npy", np.int64, (5,))
     short.write(np.arange(4))
     with pytest.raises(RuntimeError, match="header promises"):
@@ -105,7 +106,7 @@ def test_npy_writer_hashes_and_syncs_beside_its_writes(tmp_path: Path, monkeypat
     for b in blocks:
         out.write(b)
     out.finish()
-    assert out.close() == file_digest(tmp_path / "a.npy") == out.digest
+    assert out.close() == file_digest(tmp_path / "a.npy", PLACED_DIGEST) == out.digest
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.concatenate(blocks))
     assert out.fsync_s > 0 and out.hash_s > 0 and out.bytes == (tmp_path / "a.npy").stat().st_size
 

@@ -165,6 +165,52 @@ def test_close_waits_for_reads_in_flight_before_closing_their_files(tmp_path: Pa
     assert not reader._files  # noqa: SLF001 - closed once the reads were done
 
 
+def test_close_waits_for_a_reading_thread_the_executor_never_registered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal that lands while the pool starts a worker (``Thread.start`` waits for it to
+    begin, interruptibly) leaves a thread that took a task but that ThreadPoolExecutor never
+    registered, so its shutdown does not wait for it: close still waits for that read before
+    it closes the files (the CI hang: the files' descriptors went to new io_uring rings, and the
+    read waited on its own ring forever)."""
+    files = [_file(tmp_path, f"bin{k}", 500, 512, k) for k in range(2)]
+    requests = [ReadRequest(p, np.array([k + 5]), np.empty((1, 512), dtype=np.uint8)) for k, (p, _) in enumerate(files)]
+    reader = FileReader(threads=2, engine="python")
+    running, release = threading.Event(), threading.Event()
+    closed_under: list[OSError] = []
+    issue = reader.issue
+
+    def held(task: Any) -> Any:
+        running.set()
+        release.wait(timeout=10)
+        try:
+            os.fstat(task.file.fd)
+        except OSError as exc:
+            closed_under.append(exc)
+        return issue(task)
+
+    reader.issue = held  # type: ignore[method-assign]
+    start = threading.Thread.start
+
+    def start_then_signal(thread: threading.Thread) -> None:
+        start(thread)
+        if thread.name.startswith("moment-read"):
+            monkeypatch.setattr(threading.Thread, "start", start)  # once
+            running.wait(timeout=10)  # the new thread took the first task
+            raise KeyboardInterrupt  # the signal, before the executor registered the thread
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        reader.read_batch(requests)
+    closing = threading.Thread(target=reader.close)
+    closing.start()
+    time.sleep(0.3)
+    assert closing.is_alive()  # waiting for the read in flight
+    release.set()
+    closing.join(timeout=10)
+    assert not closing.is_alive() and not closed_under, closed_under
+
+
 def test_auto_falls_back_when_io_uring_is_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Docker's default seccomp profile blocks io_uring: auto takes pread; asking for io_uring
     by name says why it cannot."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer import featurestore, staging
-from trainer.featurestore import gather_rows, put_rows
+from trainer.featurestore import gather_rows, put_rows, unique_inverse
 from trainer.staging import PAGE, Staging, stage_bytes
 
 
@@ -95,3 +95,17 @@ def test_put_rows_puts_each_row_where_asked_byte_for_byte(
             put_rows(dst, np.array(bad_at), src, np.array(bad_rows))
     with pytest.raises(ValueError):
         put_rows(dst, at, src, rows[:-1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unique_inverse_equals_numpys(seed: int) -> None:
+    """The store's dedup of a batch's SSD ids is ``np.unique``'s, on ids in random order with
+    repeats, on a sampler's ascending runs, on one id and on none."""
+    rng = np.random.default_rng(seed)
+    runs = [np.sort(rng.choice(10_000, int(rng.integers(1, 500)), replace=False)) for _ in range(3)]
+    cases = [rng.integers(0, 300, 2_000), np.concatenate(runs), np.array([7]), np.zeros(0, dtype=np.int64)]
+    for ids in cases:
+        uniq, inverse = unique_inverse(ids)
+        want_uniq, want_inverse = np.unique(ids, return_inverse=True)
+        assert np.array_equal(uniq, want_uniq) and uniq.dtype == want_uniq.dtype
+        assert np.array_equal(inverse, want_inverse) and inverse.dtype == want_inverse.dtype

@@ -22,11 +22,11 @@ import torch
 from moment.cli import main
 from moment.contracts.metrics import MetricsDoc
 from moment.contracts.placed import PlacedManifest
+from placement.digests import file_digest
 from placement.place import PlaceOptions, place
 from placement.placed import open_placed
 from placement.sampler import NeighborSampler
 from placement.synth import synthesize
-from placement.writer import file_digest
 from trainer import checkpoint, loop, metrics, preflight
 from trainer.config import TrainConfig
 
@@ -84,7 +84,10 @@ def copy_with_train(placed: Path, dst: Path, train: np.ndarray) -> Path:
     entry = manifest.files["train"]
     np.save(dst / entry.path, train.astype(np.int64))
     manifest.files["train"] = entry.model_copy(
-        update={"bytes": (dst / entry.path).stat().st_size, "digest": file_digest(dst / entry.path)}
+        update={
+            "bytes": (dst / entry.path).stat().st_size,
+            "digest": file_digest(dst / entry.path, entry.digest_algorithm),
+        }
     )
     manifest.write(dst / "placed.json")
     return dst

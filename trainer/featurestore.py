@@ -206,7 +206,7 @@ class TieredFeatureStore:
         row = new - self._starts[b] + self._offset[b]
         where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
         self._bin_rows += np.bincount(b, minlength=self._bin_rows.size)
-        uniq, inverse = np.unique(new[where[SSD]], return_inverse=True)
+        uniq, inverse = unique_inverse(new[where[SSD]])
         host_tiers = [t for t in (GPU, CPU) if self._tensors[t].device.type == "cpu" and not self._mapped(t)]
         on_host = self.device.type == "cpu"  # every row straight into the output: only SSD rows staged
         ssd_rows = 0 if self.reader.on_device else uniq.size
@@ -466,6 +466,21 @@ def gather_rows(src: torch.Tensor, rows: np.ndarray, out: torch.Tensor) -> None:
     into the byte rows ``out``: ATen's ``index_select`` splits the rows over torch's intra-op
     threads (numpy's ``take`` copies on one); bytes, not values, so every row is copied as is."""
     torch.index_select(src.view(torch.uint8), 0, torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)), out=out)
+
+
+def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for 1-D integer ``ids``, by a stable sort: a
+    batch's nodes are a few runs of ascending ids (the seeds, then each hop's new ids in id order:
+    :func:`placement.sampler._append_unique`), which numpy's stable sort (timsort) merges about
+    3x faster than the quicksort ``np.unique`` uses (on ids in random order it is 1.3x slower)."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    first = np.empty(ordered.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    inverse = np.empty(ids.size, dtype=np.intp)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
 
 
 # The compiled row copy (trainer.rows_kernel), looked up at first use; None: numpy's.

@@ -30,13 +30,12 @@ from trainer.read_base import (
     ReadError,
     ReadRequest,
     ReadTask,
-    _check_rows,
     _File,
     _finish_times,
     _pread_full,
     _Reader,
     _row_bytes,
-    _runs_in_bytes,
+    plan_runs,
 )
 
 
@@ -130,22 +129,22 @@ class FileReader(_Reader):
     def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         """One request's reads, and whether they can go O_DIRECT."""
         rows = np.asarray(req.rows, dtype=np.int64)
-        _check_rows(rows)
         out = req.out
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
             raise TypeError("out must be a writeable C-contiguous numpy array")
         row_bytes = _row_bytes(out.nbytes, rows.size)
+        offsets, dests, sizes, pages = plan_runs(rows, row_bytes, self.max_run_bytes, req.base)
         f = self._open(req.file)
+        address = out.ctypes.data
         direct = (
             f.direct_fd is not None
             and not f.direct_failed
             and row_bytes % DIRECT_ALIGN == 0
             and req.base % DIRECT_ALIGN == 0
-            and out.ctypes.data % DIRECT_ALIGN == 0
+            and address % DIRECT_ALIGN == 0
         )
-        offsets, dests, sizes = _runs_in_bytes(rows, row_bytes, self.max_run_bytes, req.base)
-        buffer = (memoryview(out.reshape(-1).view(np.uint8)), out.ctypes.data)
-        return ReadTask(i, f, f.name, direct, offsets, dests, sizes, buffer)
+        buffer = (memoryview(out.reshape(-1).view(np.uint8)), address)
+        return ReadTask(i, f, f.name, direct, offsets, dests, sizes, buffer, pages)
 
     def issue(self, task: ReadTask) -> tuple[int, float, int, str]:
         """One task's preads: the compiled loop reads runs until one fails or comes up short;

@@ -65,7 +65,7 @@ from moment.errors import UsageError
 from moment.options import to_argv
 from moment.outputs import Kind, Staging, check_free_space, check_out, write_inputs
 from moment.progress import Progress
-from placement.writer import file_digest
+from placement.digests import file_digest
 from trainer import broadcast, infer_predict
 from trainer.infer_nodes import node_outcome
 from trainer.infer_options import RANK_OPTIONS, InferOptions
@@ -264,7 +264,10 @@ def prepare(opts: InferOptions, log: Callable[[str], None] = lambda _: None) -> 
         scratch = max((layer.spilled_edge_bytes for layer in predicted), default=0)
         check_free_space({out: layout.nbytes(exports=opts.node == 0) + scratch}, InferenceError)
         stage.create()
-        layout.create(stage.data, exports=opts.node == 0)
+        if opts.node == 0:
+            layout.create(stage.data)
+        else:  # its ranks make its arrays once node 0 says there is work (infer_nodes.make_arrays)
+            (stage.data / WORK).mkdir(parents=True, exist_ok=True)
         write_inputs(stage.data / WORK, key, memory=memory)
     return Prepared(stage, loaded, layout, key, memory=memory, predicted=predicted)
 
@@ -337,7 +340,11 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
     arrays = {}
     for name, (path, shape, dt) in layout.exports().items():
         arrays[name] = ArrayEntry(
-            path=path, shape=list(shape), dtype=dt, bytes=(data / path).stat().st_size, sha256=file_digest(data / path)
+            path=path,
+            shape=list(shape),
+            dtype=dt,
+            bytes=(data / path).stat().st_size,
+            sha256=file_digest(data / path, "sha256"),
         )
     shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
     manifest = InferenceManifest(

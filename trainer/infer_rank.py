@@ -29,7 +29,15 @@ from moment.progress import Progress, Reporter
 from trainer import broadcast
 from trainer.dist import DistEnv, PeerFailedError, leave, lost_peer, setup
 from trainer.featurestore import TieredFeatureStore
-from trainer.infer_nodes import Exchange, first_stage, gather_progress, note_finished
+from trainer.infer_nodes import (
+    Exchange,
+    JobIds,
+    first_stage,
+    gather_progress,
+    make_arrays,
+    note_finished,
+    renumbered_note,
+)
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_work import (
     WORK,
@@ -86,10 +94,13 @@ class Rank:
         engine: str = "gather",
         memory: int = 0,
         per_node: int = 0,
+        job: JobIds | None = None,
     ) -> None:
         """``features``: where layer 1 reads its input rows (default: the placed tiers);
         ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget (this
-        node's); ``per_node``: ranks per node (default ``world``: one node)."""
+        node's); ``per_node``: ranks per node (default ``world``: one node); ``job``: node 0's
+        numbering where this node's placement numbers the vertices otherwise (its ranges' in-edges
+        in node 0's ids, layer 1's rows read through the map to its own)."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
         self.engine, self.memory = engine, memory
@@ -97,7 +108,10 @@ class Rank:
         self.per_node = per_node or world
         self.node = rank // self.per_node
         placed = loaded.placed
-        self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
+        self.indptr, self.indices = (
+            (job.indptr, job.indices) if job else (placed.array("indptr"), placed.array("indices"))
+        )
+        self.to_mine = job.to_mine if job else None
         self.old_to_new = placed.array("old_to_new")
         self._store: TieredFeatureStore | None = None
         self.asked = 0  # bytes of input rows, CSR and spilled edges the chunks asked for (run_stage resets)
@@ -156,7 +170,8 @@ class Rank:
         if layer == 1 and self.features is not None:
             x = self.features(src)
         elif layer == 1:
-            x = self.store.get(torch.from_numpy(src))
+            mine = src if self.to_mine is None else np.asarray(self.to_mine[src])
+            x = self.store.get(torch.from_numpy(mine))
         else:
             prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
             x = torch.from_numpy(np.asarray(prev[src]))
@@ -397,31 +412,45 @@ def _rank(args: argparse.Namespace, env: DistEnv) -> None:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     shared = {"checkpoint": loaded.checkpoint_sha256, "ranks per node": per_node}
     shared.update({k: getattr(args, k) for k in ("layers", "dtype", "batch_size", "engine")})
-    finished = check_same_inference(env, loaded.placed, shared, args.finished)
-    if finished is not None:  # node 0's --out already holds it: every rank of every node stops here
+    check = check_same_inference(env, loaded.placed, shared, args.finished)
+    if check.finished is not None:  # node 0's --out already holds it: every rank of every node stops here
         if data is not None and env.local_rank == 0:
-            note_finished(data, finished)
+            note_finished(data, check.finished)
     else:
         assert data is not None  # only node 0 is given --finished, and then every node stops
-        _stages(args, env, loaded, data, device, per_node)
+        if check.renumbered and env.rank == 0:
+            print(f"note: {renumbered_note(check.renumbered)}", file=sys.stderr)
+        _stages(args, env, loaded, data, device, per_node, check.renumbered)
     if env.world_size > 1:
         leave()  # every rank done with the group first (gloo#155)
 
 
 def _stages(
-    args: argparse.Namespace, env: DistEnv, loaded: Loaded, data: Path, device: torch.device, per_node: int
+    args: argparse.Namespace,
+    env: DistEnv,
+    loaded: Loaded,
+    data: Path,
+    device: torch.device,
+    per_node: int,
+    renumbered: tuple[int, ...] = (),
 ) -> None:
-    """This rank's chunks of every stage, the barriers and (several nodes) the exchanges between."""
+    """This rank's chunks of every stage, the barriers and (several nodes) the exchanges between;
+    ``renumbered``: the nodes that number the vertices otherwise than node 0 (they work in its ids)."""
     import torch.distributed as dist
 
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
     memory = int(read_inputs(data).get("memory") or default_memory(loaded.placed))
-    worker = Rank(
-        loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node
-    )
     state = RankProgress.read(data, env.rank)
     nodes = Exchange(env, per_node, layout, data) if env.nodes > 1 else None
+    if nodes:
+        make_arrays(env, layout, data)  # a node past 0: before first_stage's collective, which every rank awaits
     first = first_stage(state) if nodes else 0
+    # node 0's ids on the nodes numbered otherwise, while a layer is left (the export is node 0's)
+    job = nodes.numbering(loaded.placed, renumbered) if nodes and renumbered and first < layout.depth else None
+    worker = Rank(
+        loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node,
+        job,
+    )  # fmt: skip
     report = Reporter().__enter__() if env.rank == 0 else None
     try:
         for s, name in enumerate(stages(layout.depth)):

@@ -20,8 +20,8 @@ from moment.contracts.inference import (
 )
 from moment.contracts.plan import PlanDoc
 from moment.fileio import atomic_write_text, reserve
+from placement.digests import file_digest
 from placement.placed import Placed, open_placed
-from placement.writer import file_digest
 from trainer import broadcast, checkpoint
 from trainer.config import TrainConfig
 from trainer.dist import DistEnv, select_device
@@ -80,7 +80,7 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None, placement: 
         ) from None
     device = device or torch.device("cpu")
     model.to(device).eval()
-    digest = file_digest(checkpoint.path_in(directory))
+    digest = file_digest(checkpoint.path_in(directory), "sha256")
     return Loaded(
         placed, identity, cfg, model, meta.epoch, list(meta.history), digest, _widths(model, placed.feature_dim, device)
     )

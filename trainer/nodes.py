@@ -25,9 +25,10 @@ every node wait for the slowest, so the slow node is the one whose ranks wait fo
 others wait in the all-reduce (:func:`straggler`).
 
 Inference across nodes (:func:`check_same_inference`) checks the same data and the options that
-shape its arrays, and refuses a node whose vertex numbering differs: its ranks take ranges of
-placement ids (:mod:`trainer.infer_nodes`). Its collective also carries node 0's word that its
---out is already complete, so that every node stops there, together.
+shape its arrays, and names the nodes whose vertex numbering differs from node 0's: its ranks
+take ranges of node 0's placement ids, which such a node translates into its own
+(:mod:`trainer.infer_nodes`). Its collective also carries node 0's word that its --out is
+already complete, so that every node stops there, together.
 
 Checkpoints are node 0's: global rank 0 writes them, and a resumed run (``--resume``, or a
 restarted worker group) takes the one rank 0 reads, sent to every rank (:func:`resumed`), so
@@ -185,35 +186,45 @@ def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
     return Nodes([note], True, predictions)
 
 
+@dataclass(frozen=True)
+class SameInference:
+    """What inference's start-up check found: node 0's word that its --out already holds this
+    inference (``HOST:OUT``, else None: every node has work), and the nodes whose placements
+    number the vertices otherwise than node 0's (they translate node 0's ids into theirs)."""
+
+    finished: str | None = None
+    renumbered: tuple[int, ...] = ()
+
+
 def check_same_inference(
     env: DistEnv, placed: Placed, shared: dict[str, object], finished: str | None = None
-) -> str | None:
-    """Refuse to infer across nodes when a node holds other data than node 0's, runs other
-    options (``shared``: the checkpoint's digest, the options that shape the arrays), or numbers
-    the vertices otherwise: ranks take ranges of placement ids, and every sum must run in the
-    order of a one-node run for the output to be its bytes. A lone node checks nothing.
+) -> SameInference:
+    """Refuse to infer across nodes when a node holds other data than node 0's or runs other
+    options (``shared``: the checkpoint's digest, the options that shape the arrays); name the
+    nodes that number the vertices otherwise (another layout or cache size). A lone node checks
+    nothing.
 
     The same collective tells every node whether node 0's --out already holds this inference
     (``finished``: node 0's --out, given on node 0 only; the other nodes cannot see its disk):
     where it is returned as ``HOST:OUT`` on every rank, and no node has work."""
     if env.nodes <= 1:
-        return finished
-    everyone = compare_nodes(env, placed, shared, same_ids=True, extra={"finished": finished})
-    node0 = everyone[0][0]
-    return f"{node0['host']}:{node0['finished']}" if node0.get("finished") else None
+        return SameInference(finished)
+    everyone = compare_nodes(env, placed, shared, extra={"finished": finished})
+    node0_info, node0 = everyone[0][0], everyone[0][1]
+    renumbered = tuple(sorted({info["node"] for info, data, _ in everyone if data.relabel != node0.relabel}))
+    said = f"{node0_info['host']}:{node0_info['finished']}" if node0_info.get("finished") else None
+    return SameInference(said, renumbered)
 
 
 def compare_nodes(
     env: DistEnv,
     placed: Placed,
     shared: dict[str, object],
-    same_ids: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> list[tuple[dict[str, Any], NodeData, dict[str, object]]]:
     """Every rank's node, data and ``shared`` options (one collective), in rank order; a node
-    whose data or options differ from node 0's (with ``same_ids``, also its vertex numbering) is
-    refused in one line naming it, on rank 0 and on that node's local rank 0. ``extra``: more
-    of this rank's facts for the others, not compared."""
+    whose data or options differ from node 0's is refused in one line naming it, on rank 0 and on
+    that node's local rank 0. ``extra``: more of this rank's facts for the others, not compared."""
     host, pred = socket.gethostname(), placed.manifest.prediction
     mine = {
         "node": env.node_rank,
@@ -233,12 +244,6 @@ def compare_nodes(
             continue
         if (why := data.difference(node0)) is not None:
             problems[node] = f"node {node} ({host}, --data {info['data']}) holds other data than node 0: {why}"
-        elif same_ids and data.relabel != node0.relabel:
-            problems[node] = (
-                f"node {node} ({host}, --data {info['data']}) numbers the vertices otherwise than node 0 (another "
-                "layout or cache size): inference splits placement ids over the ranks; place it with node 0's plan "
-                "and `moment place` options, or copy node 0's placed dataset"
-            )
         elif (why := config_difference(config, config0)) is not None:
             problems[node] = f"node {node} ({host}) runs other options than node 0: {why} (give every node the same)"
     if problems:

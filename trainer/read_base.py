@@ -6,9 +6,9 @@ names the readers (``--io``)."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -16,7 +16,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from moment.errors import MomentError
-from moment.ssd_reads import pages_read
+from moment.gated_pool import GatedPool
+from moment.ssd_reads import PAGE_BYTES, pages_read
 
 # O_DIRECT needs file offsets, sizes and buffer addresses aligned to the device's logical block.
 DIRECT_ALIGN = 512
@@ -156,13 +157,47 @@ class ReadTask:
     dests: np.ndarray
     sizes: np.ndarray
     buffer: Any = field(repr=False)  # (the buffer: a memoryview or a CUDA tensor, its address)
+    pages: int = 0  # bytes of the pages the request's runs touch (plan_runs; a slice keeps its request's)
 
 
-def _runs_in_bytes(
+def plan_runs(
     rows: np.ndarray, row_bytes: int, max_run_bytes: int, base: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    first, pos, counts = coalesce(rows, max(1, max_run_bytes // max(row_bytes, 1)))
-    return base + first * row_bytes, pos * row_bytes, counts * row_bytes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A request's reads: its ``rows`` (sorted, unique; a ValueError otherwise) as runs of
+    consecutive rows at most ``max_run_bytes`` long, in bytes (file offsets from ``base``,
+    offsets in the buffer, sizes), and the bytes of the pages they touch
+    (:func:`moment.ssd_reads.pages_read`). Compiled (:mod:`trainer.runs_kernel`) where numba
+    builds it, else with numpy; both give the same."""
+    rows = np.asarray(rows, dtype=np.int64)
+    max_rows = max(1, max_run_bytes // max(row_bytes, 1))
+    plan = _planner()
+    if plan is None:
+        return _plan_runs_numpy(rows, row_bytes, max_rows, base)
+    offsets, dests, sizes, pages, status = plan(rows, row_bytes, max_rows, base, PAGE_BYTES)
+    if status:
+        _check_rows(rows)  # raises the error that status stands for
+        raise AssertionError(f"runs_kernel status {status} for rows that pass the check")
+    return offsets, dests, sizes, pages
+
+
+def _plan_runs_numpy(
+    rows: np.ndarray, row_bytes: int, max_rows: int, base: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`plan_runs` without numba."""
+    _check_rows(rows)
+    first, pos, counts = coalesce(rows, max_rows)
+    offsets, sizes = base + first * row_bytes, counts * row_bytes
+    return offsets, pos * row_bytes, sizes, pages_read(offsets, sizes)
+
+
+@functools.cache
+def _planner() -> Any:
+    """The compiled planning (:mod:`trainer.runs_kernel`), built at first use; None without numba."""
+    try:
+        from trainer import runs_kernel
+    except ImportError:
+        return None
+    return runs_kernel.planner()
 
 
 def _tasks(requests: list[ReadTask], threads: int) -> list[ReadTask]:
@@ -170,6 +205,8 @@ def _tasks(requests: list[ReadTask], threads: int) -> list[ReadTask]:
     threads`` tasks in all, interleaved across requests so that every file is read from the start."""
     total = sum(len(r.sizes) for r in requests)
     step = max(MIN_RUNS_PER_TASK, -(-total // (threads * TASKS_PER_THREAD)))
+    if all(len(r.sizes) <= step for r in requests):  # one task each, as planned (none: no runs)
+        return [r for r in requests if len(r.sizes)]
     per_request = [
         [
             replace(r, offsets=r.offsets[s : s + step], dests=r.dests[s : s + step], sizes=r.sizes[s : s + step])
@@ -187,34 +224,21 @@ class _Pool:
         if threads < 1:
             raise ValueError(f"threads must be ≥ 1, got {threads}")
         self.threads, self._name = threads, name
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: GatedPool | None = None
 
     def run(self, do: Any, tasks: list[ReadTask]) -> list[Any]:
         if len(tasks) <= 1 or self.threads == 1:
             return [do(t) for t in tasks]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
-        return list(self._pool.map(do, tasks))
+            self._pool = GatedPool(self.threads, self._name)
+        return self._pool.map(do, tasks)
 
     def shutdown(self) -> None:
-        """Cancel the tasks not started and wait for the running ones: only then may the reader
-        close the files and rings they read with. A signal meanwhile (the ``Interrupted`` that is
-        unwinding the command, sent again) is raised once the threads are done, not before: a
-        file closed under a read in flight can be a descriptor reused by then, a pipe, say, and
-        the read would wait on it forever, with the interpreter waiting on that thread at exit."""
-        if self._pool is None:
-            return
-        pool, self._pool = self._pool, None
-        pool.shutdown(wait=False, cancel_futures=True)
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                pool.shutdown(wait=True)
-                break
-            except KeyboardInterrupt as exc:
-                interrupted = interrupted or exc
-        if interrupted is not None:
-            raise interrupted
+        """Cancel the tasks not started and wait for the running ones, a signal meanwhile
+        included: only then may the reader close the files and rings they read with."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
 
 
 def _finish_times(start: float, n: int, results: list[tuple[int, float, int]]) -> tuple[list[float], int]:
@@ -265,7 +289,7 @@ class _Reader:
     def _plan(self, requests: Sequence[ReadRequest]) -> list[ReadTask]:
         planned = [self.plan_task(i, req) for i, req in enumerate(requests)]
         for task in planned:  # one task per request yet: its runs sorted, each page counted once
-            self.read_bytes[task.name] = self.read_bytes.get(task.name, 0) + pages_read(task.offsets, task.sizes)
+            self.read_bytes[task.name] = self.read_bytes.get(task.name, 0) + task.pages
         return _tasks(planned, self.threads)
 
     def close(self) -> None:

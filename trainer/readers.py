@@ -54,12 +54,11 @@ from trainer.read_base import (
     ReadError,
     ReadRequest,
     ReadTask,
-    _check_rows,
     _finish_times,
     _Reader,
     _row_bytes,
-    _runs_in_bytes,
     coalesce,
+    plan_runs,
 )
 
 # Re-exported: the readers' one entry point for the feature store, benches and tests.
@@ -211,7 +210,6 @@ class KvikioReader(_Reader):
 
     def plan_task(self, i: int, req: ReadRequest) -> ReadTask:
         rows = np.asarray(req.rows, dtype=np.int64)
-        _check_rows(rows)
         if isinstance(req.file, int):
             raise TypeError("KvikioReader reads files by path, not by descriptor")
         out = req.out
@@ -219,11 +217,11 @@ class KvikioReader(_Reader):
             raise TypeError(f"out must be a contiguous {self.device_type.upper()} tensor")
         name = str(req.file)
         nbytes = out.numel() * out.element_size()
-        offsets, dests, sizes = _runs_in_bytes(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes, req.base)
+        offsets, dests, sizes, pages = plan_runs(rows, _row_bytes(nbytes, rows.size), self.max_run_bytes, req.base)
         handle = self._handle(name) if rows.size else None
         gds = self.modes.get(name) == "kvikio-gds"  # known to be read through cuFile
         # The buffer travels as the tensor (kept alive until the reads are done) and its address.
-        return ReadTask(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()))
+        return ReadTask(i, handle, name, gds, offsets, dests, sizes, (out, out.data_ptr()), pages)
 
     def issue(self, task: ReadTask) -> tuple[int, float, int]:
         """Issue a task's reads, then wait for each (a small read is done in this thread, in

@@ -23,8 +23,8 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
             "inference.json; a killed run continues from its last finished chunk when run again. Several nodes "
             "(--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id: the same command on each, with its own --node-rank): "
             "the ranks of all nodes split the vertices, each node reads its own --data and --checkpoint (the same "
-            "placement numbering and checkpoint on every node, checked at start) and keeps its work files beside its "
-            "own --out; the layers' rows cross the network, so nothing needs shared storage; node 0 writes --out "
+            "data and checkpoint on every node, checked at start; a placement numbering the vertices otherwise works "
+            "in node 0's ids) and keeps its work files beside its own --out; the layers' rows cross the network, so nothing needs shared storage; node 0 writes --out "
             "and inference.json."
         ),
     )

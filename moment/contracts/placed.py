@@ -2,7 +2,9 @@
 verify`` and the next ``moment place`` read.
 
 Written last into the staging directory (its presence with ``complete: true`` is what makes a
-directory a placed dataset). Every file has its size and SHA-256; ``files`` are relative to the
+directory a placed dataset). Every file has its size and digest, and the digest's algorithm
+(``digest_algorithm``: a key of ``placement.digests.DIGESTS``; entries written before it was
+recorded are SHA-256, the registry's ``UNRECORDED_DIGEST``); ``files`` are relative to the
 placed directory (never ``..``), SSD bins outside it are absolute paths whose name carries the
 run id, so a later run can prove which files it may remove.
 
@@ -27,11 +29,11 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from moment.contracts import Contract, Registered, Strict
+from moment.contracts import Contract, Registered, Strict, registry_default
 from moment.contracts.dataset import FeatureDtype
 from moment.contracts.plan import Share, TierShares
 from moment.contracts.tiers import Tier
@@ -53,10 +55,14 @@ PHASES = {
     "write_bins": "writing the bins",
     "relabel": "relabelling: topology, labels, splits, id maps",
     "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
-    "checksums": "checksums (SHA-256)",
+    "checksums": "checksums",
     "fsync": "fsync",
     "total": "total",
 }
+# A file's digest (hex; its length is its algorithm's, which placement.digests checks) and, for
+# entries written before the algorithm was recorded, the algorithm they were taken with.
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{32,128}$")]
+UNRECORDED_DIGEST = registry_default("placement.digests", "UNRECORDED_DIGEST")
 # Every file `moment place` writes into a placed directory (the bins aside): what it may remove.
 REQUIRED_FILES = ("indptr", "indices", "labels", "train", "val", "test", "old_to_new", "new_to_old")
 
@@ -80,7 +86,8 @@ def _relative(path: str) -> str:
 class FileEntry(Strict):
     path: str
     bytes: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    digest: Digest
+    digest_algorithm: Registered = Field(default_factory=UNRECORDED_DIGEST)
 
     @field_validator("path")
     @classmethod
@@ -95,7 +102,8 @@ class BinEntry(Strict):
     count: int = Field(ge=0)
     path: str  # relative to the placed directory, or absolute (an SSD directory outside it)
     bytes: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    digest: Digest
+    digest_algorithm: Registered = Field(default_factory=UNRECORDED_DIGEST)
     target: float = Field(ge=0, le=1)
     achieved: float = Field(ge=0, le=1)
     capacity: int = Field(ge=0)
@@ -174,7 +182,8 @@ class PackFile(Strict):
 
     path: str  # as a bin's: relative to the placed directory, or absolute
     bytes: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    digest: Digest
+    digest_algorithm: Registered = Field(default_factory=UNRECORDED_DIGEST)
 
 
 class BinChunks(Strict):
