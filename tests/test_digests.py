@@ -20,8 +20,9 @@ from placement.placed import PlacedError, open_placed, pack_files, verify
 from placement.writer import Written
 
 FIXTURE = Path(__file__).parent / "placed_fixtures" / "sha256"  # written by moment place at e3bea9a (its README)
-# Arrays written in a narrower type than the fixture's (labels: int8 for its 16 classes, not int64)
-NARROWED = {"labels"}
+# Arrays written in a narrower type than the fixture's (labels: int8 for its 16 classes; the
+# counts in original ids: int32; both int64 there)
+NARROWED = {"labels", "hotness_counts"}
 PACKED = PlaceOptions(gpu_cache="3%", cpu_cache="4%", pack=True, pack_budget="1MiB")  # as the fixture was
 
 

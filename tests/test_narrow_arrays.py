@@ -1,7 +1,8 @@
-"""Arrays written narrower than int64 (labels in the narrowest type holding the classes): the
-same values as the int64 ones written before, which still load, and every consumer widens
-per batch, so none may read them as int64. The old side is tests/placed_fixtures/sha256 (a
-placement and its source written with int64 labels); the new side the same source placed now."""
+"""Arrays written narrower than int64 (labels in the narrowest type holding the classes, the
+hotness counts in int32): the same values as the int64 ones written before, which still load,
+and every consumer widens per batch, so none may read them as int64. The old side is
+tests/placed_fixtures/sha256 (a placement and its source written with int64 labels and
+counts); the new side the same source placed now."""
 
 from __future__ import annotations
 
@@ -78,3 +79,23 @@ def test_every_consumer_widens_narrow_and_old_labels_alike(old_and_new: tuple[Pl
             )
             assert pyg.dtype == torch.int64 and torch.equal(pyg, want)
     assert NodeData.of(old).train_labels == NodeData.of(new).train_labels  # the same data on every node
+
+
+def test_place_takes_old_int64_and_new_int32_hotness_files_alike(
+    old_and_new: tuple[Placed, Placed], plan_file: Path, tmp_path: Path
+) -> None:
+    """``moment place --hotness`` with the old placement's int64 counts and with the new one's
+    int32 counts (the same values) places alike, and saves them as int32."""
+    old, new = old_and_new
+    assert np.load(old.root / "hotness.npy").dtype == np.int64 and np.load(new.root / "hotness.npy").dtype == np.int32
+    assert np.array_equal(np.load(old.root / "hotness.npy"), np.load(new.root / "hotness.npy"))
+    source = old.root.parent / "ds"
+    outs = []
+    for given in (old.root / "hotness.npy", new.root / "hotness.npy"):
+        out = tmp_path / given.parent.name
+        place(plan_file, source, out, PlaceOptions(gpu_cache="3%", cpu_cache="4%", hotness=given))
+        outs.append(open_placed(out, checksums=True))
+        assert np.load(out / "hotness.npy").dtype == np.int32
+    for key in ("old_to_new", "labels", "hotness", "indptr", "indices"):
+        assert np.array_equal(outs[0].array(key), outs[1].array(key)), key
+    assert np.array_equal(outs[0].array("old_to_new"), new.array("old_to_new"))
