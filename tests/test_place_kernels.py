@@ -16,6 +16,7 @@ from placement import relabel as rl
 from placement import writer
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.writer import BinFile, NpyWriter, group_rows, save_npy, write_bins
+from unregistered import interrupt_thread_start
 
 
 @pytest.mark.parametrize("width", [1, 6, 12, 512])
@@ -185,16 +186,7 @@ def test_write_bins_waits_for_a_reading_thread_the_executor_never_registered(
         return read_chunk(src, *args)
 
     monkeypatch.setattr(writer, "_read_chunk", held)
-    start = threading.Thread.start
-
-    def start_then_signal(thread: threading.Thread) -> None:
-        start(thread)
-        if thread.name.startswith("moment-write"):
-            monkeypatch.setattr(threading.Thread, "start", start)  # once
-            running.wait(timeout=10)  # the new thread took the first read
-            raise KeyboardInterrupt  # the signal, before the executor registered the thread
-
-    monkeypatch.setattr(threading.Thread, "start", start_then_signal)
+    interrupt_thread_start(monkeypatch, "moment-write", running)
     raised: list[BaseException] = []
 
     def write() -> None:
