@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +33,7 @@ from numpy.typing import DTypeLike
 
 from moment.cores import usable_cores
 from moment.fileio import atomic_write_text
+from moment.gated_pool import GatedPool, close_all
 from moment.progress import Update
 from placement.digests import PLACED_DIGEST, Hasher, new_hasher
 
@@ -98,8 +99,8 @@ class NpyWriter:
         self.bytes = 0
         self.digest = ""
         self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-hash")
-        self._syncing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-fsync")
+        self._hashing = GatedPool(1, "moment-npy-hash")
+        self._syncing = GatedPool(1, "moment-npy-fsync")
         self._hashed: deque[tuple[int, Future[float]]] = deque()  # (bytes, job), oldest first
         self._behind = 0  # bytes queued for hashing
         self._synced: Future[float] | None = None
@@ -168,8 +169,7 @@ class NpyWriter:
                 self.fsync_s += self._wait(self._synced)
                 self._synced = None
         finally:
-            for pool in (self._hashing, self._syncing):  # nothing may touch the file once it is closed
-                pool.shutdown(wait=True, cancel_futures=True)
+            close_all(self._hashing, self._syncing)  # nothing may touch the file once it is closed
             self.fh.close()
         self.digest = self.hasher.hexdigest()
         return self.digest
@@ -382,8 +382,8 @@ def write_bins(
     source = _Source(features, min(chunk_rows, max(n, 1)))
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
-    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="moment-write")
-    hashing = ThreadPoolExecutor(max_workers=hash_threads(len(files)), thread_name_prefix="moment-hash")
+    threads = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
+    hashing = GatedPool(hash_threads(len(files)), "moment-hash")
     hashed: list = []
     synced = None
     times = WriteTimes()
@@ -436,8 +436,7 @@ def write_bins(
         if synced is not None:
             times.fsync += wait(synced)
     finally:
-        threads.shutdown(wait=True, cancel_futures=True)
-        hashing.shutdown(wait=True, cancel_futures=True)
+        close_all(threads, hashing)  # no read, hash or fsync may run once the source and the bins are closed
         source.close()
         for fh in handles:
             fh.close()
