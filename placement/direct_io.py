@@ -23,8 +23,10 @@ import contextlib
 import errno
 import mmap
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
+
+from moment.gated_pool import GatedPool
 
 ALIGN = 4096  # a multiple of every logical block size O_DIRECT may ask for
 BUFFER_BYTES = 4 << 20  # each of a file's two buffers (a multiple of ALIGN)
@@ -66,14 +68,14 @@ class AppendFile:
         self.direct_bytes = 0  # bytes written around the page cache
         self.base = start - start % ALIGN if self.direct is not None else start  # the buffer's file offset
         self.fill = 0  # bytes in the current buffer
-        self._io: ThreadPoolExecutor | None = None
+        self._io: GatedPool | None = None
         self._pending: list[Future[None] | None] = [None, None]
         self._cur = 0
         self._buffers: list[mmap.mmap] = []
         if self.direct is not None:
             size = max(ALIGN, buffer_bytes - buffer_bytes % ALIGN)
             self._buffers = [mmap.mmap(-1, size) for _ in range(2)]  # page-aligned, as O_DIRECT wants
-            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-direct")
+            self._io = GatedPool(1, "moment-direct")
             self.fill = start - self.base
             if self.fill:  # the partial block before `start`: rewritten whole with what follows
                 with open(path, "rb", buffering=0) as fh:
@@ -146,15 +148,17 @@ class AppendFile:
         self.flush()
         os.fsync(self.fd)
 
-    def close(self) -> None:
-        """Flush and close (no fsync); idempotent."""
+    def close(self, flush: bool = True) -> None:
+        """Flush (unless told not to: a run given up, which resumes from its last sync) and close,
+        without an fsync; idempotent."""
         if self.fd < 0:
             return
         try:
-            self.flush()
+            if flush:
+                self.flush()
         finally:
             if self._io is not None:
-                self._io.shutdown(wait=True)
+                self._io.close()  # no write runs once the descriptors are closed (signals too)
             for fd in (self.fd, self.direct):
                 if fd is not None:
                     os.close(fd)

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +35,7 @@ from numpy.typing import DTypeLike
 
 from moment.cores import usable_cores
 from moment.fileio import atomic_write_text
+from moment.gated_pool import GatedPool, close_all
 from moment.progress import Update
 from placement.digests import PLACED_DIGEST, Hasher, new_hasher
 from placement.direct_io import ALIGN, BUFFER_BYTES, AppendFile
@@ -105,8 +106,8 @@ class NpyWriter:
         self.bytes = 0
         self.digest = ""
         self.out = AppendFile(path)  # O_DIRECT where the file system takes it (placement.direct_io)
-        self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-hash")
-        self._syncing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moment-npy-fsync")
+        self._hashing = GatedPool(1, "moment-npy-hash")
+        self._syncing = GatedPool(1, "moment-npy-fsync")
         self._hashed: deque[tuple[int, Future[float]]] = deque()  # (bytes, job), oldest first
         self._behind = 0  # bytes queued for hashing
         self._synced: Future[float] | None = None
@@ -174,9 +175,8 @@ class NpyWriter:
                 self.fsync_s += self._wait(self._synced)
                 self._synced = None
         finally:
-            for pool in (self._hashing, self._syncing):  # nothing may touch the file once it is closed
-                pool.shutdown(wait=True, cancel_futures=True)
-            self.out.close()
+            close_all(self._hashing, self._syncing)  # nothing may touch the file once it is closed
+            self.out.close(flush=False)  # flushed by finish()'s last writes, unless failing
             self._closed = True
         self.digest = self.hasher.hexdigest()
         return self.digest
@@ -389,7 +389,7 @@ def write_bins(
             handles.append(AppendFile(f.path, done, buffer))
     except BaseException:
         for fh in handles:
-            fh.close()
+            fh.close(flush=False)
         raise
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
@@ -397,8 +397,8 @@ def write_bins(
     source = _Source(features, min(chunk_rows, max(n, 1)))
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
-    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="moment-write")
-    hashing = ThreadPoolExecutor(max_workers=hash_threads(len(files)), thread_name_prefix="moment-hash")
+    threads = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
+    hashing = GatedPool(hash_threads(len(files)), "moment-hash")
     hashed: list = []
     synced = None
     times = WriteTimes()
@@ -453,11 +453,10 @@ def write_bins(
         if synced is not None:
             times.fsync += wait(synced)
     finally:
-        threads.shutdown(wait=True, cancel_futures=True)
-        hashing.shutdown(wait=True, cancel_futures=True)
+        close_all(threads, hashing)  # no read, hash or fsync may run once the source and the bins are closed
         source.close()
         for fh in handles:
-            fh.close()
+            fh.close(flush=False)  # the last checkpoint flushed every byte; a failed run resumes from one
     for f, h in zip(files, hashers):
         size = f.path.stat().st_size
         if size != f.rows * row_bytes:
