@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
 class GatedPool:
-    """``map`` over a thread pool started at first use; ``close`` cancels what has not started
-    and waits for what has (an interrupt meanwhile is raised once nothing runs)."""
+    """``map`` or ``submit`` to a thread pool started at first use; ``close`` cancels what has
+    not started and waits for what has (an interrupt meanwhile is raised once nothing runs)."""
 
     def __init__(self, threads: int, name: str) -> None:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
@@ -35,13 +35,17 @@ class GatedPool:
         """``do`` of each item, in order, from the pool's threads."""
         return list(self._pool.map(lambda item: self._gated(do, item), items))
 
-    def _gated(self, do: Callable[[_T], _R], item: _T) -> _R:
+    def submit(self, do: Callable[..., _R], *args: Any) -> Future[_R]:
+        """``do(*args)`` in one of the pool's threads: its future (cancelled once closed)."""
+        return self._pool.submit(self._gated, do, *args)
+
+    def _gated(self, do: Callable[..., _R], *args: Any) -> _R:
         with self._cond:
             if self._closed:
                 raise CancelledError
             self._running += 1
         try:
-            return do(item)
+            return do(*args)
         finally:
             with self._cond:
                 self._running -= 1
@@ -49,14 +53,25 @@ class GatedPool:
 
     def close(self) -> None:
         """No task starts from now on; returns once none runs and the threads are told to stop."""
-        _uninterrupted(self._drain)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        close_all(self)
 
     def _drain(self) -> None:
         with self._cond:
             self._closed = True
             while self._running:
                 self._cond.wait()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def close_all(*pools: GatedPool) -> None:
+    """Close every pool (:meth:`GatedPool.close`); an interrupt meanwhile is raised once all are
+    closed, so a caller's next step (closing the files their tasks use) never runs beside a task."""
+
+    def drain() -> None:
+        for pool in pools:  # again from the first after an interrupt: a closed pool drains at once
+            pool._drain()  # noqa: SLF001 - the module's own class
+
+    _uninterrupted(drain)
 
 
 def _uninterrupted(step: Callable[[], None]) -> None:

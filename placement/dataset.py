@@ -9,7 +9,9 @@ open so that a graph far larger than RAM can be opened instantly:
 * ``features.npy`` float32 or float16, N × d, row-major — or, for an import that did not copy them,
   the rows of the source file itself (``features_at`` in the manifest: path, offset, size, mtime and
   a sampled digest, checked on every open, so a moved or changed source is refused by name);
-* ``labels.npy`` int64, N — class of each vertex (-1: unlabelled);
+* ``labels.npy`` N — class of each vertex (-1: unlabelled), in the narrowest signed integer type
+  holding the classes (:func:`label_type`: int8 up to 127 classes); datasets written before
+  that hold int64, which readers take as well (they widen per batch, never the whole array);
 * ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy`` int64 — vertex ids of each split.
 
 ``open_dataset`` runs the cheap checks on every open (the manifest through its contract, each
@@ -40,6 +42,7 @@ __all__ = [
     "FEATURE_DTYPES",
     "FILES",
     "FORMAT",
+    "LABEL_DTYPES",
     "Dataset",
     "DatasetError",
     "DatasetManifest",
@@ -49,6 +52,7 @@ __all__ = [
     "check_dataset",
     "check_free_space",
     "feature_source",
+    "label_type",
     "open_dataset",
     "read_npy_header",
     "staging",
@@ -56,7 +60,18 @@ __all__ = [
 ]
 
 SPLITS = ("train", "val", "test")
+LABEL_DTYPES = ("int8", "int16", "int32", "int64")  # what labels.npy may hold, narrowest first
 CHUNK = 1 << 22  # entries per step of a full scan: tens of MB whatever the dataset's size
+
+
+def label_type(num_classes: int) -> np.dtype:
+    """The narrowest of ``LABEL_DTYPES`` holding -1 (unlabelled) and every class
+    0..num_classes-1: what importers, synth and ``moment place`` write labels in (int8 for
+    IGB's 19 classes: an eighth of int64's bytes to write, hash and read)."""
+    for name in LABEL_DTYPES[:-1]:
+        if num_classes - 1 <= np.iinfo(name).max:
+            return np.dtype(name)
+    return np.dtype(LABEL_DTYPES[-1])
 
 
 class FeatureShape:
@@ -194,7 +209,7 @@ def _expected(ds: Dataset) -> dict[str, tuple[tuple[int, ...] | None, tuple[str,
         "indptr": ((n + 1,), ("int64",)),
         "indices": ((e,), ("int32", "int64")),
         "features": ((n, d), (ds.manifest.feature_dtype,)),
-        "labels": ((n,), ids),
+        "labels": ((n,), LABEL_DTYPES),
         **{key: (None, ids) for key in SPLITS},
     }
 

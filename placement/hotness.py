@@ -52,11 +52,13 @@ TOLERANCE = 0.005  # split-half gap (share of all reads) at which the estimate c
 MIN_BATCHES = 10  # the first convergence check; fewer batches rank vertices mostly by noise
 ADAPTIVE_EPOCHS = 1  # the most it samples by default (the old fixed pass): never slower than that
 DEFAULT_SHARE = 0.01  # the boundary checked when the caches give none: the hottest 1% of vertices
+COUNT_TYPE = np.int32  # a vertex is read at most once per batch: 2^31 - 1 batches before int64 (``narrow``)
+COUNT_DTYPES = ("int32", "int64")  # what a counts file may hold (int64: written before the counts were narrowed)
 
 
 @dataclass
 class Hotness:
-    counts: np.ndarray  # int32 in memory (int64 past 2^31 - 1), int64 on disk, N: reads per vertex
+    counts: np.ndarray  # int32 (int64 past 2^31 - 1), in memory and on disk, N: reads per vertex
     batches: int
     mean_unique_per_batch: float
     epochs: int
@@ -76,7 +78,7 @@ class Hotness:
     def save(self, path: str | Path) -> None:
         """Write the counts to ``path`` (.npy) and the rest to its .json sidecar, each atomically."""
         path = Path(path)
-        _atomic_save_npy(path, self.counts)  # int64 on disk, whatever in memory
+        _atomic_save_npy(path, self.counts)  # as in memory: int32 where the counts fit
         HotnessMeta(
             num_nodes=int(self.counts.shape[0]),
             total=self.total,
@@ -145,7 +147,7 @@ def presample(
     budget = epochs if epochs is not None else ADAPTIVE_EPOCHS
     per_epoch = -(-train.size // batch_size)
     total = budget * per_epoch
-    counts = np.zeros(n, dtype=np.int32)  # int32: a vertex is read at most once per batch
+    counts = np.zeros(n, dtype=COUNT_TYPE)
     snapshot: np.ndarray | None = None  # the counts at the last check: the first half of the sample
     halves_at = MIN_BATCHES // 2 if epochs is None else max(1, total // 2)
     done = unique = 0
@@ -249,10 +251,17 @@ _half_histogram = numba.njit(cache=True)(_half_histogram_py) if numba is not Non
 _topk_sums = numba.njit(cache=True)(_topk_sums_py) if numba is not None else _topk_sums_py
 
 
+def count_type(counts: np.ndarray) -> np.dtype:
+    """int32 where every count fits, else int64: the counts' type in memory and on disk."""
+    if counts.dtype == COUNT_TYPE:
+        return counts.dtype
+    wide = counts.size and int(counts.max()) > np.iinfo(COUNT_TYPE).max
+    return np.dtype(np.int64 if wide else COUNT_TYPE)
+
+
 def narrow(counts: np.ndarray) -> np.ndarray:
     """Counts as int32 where they fit (half the memory of int64; a placement holds them throughout)."""
-    wide = counts.size and int(counts.max()) > np.iinfo(np.int32).max
-    return counts.astype(np.int64 if wide else np.int32)  # a copy: never a view of the file
+    return counts.astype(count_type(counts))  # a copy: never a view of the file
 
 
 def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> list[tuple[float, float]]:
@@ -291,24 +300,27 @@ def sidecar(path: Path) -> Path:
 
 
 def _atomic_save_npy(path: Path, counts: np.ndarray, chunk: int = 1 << 22) -> None:
-    """Counts as an int64 .npy through a temporary file, so readers never see half a file;
-    widened ``chunk`` entries at a time (the counts are int32 in memory)."""
+    """Counts as an .npy of ``count_type`` (int32 where they fit: half of int64's bytes to write
+    and hash) through a temporary file, so readers never see half a file; ``chunk`` entries at
+    a time."""
+    dtype = count_type(counts)
     with atomic_file(path, binary=True) as fh:
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)), "fortran_order": False}
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
         np.lib.format.write_array_header_1_0(fh, {**header, "shape": counts.shape})
         for lo in range(0, counts.size, chunk):
-            fh.write(counts[lo : lo + chunk].astype(np.int64).tobytes())
+            fh.write(np.ascontiguousarray(counts[lo : lo + chunk], dtype=dtype).data)
 
 
 def _read_counts(path: Path) -> np.ndarray:
     try:
-        counts = np.load(path, allow_pickle=False, mmap_mode="r")  # narrowed to int32 by the caller
+        counts = np.load(path, allow_pickle=False, mmap_mode="r")  # int64 ones narrowed to int32 by the caller
     except FileNotFoundError:
         raise HotnessError(f"{path}: missing (hotness counts)") from None
     except (OSError, ValueError, EOFError) as exc:
         raise HotnessError(f"{path}: not a readable .npy file ({str(exc).splitlines()[0]})") from None
-    if not isinstance(counts, np.ndarray) or counts.dtype != np.int64 or counts.ndim != 1:
+    if not isinstance(counts, np.ndarray) or counts.dtype.name not in COUNT_DTYPES or counts.ndim != 1:
         raise HotnessError(
-            f"{path}: counts must be a 1-D int64 array, got {getattr(counts, 'dtype', '?')} {getattr(counts, 'shape', '')}"
+            f"{path}: counts must be a 1-D {' or '.join(COUNT_DTYPES)} array, got {getattr(counts, 'dtype', '?')} "
+            f"{getattr(counts, 'shape', '')}"
         )
     return counts

@@ -34,10 +34,10 @@ from moment.sizes import Size, parse_size
 from moment.topology.model import Machine
 from placement import pack as pk
 from placement.chunks import parse_budget
-from placement.dataset import Dataset, check_dataset, open_dataset
+from placement.dataset import Dataset, check_dataset, label_type, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.digests import PLACED_DIGEST, file_digest
-from placement.hotness import MIN_BATCHES, TOLERANCE, Hotness, presample
+from placement.hotness import COUNT_TYPE, MIN_BATCHES, TOLERANCE, Hotness, presample
 from placement.place_commit import (
     PLACED,
     commit,
@@ -368,10 +368,12 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> 
 
 
 def _arrays_bytes(ds: Dataset) -> int:
-    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids; counts in
-    the new ids at most as wide as int64, in the original ids int64)."""
+    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids; labels
+    in the narrowest type holding the classes; the counts, in new and in original ids, int32
+    unless some vertex was read in more than 2^31 - 1 batches)."""
     n, ids = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize
-    return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (ds.labels().dtype.itemsize + 3 * ids + 16)
+    labels, counts = label_type(ds.num_classes).itemsize, np.dtype(COUNT_TYPE).itemsize
+    return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (labels + 3 * ids + 2 * counts)
 
 
 def _samples_bytes(run: PlaceRun, hot: Hotness) -> int:

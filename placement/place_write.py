@@ -21,7 +21,7 @@ from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
-from placement.dataset import Dataset
+from placement.dataset import Dataset, label_type
 from placement.ddak import BinSpec, Placement
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.hotness import Hotness
@@ -155,7 +155,8 @@ def write_arrays(
 ) -> dict[str, NpyWriter]:
     """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
     and checksummed on the way; returns them by manifest key. Ids and counts are int32 where
-    they fit (``relabel.id_type``): a third fewer bytes to write and hash; readers take either."""
+    they fit (``relabel.id_type``), labels the narrowest type holding the classes
+    (``dataset.label_type``): fewer bytes to write and hash; readers take any of them."""
     ds = run.ds
     t0 = time.perf_counter()
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
@@ -174,8 +175,8 @@ def write_arrays(
     )
     for f in files.values():
         f.finish()  # its last hashing and fsync go on beside the next files
-    counts_type = rl.id_type(int(np.max(hot.counts, initial=0)))
-    for key, values, dtype in (("labels", ds.labels(), ds.labels().dtype), ("hotness", hot.counts, counts_type)):
+    counts_type, labels_type = rl.id_type(int(np.max(hot.counts, initial=0))), label_type(ds.num_classes)
+    for key, values, dtype in (("labels", ds.labels(), labels_type), ("hotness", hot.counts, counts_type)):
         files[key] = NpyWriter(data / PLACED_FILES[key], dtype, (n,))
         rl.permute(values, r.new_to_old, files[key])
         files[key].finish()

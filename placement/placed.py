@@ -10,8 +10,9 @@ range lookup. In a packed placement (``moment place --pack``: :mod:`placement.pa
 bin's rows lie in the order training batches read them, and its slot map gives the file row of
 each: ``file row = slots[id - start]``; packed within a budget (``--pack-budget``: :mod:`placement.chunks`) the bin stays in id order and copies of its
 rows lie beside it in per-batch chunks and a shared cache, whose row maps say which row is which.
-Id maps, splits and the counts in new ids are int32 where the values fit (int64 beyond, and in
-placements written before that): readers take either, as the .npy header says.
+Id maps, splits and the counts (in new and in original ids) are int32 where the values fit, labels
+in the narrowest type holding the classes (``dataset.label_type``); int64 beyond, and in
+placements written before that: readers take any of them, as the .npy header says.
 """
 
 from __future__ import annotations

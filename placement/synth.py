@@ -38,6 +38,7 @@ from placement.dataset import (
     Dataset,
     DatasetError,
     check_free_space,
+    label_type,
     open_dataset,
     staging,
     write_manifest,
@@ -88,7 +89,7 @@ def synthesize(
     same = _generated_by(out, spec, model)
     if same is not None:
         return same
-    check_free_space(out, sum(estimate(nodes, avg_degree, dim, dtype, spec.fractions).values()))
+    check_free_space(out, sum(estimate(nodes, avg_degree, dim, dtype, spec.fractions, spec.classes).values()))
     with staging(out, replace=replace) as tmp:
         cum = _weights(spec, model, progress)
         edges = _degrees(tmp, spec, cum, progress)
@@ -106,6 +107,7 @@ def estimate(
     dim: int,
     dtype: str,
     fractions: tuple[float, float, float] = (0.01, 0.005, 0.005),
+    classes: int = 16,
 ) -> dict[str, int]:
     """Expected bytes of each file (keys of ``FILES``), to check disk space before starting."""
     edges = round(nodes * avg_degree)
@@ -114,7 +116,7 @@ def estimate(
         "indptr": _HEADER + 8 * (nodes + 1),
         "indices": _HEADER + _index_dtype(nodes).itemsize * edges,
         "features": _HEADER + nodes * dim * np.dtype(dtype).itemsize,
-        "labels": _HEADER + 8 * nodes,
+        "labels": _HEADER + label_type(classes).itemsize * nodes,
         "train": split[0],
         "val": split[1],
         "test": split[2],
@@ -262,7 +264,7 @@ def _features(tmp: Path, spec: _Spec, model: _Model, progress: Progress | None) 
     centroids = _stream(spec.seed, "centroids", 0).standard_normal((spec.classes, spec.dim)).astype(np.float32)
     centroids *= SIGNAL / math.sqrt(spec.dim)
     with (
-        _Npy(tmp / FILES["labels"], np.int64, (spec.nodes,)) as labels,
+        _Npy(tmp / FILES["labels"], label_type(spec.classes), (spec.nodes,)) as labels,
         _Npy(tmp / FILES["features"], spec.dtype, (spec.nodes, spec.dim)) as features,
     ):
         for a, b in _chunks("features", spec.nodes, spec.chunk, progress):

@@ -142,10 +142,10 @@ def worker_pyg(args: argparse.Namespace) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a read-only memmap: PyG only reads it
         x = torch.from_numpy(ds.features())  # the dataset's file, or the import's source read in place
+        y = torch.from_numpy(ds.array("labels"))  # as on disk (int8 for few classes): widened per batch
     indptr = torch.from_numpy(np.asarray(ds.indptr()))
     indices = torch.from_numpy(np.asarray(ds.indices()).astype(np.int64))
     adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(n, n), is_sorted=True, trust_data=True)
-    y = torch.from_numpy(np.asarray(ds.array("labels")).astype(np.int64))
     data = Data(x=x, adj_t=adj_t, y=y, num_nodes=n)
     train = torch.from_numpy(np.asarray(ds.split("train")).astype(np.int64))
     fanouts = [int(f) for f in args.fanouts.split(",")]
@@ -164,7 +164,7 @@ def worker_pyg(args: argparse.Namespace) -> dict:
             h = conv(h, batch.adj_t)
             if i < len(model.convs) - 1:
                 h = F.dropout(F.relu(h), p=cfg.dropout, training=True)
-        loss = F.cross_entropy(h[: batch.batch_size], batch.y[: batch.batch_size])
+        loss = F.cross_entropy(h[: batch.batch_size], batch.y[: batch.batch_size].long())
         opt.zero_grad()
         loss.backward()
         opt.step()

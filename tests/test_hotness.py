@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -229,7 +230,7 @@ def test_save_load_round_trip(hot: Hotness, tmp_path: Path) -> None:
     hot.save(path)
     assert sidecar(path) == tmp_path / "hotness.json"
     back = Hotness.load(path, num_nodes=hot.counts.size)
-    assert np.array_equal(back.counts, hot.counts) and np.load(path).dtype == np.int64
+    assert np.array_equal(back.counts, hot.counts) and np.load(path).dtype == np.int32 == hot.counts.dtype
     assert (back.batches, back.mean_unique_per_batch, back.epochs, back.fanouts, back.batch_size, back.bound) == (
         hot.batches,
         hot.mean_unique_per_batch,
@@ -239,6 +240,20 @@ def test_save_load_round_trip(hot: Hotness, tmp_path: Path) -> None:
         hot.bound,
     )
     assert not list(tmp_path.glob(".*.tmp")), "temporary files are cleaned up"
+
+
+def test_counts_files_written_as_int64_before_still_load(hot: Hotness, tmp_path: Path) -> None:
+    """Counts saved before they were narrowed (int64) load as the same int32 counts; past int32
+    they are saved and loaded as int64."""
+    path = tmp_path / "hotness.npy"
+    hot.save(path)
+    np.save(path, np.load(path).astype(np.int64))
+    back = Hotness.load(path, num_nodes=hot.counts.size)
+    assert back.counts.dtype == np.int32 and np.array_equal(back.counts, hot.counts)
+    wide = replace(hot, counts=hot.counts.astype(np.int64))
+    wide.counts[0] = 2**31
+    wide.save(path)
+    assert np.load(path).dtype == np.int64 and np.array_equal(Hotness.load(path).counts, wide.counts)
 
 
 def _break(path: Path, how: str) -> None:

@@ -63,6 +63,7 @@ def test_igb_npy_layout_matches_a_direct_reading(tmp_path: Path, graph) -> None:
     assert _rows(ds) == _csr(edges[:, 0], edges[:, 1], N)
     assert np.array_equal(ds.features(), feats) and ds.labels().tolist() == labels.astype(int).tolist()
     assert (ds.num_classes, ds.meta["source"]["format"], ds.meta["source"]["split"]) == (19, "igb", "igb")
+    assert ds.labels().dtype == np.int8  # the narrowest type holding -1 and 18
     # igb: 60/20/20 of a torch.randperm seeded 0, each split sorted
     torch.manual_seed(0)
     perm = torch.randperm(N).numpy()
@@ -87,7 +88,7 @@ def test_igb_mlperf_split_is_mlperf_split_seeds(tmp_path: Path, graph) -> None:
     assert ds.split("train").tolist() == sorted(shuffled[:n_train].tolist())
     assert ds.split("val").tolist() == sorted(shuffled[n_train : n_train + n_val].tolist())
     assert ds.split("test").tolist() == sorted(shuffled[n_train + n_val : n_train + 2 * n_val].tolist())
-    assert ds.num_classes == 2983
+    assert ds.num_classes == 2983 and ds.labels().dtype == np.int16
 
 
 def test_igb_full_raw_files_padding_and_zero_tail(tmp_path: Path) -> None:
@@ -169,7 +170,7 @@ def test_ogb_binary_layout_streams_the_compressed_npz(tmp_path: Path, monkeypatc
     assert _rows(ds) == _csr(np.concatenate([src, dst[keep]]), np.concatenate([dst, src[keep]]), N)
     assert np.array_equal(ds.features(), got["node_feat"])
     want = np.where(np.isnan(got["node_label"][:, 0]), -1, np.nan_to_num(got["node_label"][:, 0])).astype(int)
-    assert ds.labels().tolist() == want.tolist()
+    assert ds.labels().tolist() == want.tolist() and ds.labels().dtype == np.int8
     for name, key in (("train", "train"), ("val", "valid"), ("test", "test")):
         assert ds.split(name).tolist() == sorted(got[key].tolist())
     assert ds.meta["source"]["split"] == "time" and ds.meta["directed"] is False
@@ -186,6 +187,7 @@ def test_ogb_csv_layout_matches_a_direct_reading(tmp_path: Path, monkeypatch) ->
     n, e = 120, 700
     edges, feats = rng.integers(0, n, (e, 2)), rng.standard_normal((n, 5)).astype(np.float32)
     labels = rng.integers(0, 40, n)
+    labels[7] = 200  # past int8: OGB declares no number of classes, so the labels' type is known after a pass
     raw = tmp_path / "ogbn_arxiv" / "raw"
     raw.mkdir(parents=True)
     _gz(raw / "edge.csv.gz", edges, "%d")
@@ -201,6 +203,7 @@ def test_ogb_csv_layout_matches_a_direct_reading(tmp_path: Path, monkeypatch) ->
     check_dataset(ds)
     assert _rows(ds) == _csr(edges[:, 0], edges[:, 1], n)
     assert np.array_equal(ds.features(), feats) and ds.labels().tolist() == labels.tolist()
+    assert ds.num_classes == 201 and ds.labels().dtype == np.int16
     assert (ds.split("train").tolist(), ds.split("val").tolist(), ds.split("test").tolist()) == (
         [1, 3, 4],
         [9, 15],

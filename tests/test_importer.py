@@ -47,7 +47,7 @@ def test_edge_list_becomes_csr_by_destination_in_input_order(tmp_path: Path, inp
     assert ds.indices().dtype == np.int32 and ds.meta["directed"] is True
     assert (ds.num_nodes, ds.num_edges, ds.num_classes, ds.feature_dim) == (N, 6, 3, 3)
     assert ds.features().tobytes() == np.load(inputs["features"]).tobytes()
-    assert ds.labels().dtype == np.int64 and ds.labels().tolist() == [0, 1, 2, 1, 0]
+    assert ds.labels().dtype == np.int8 and ds.labels().tolist() == [0, 1, 2, 1, 0]  # 3 classes: int8
 
 
 def test_undirected_adds_every_reverse_but_self_loops_once(tmp_path: Path, inputs: dict[str, Path]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from moment.contracts.placed import MANIFEST, PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
-from placement.dataset import open_dataset
+from placement.dataset import label_type, open_dataset
 from placement.digests import file_digest
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
@@ -62,9 +62,11 @@ def test_every_feature_reads_back(plan_file: Path, dataset: Path, tmp_path: Path
     ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
     assert hot[:gpu_end].min() >= hot[ssd_start:].max()
     assert np.array_equal(hot, np.load(out / "hotness.npy")[old])
-    # Ids and counts as int32 where they fit (the CSR keeps the dataset's index type).
+    # Ids and counts as int32 where they fit (the CSR keeps the dataset's index type), labels
+    # in the narrowest type holding the classes (16 here: int8; tests/test_narrow_arrays.py: from int64).
     for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
         assert placed.array(key).dtype == np.int32, key
+    assert placed.array("labels").dtype == np.int8 == label_type(ds.num_classes)
     assert verify(out)["rows"] == n
 
 

@@ -3,7 +3,11 @@ grouping rows by bin, the relabelling counting sort, the CSR rewrite, checksumme
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from placement import relabel as rl
 from placement import writer
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.writer import BinFile, NpyWriter, group_rows, save_npy, write_bins
+from unregistered import interrupt_thread_start
 
 
 @pytest.mark.parametrize("width", [1, 6, 12, 512])
@@ -152,6 +157,53 @@ def test_write_bins_reads_a_memory_map_by_pread_as_numpy_would(tmp_path: Path) -
             assert np.array_equal(np.fromfile(f.path, dtype=np.float32).reshape(-1, 6), feats[bin_of == b])
         digests.append([w.digest for w in done.files])
     assert digests[0] == digests[1]
+
+
+def test_write_bins_waits_for_a_reading_thread_the_executor_never_registered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal that lands while the bin pass starts its read-ahead thread (``Thread.start``
+    waits for it to begin, interruptibly) leaves a thread that took the read but that a
+    ThreadPoolExecutor never registered, so its shutdown does not wait for it: ``write_bins``
+    still waits for that read before it closes the source (else the read goes to a closed, or
+    reused, descriptor after ``write_bins`` returned)."""
+    feats = np.arange(600, dtype=np.float32).reshape(100, 6)
+    np.save(tmp_path / "f.npy", feats)
+    source = np.load(tmp_path / "f.npy", mmap_mode="r")
+    bin_of = (np.arange(100) % 2).astype(np.int16)
+    files = [BinFile(f"b{b}", tmp_path / f"b{b}.bin", 50) for b in range(2)]
+    running, release = threading.Event(), threading.Event()
+    closed_under: list[OSError] = []
+    read_chunk = writer._read_chunk  # noqa: SLF001 - the read the pool runs
+
+    def held(src: Any, *args: Any) -> Any:
+        running.set()
+        release.wait(timeout=10)
+        try:
+            os.fstat(src.fd)
+        except OSError as exc:
+            closed_under.append(exc)
+        return read_chunk(src, *args)
+
+    monkeypatch.setattr(writer, "_read_chunk", held)
+    interrupt_thread_start(monkeypatch, "moment-write", running)
+    raised: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_bins(source, bin_of, files, tmp_path, "k", chunk_rows=10)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            raised.append(exc)
+
+    writing = threading.Thread(target=write)
+    writing.start()
+    assert running.wait(timeout=10)
+    time.sleep(0.3)
+    assert writing.is_alive()  # waiting for the read in flight, the source still open
+    release.set()
+    writing.join(timeout=10)
+    assert not writing.is_alive() and not closed_under, closed_under
+    assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])

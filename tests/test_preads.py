@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from trainer.readers import READ_ENGINES, FileReader, ReadRequest, engine_refusal
+from unregistered import interrupt_thread_start
 
 # Each engine that can run here; io_uring is refused where seccomp blocks it (Docker's default).
 RUNNABLE = [
@@ -190,16 +191,7 @@ def test_close_waits_for_a_reading_thread_the_executor_never_registered(
         return issue(task)
 
     reader.issue = held  # type: ignore[method-assign]
-    start = threading.Thread.start
-
-    def start_then_signal(thread: threading.Thread) -> None:
-        start(thread)
-        if thread.name.startswith("moment-read"):
-            monkeypatch.setattr(threading.Thread, "start", start)  # once
-            running.wait(timeout=10)  # the new thread took the first task
-            raise KeyboardInterrupt  # the signal, before the executor registered the thread
-
-    monkeypatch.setattr(threading.Thread, "start", start_then_signal)
+    interrupt_thread_start(monkeypatch, "moment-read", running)
     with pytest.raises(KeyboardInterrupt):
         reader.read_batch(requests)
     closing = threading.Thread(target=reader.close)

@@ -210,7 +210,7 @@ def add_place(sub: argparse._SubParsersAction) -> None:
 def cmd_dataset_synth(args: argparse.Namespace) -> int:
     from placement import synth
 
-    need = synth.estimate(args.nodes, args.avg_degree, args.dim, args.dtype)
+    need = synth.estimate(args.nodes, args.avg_degree, args.dim, args.dtype, classes=args.classes)
     total = sum(need.values())
     out.print(
         f"generating {args.nodes:,} vertices, ~{args.nodes * args.avg_degree:,.0f} edges, "

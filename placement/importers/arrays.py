@@ -28,6 +28,7 @@ from placement.dataset import (
     DatasetError,
     check_free_space,
     feature_source,
+    label_type,
     open_dataset,
     read_npy_header,
     staging,
@@ -101,7 +102,12 @@ def import_arrays(
     layout = csr.Layout(chunk=min(chunk, planned.chunk), window=planned.window)
     most = source.size * (2 if undirected else 1) + (n if self_loops else 0)  # an upper bound on the edges
     refer = not copy_features and feats.dtype == dtype and feats.dtype.isnative
-    need = csr.disk_need(n, most, not csr.keeps(most, layout)) + 8 * n + (0 if refer else n * dim * dtype.itemsize)
+    label = label_type(classes)
+    need = (
+        csr.disk_need(n, most, not csr.keeps(most, layout))
+        + label.itemsize * n
+        + (0 if refer else n * dim * dtype.itemsize)
+    )
     if dry_run:
         log(
             f"{features}: {n:,} × {dim} {feats.dtype.name} features → {dtype.name}"
@@ -138,7 +144,7 @@ def import_arrays(
         at = feature_source(features, read_npy_header(features, "features").offset) if refer else None
         if not refer:
             _write_features(tmp, feats, features, dtype, chunk, progress)
-        _write_labels(tmp, labels, labs, chunk)
+        _write_labels(tmp, labels, labs, label, chunk)
         _write_splits(tmp, splits, labs, labels, fractions, seed, chunk)
         source_files = {"features": features, "labels": labels, "edges": edges, "indptr": indptr, "indices": indices}
         write_import_manifest(
@@ -303,11 +309,13 @@ def _write_features(
             _report(progress, "features", a + len(part), feats.shape[0])
 
 
-def _write_labels(tmp: Path, path: str | Path, labs: np.ndarray, chunk: int) -> None:
+def _write_labels(tmp: Path, path: str | Path, labs: np.ndarray, dtype: np.dtype, chunk: int) -> None:
+    """The labels in ``dtype`` (``dataset.label_type`` of the classes ``_check_labels`` found)."""
     with open(tmp / FILES["labels"], "wb") as out:
-        np.lib.format.write_array_header_2_0(out, {"descr": "<i8", "fortran_order": False, "shape": labs.shape})
+        descr = np.lib.format.dtype_to_descr(dtype)
+        np.lib.format.write_array_header_2_0(out, {"descr": descr, "fortran_order": False, "shape": labs.shape})
         for _, part in readers.rows(readers.npy(path, "labels"), chunk):
-            out.write(part.astype(np.int64).data)
+            out.write(part.astype(dtype).data)
 
 
 def _read_split(path: str | Path, name: str, n: int) -> np.ndarray:

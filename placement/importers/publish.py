@@ -5,8 +5,8 @@ An importer (igb, ogb) only finds the arrays and says how to read them (:class:`
 does), checks free space, then writes into a staging directory renamed into place once complete
 (like ``moment dataset synth``): the CSR out of core (placement.importers.csr), the features
 block by block once the edges are read, beside the CSR's fill (converted on request, NaN/inf and
-float16 overflow refused naming the row), the
-labels as int64 (-1: unlabelled), the splits, and the manifest last.
+float16 overflow refused naming the row), the labels in the narrowest integer type holding the
+classes (-1: unlabelled; int8 for IGB's 19), the splits, and the manifest last.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from placement.dataset import (
     DatasetError,
     check_free_space,
     feature_source,
+    label_type,
     open_dataset,
     staging,
     write_import_manifest,
@@ -98,17 +99,19 @@ def write_dataset(
     layout = csr.Layout.plan(n, memory)
     most = found.edges.size * (2 if undirected else 1) + (n if self_loops else 0)
     scratch = not csr.keeps(most, layout)
+    label = None if found.classes is None else label_type(found.classes)  # None: known once they are read
     disk = {
         "csr": csr.disk_need(n, most, scratch),
         "features": 0 if refer else n * dim * dtype.itemsize,
-        "labels and splits": 16 * n,
+        "labels and splits": ((8 if label is None else label.itemsize) + 8) * n,
     }
     for line in found.notes:
         log(line)
     log(
         f"will write: {n:,} vertices × {dim} {dtype.name} features, up to {most:,} edges "
         f"({'undirected: reverses added' if undirected else 'directed'}"
-        f"{', a self-loop per vertex' if self_loops else ''}), labels int64 (-1: unlabelled)"
+        f"{', a self-loop per vertex' if self_loops else ''}), labels "
+        f"{'in the narrowest type holding the classes (read twice)' if label is None else label.name} (-1: unlabelled)"
     )
     log(
         f"RAM: budget {memory / 1e9:.2f} GB (--memory): chunks of {layout.chunk:,} edges, spread into buckets "
@@ -124,7 +127,7 @@ def write_dataset(
         log,
         found.edges.arr.path,
         found.edges.arr.nbytes,
-        found.labels.nbytes,
+        found.labels.nbytes * (2 if label is None else 1),
         found.features.nbytes,
         refer,
         2 * most * csr.index_dtype(n).itemsize if scratch else 0,
@@ -333,42 +336,55 @@ def _write_features(target: Path | None, f: Array, dtype: np.dtype, progress: Pr
                 progress("features", a + len(part), n)
 
 
-def _write_labels(tmp: Path, found: Found, progress: Progress | None) -> tuple[int, int]:
-    """labels.npy as int64, -1 where unlabelled (NaN, or past the labelled prefix); returns
-    (number of classes, labelled vertices)."""
+def _label_blocks(found: Found) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first row, the source's block, its classes as int64: -1 where unlabelled, i.e. NaN or
+    past the labelled prefix), each block checked: whole numbers, -1 or a class."""
     lab, n = found.labels, found.num_nodes
-    top, labelled = -1, 0
     prefix = n if found.labelled is None else found.labelled
+    for a, block in rows(lab, BLOCK // 8):
+        block = block.reshape(-1)
+        if block.dtype.kind == "f":
+            unlabelled = np.isnan(block)  # NaN → -1 before any cast (NaN cast to int is garbage)
+            values = np.where(unlabelled, -1, block)
+            if (values != np.round(values)).any():
+                i = int(np.argmax(values != np.round(values)))
+                raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a whole class number")
+            ints = values.astype(np.int64)
+        else:
+            ints = block.astype(np.int64)
+        ints[max(0, prefix - a) :] = -1  # past the labelled prefix: padding, not class 0
+        bad = ints < -1
+        if found.classes is not None:
+            bad |= ints >= found.classes
+        if bad.any():
+            i = int(np.argmax(bad))
+            also = f" (--classes {found.classes})" if found.classes is not None else ""
+            raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a class{also}")
+        yield a, block, ints
+
+
+def _write_labels(tmp: Path, found: Found, progress: Progress | None) -> tuple[int, int]:
+    """labels.npy in the narrowest type holding the classes (``dataset.label_type``), -1 where
+    unlabelled; returns (number of classes, labelled vertices). A format that declares no
+    number of classes (OGB) has its labels read twice: the largest first, which sets the type."""
+    n, classes = found.num_nodes, found.classes
+    if classes is None:
+        classes = 1 + max((int(ints.max()) for _, _, ints in _label_blocks(found) if ints.size), default=-1)
+        if not classes:
+            raise DatasetError(f"{found.labels.label}: no vertex is labelled")
+    dtype = label_type(classes)
+    labelled = 0
     with open(tmp / FILES["labels"], "wb") as fh:
-        np.lib.format.write_array_header_2_0(fh, {"descr": "<i8", "fortran_order": False, "shape": (n,)})
-        for a, block in rows(lab, BLOCK // 8):
-            block = block.reshape(-1)
-            if block.dtype.kind == "f":
-                unlabelled = np.isnan(block)  # NaN → -1 before any cast (NaN cast to int is garbage)
-                values = np.where(unlabelled, -1, block)
-                if (values != np.round(values)).any():
-                    i = int(np.argmax(values != np.round(values)))
-                    raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a whole class number")
-                ints = values.astype(np.int64)
-            else:
-                ints = block.astype(np.int64)
-            ints[max(0, prefix - a) :] = -1  # past the labelled prefix: padding, not class 0
-            bad = ints < -1
-            if found.classes is not None:
-                bad |= ints >= found.classes
-            if bad.any():
-                i = int(np.argmax(bad))
-                also = f" (--classes {found.classes})" if found.classes is not None else ""
-                raise DatasetError(f"{lab.label}: labels[{a + i}] = {block[i]} is not a class{also}")
-            if ints.size:
-                top = max(top, int(ints.max()))
+        descr = np.lib.format.dtype_to_descr(dtype)
+        np.lib.format.write_array_header_2_0(fh, {"descr": descr, "fortran_order": False, "shape": (n,)})
+        for a, _, ints in _label_blocks(found):
             labelled += int((ints >= 0).sum())
-            fh.write(ints.data)
+            fh.write(ints.astype(dtype).data)
             if progress:
                 progress("labels", a + len(ints), n)
-    if top < 0:
-        raise DatasetError(f"{lab.label}: no vertex is labelled")
-    return (found.classes or top + 1), labelled
+    if not labelled:
+        raise DatasetError(f"{found.labels.label}: no vertex is labelled")
+    return classes, labelled
 
 
 def _check_splits(tmp: Path, splits: dict[str, Any], n: int, found: Found) -> None:
