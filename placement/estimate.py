@@ -116,11 +116,10 @@ def cached_share(path: Path, offset: int = 0, windows: int = 256, window: int = 
             length = min(span, first + pages - p)
             if libc.mincore(ctypes.c_void_p(base + p * page), ctypes.c_size_t(length * page), vec) != 0:
                 return 0.0
-            resident += sum(vec[i] & 1 for i in range(length))
+            resident += int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8)[:length] & 1))
             seen += length
         return resident / seen if seen else 0.0
     finally:
-        del base
         mapped.close()
 
 

@@ -157,11 +157,12 @@ def place(
     read_ahead(run.ds.features(), available_memory() // 4)  # while pre-sampling keeps the CPUs busy
     with phases("presample"):
         hot = _hotness(run, stage.data, progress, log)
+    release_freed_memory()  # the sampler's freed blocks: not held through what follows
     with phases("predict"):
         workload, prediction, specs = _targets(run, hot, log)
     with phases("ddak"):
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
-    release_freed_memory()  # what pre-sampling and DDAK freed: not held through the writes
+    release_freed_memory()  # DDAK's order and the like: not held through the writes
     _preflight(run, specs, placed, hot, log)
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
