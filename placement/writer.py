@@ -2,7 +2,9 @@
 
 The source features are read front to back in chunks; each chunk's rows are grouped by bin
 (original order kept inside a bin, which is the relabelled order) and appended to that bin's
-file. Every few hundred MB the bin files are fsync'ed and the progress recorded, so a killed
+file, around the page cache where the file system allows (:mod:`placement.direct_io`: the
+trainer reads SSD bins with ``O_DIRECT`` anyway). Every few hundred MB the bin files are flushed
+and fsync'ed and the progress recorded, so a killed
 run resumes from the last checkpoint instead of starting over. Checksums (:mod:`placement.digests`:
 xxh3-128, ~15 GB/s a core) are computed on the way; on resume the already-written part is re-read
 to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run in threads beside
@@ -26,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -36,6 +38,7 @@ from moment.fileio import atomic_write_text
 from moment.gated_pool import GatedPool, close_all
 from moment.progress import Update
 from placement.digests import PLACED_DIGEST, Hasher, new_hasher
+from placement.direct_io import ALIGN, BUFFER_BYTES, AppendFile
 
 numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
@@ -47,7 +50,8 @@ STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
 CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
 HASH_AHEAD_BYTES = 32 << 20  # how far an NpyWriter's hashing may lag behind its writes (memory held)
-SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes
+SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes (buffered writes only)
+BIN_BUFFERS_BYTES = 64 << 20  # the bins' O_DIRECT buffers together, at most (placement.direct_io)
 
 
 @dataclass
@@ -83,13 +87,16 @@ class NpyWriter:
     the way (:data:`~placement.digests.PLACED_DIGEST`): the manifest's digest without reading the
     file back, and resident memory of a few blocks however large the file.
 
-    Neither the checksum nor the fsync holds up the caller (the hasher and fsync release the GIL):
-    blocks are hashed in a thread of the writer's own, in order, at most ``HASH_AHEAD_BYTES``
-    behind; every ``SYNC_BYTES`` another thread fsyncs what was written so far, so the disk
-    writes while the caller computes instead of all at the end; :meth:`finish` hands it the final
-    fsync and :meth:`close` waits for both. A block must not change after :meth:`write` (it is
-    hashed later): callers write fresh arrays. Busy seconds in the threads (``hash_s``,
-    ``fsync_s``) and the seconds the caller waited for them (``wait_s``) are kept."""
+    The bytes go around the page cache (``O_DIRECT``, :class:`placement.direct_io.AppendFile`),
+    written by the file's own thread while the caller computes. Neither the checksum nor the
+    fsync holds up the caller (the hasher and fsync release the GIL): blocks are hashed in a
+    thread of the writer's own, in order, at most ``HASH_AHEAD_BYTES`` behind; :meth:`finish`
+    hands another thread the last writes and the fsync, and :meth:`close` waits for both. (Where
+    the file system refuses ``O_DIRECT`` that thread also fsyncs every ``SYNC_BYTES``, so the
+    disk writes while the caller computes instead of all at the end.) A block must not change
+    after :meth:`write` (it is hashed later): callers write fresh arrays. Busy seconds in the
+    threads (``hash_s``, ``fsync_s``) and the seconds the caller waited for them (``wait_s``)
+    are kept."""
 
     def __init__(self, path: Path, dtype: DTypeLike, shape: tuple[int, ...]) -> None:
         self.path, self.dtype, self.shape = path, np.dtype(dtype), shape
@@ -98,14 +105,14 @@ class NpyWriter:
         self.hash_s = self.fsync_s = self.wait_s = 0.0
         self.bytes = 0
         self.digest = ""
-        self.fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.out = AppendFile(path)  # O_DIRECT where the file system takes it (placement.direct_io)
         self._hashing = GatedPool(1, "moment-npy-hash")
         self._syncing = GatedPool(1, "moment-npy-fsync")
         self._hashed: deque[tuple[int, Future[float]]] = deque()  # (bytes, job), oldest first
         self._behind = 0  # bytes queued for hashing
         self._synced: Future[float] | None = None
         self._unsynced = 0
-        self._finished = False
+        self._finished = self._closed = False
         header = io.BytesIO()
         descr = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
         np.lib.format.write_array_header_1_0(header, descr)
@@ -120,11 +127,11 @@ class NpyWriter:
         self._behind += len(data)
         while self._behind > HASH_AHEAD_BYTES:
             self._hash_oldest()
-        self.fh.write(data)
+        self.out.write(data)
         self.bytes += len(data)
         self._unsynced += len(data)
-        if self._unsynced >= SYNC_BYTES and (self._synced is None or self._synced.done()):
-            self._sync()
+        if self.out.direct is None and self._unsynced >= SYNC_BYTES and (self._synced is None or self._synced.done()):
+            self._sync(os.fsync, self.out.fd)  # direct writes are on the device already
 
     def _wait(self, job: Future[float]) -> float:
         """A thread's busy seconds; the time spent waiting for it counted in ``wait_s``."""
@@ -138,12 +145,11 @@ class NpyWriter:
         self._behind -= size
         self.hash_s += self._wait(job)
 
-    def _sync(self) -> None:
-        """fsync what was written so far, in the syncing thread (one fsync in flight)."""
+    def _sync(self, fn: Callable[[Any], object], arg: Any) -> None:
+        """``fn(arg)`` (an fsync of what was written so far) in the syncing thread, one in flight."""
         if self._synced is not None:
             self.fsync_s += self._wait(self._synced)
-        self.fh.flush()
-        self._synced = self._syncing.submit(_timed, os.fsync, self.fh.fileno())
+        self._synced = self._syncing.submit(_timed, fn, arg)
         self._unsynced = 0
 
     def finish(self) -> None:
@@ -154,12 +160,12 @@ class NpyWriter:
         if self.bytes != self.expected:
             raise RuntimeError(f"{self.path}: wrote {self.bytes} bytes, its header promises {self.expected}")
         self._finished = True
-        self._sync()
+        self._sync(_final, self.out)
 
     def close(self) -> str:
         """Finish, wait until the file is hashed and on disk, close; the digest (also kept as
         ``digest``)."""
-        if self.fh.closed:
+        if self._closed:
             return self.digest
         try:
             self.finish()
@@ -170,9 +176,16 @@ class NpyWriter:
                 self._synced = None
         finally:
             close_all(self._hashing, self._syncing)  # nothing may touch the file once it is closed
-            self.fh.close()
+            self.out.close(flush=False)  # flushed by finish()'s last writes, unless failing
+            self._closed = True
         self.digest = self.hasher.hexdigest()
         return self.digest
+
+
+def _final(out: AppendFile) -> None:
+    """The last buffered bytes written, the file made durable, its buffers released."""
+    out.sync()
+    out.close()
 
 
 def _timed(fn: Callable[[Any], object], arg: Any) -> float:
@@ -221,12 +234,13 @@ def hash_threads(nbins: int) -> int:
     return usable_cores(nbins)
 
 
-def _checkpoint(handles: list, work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
+def _checkpoint(handles: list[AppendFile], work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
     """Make the bytes written so far durable, then record how far the run got. Runs beside the
-    writes: fsync flushes at least ``sizes`` bytes of each file, which is all the state claims."""
+    writes (the caller flushed ``sizes`` bytes of each file first): fsync makes at least those
+    durable, which is all the state claims."""
     t0 = time.perf_counter()
     for fh in handles:
-        os.fsync(fh.fileno())
+        os.fsync(fh.fd)
     _save_state(work, key, row, sizes)
     return time.perf_counter() - t0
 
@@ -360,25 +374,26 @@ def write_bins(
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
     state = _load_state(work, key)
+    if state and any(_size(f.path) < state["bytes"].get(f.name, 0) for f in files):
+        state = None  # a bin lost bytes the checkpoint recorded: start over
     start = state["next_row"] if state else 0
     hashers = [new_hasher(PLACED_DIGEST) for _ in files]
-    handles = []
-    for f, h in zip(files, hashers):
-        done = state["bytes"].get(f.name, 0) if state else 0
-        f.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(f.path, "r+b" if done and f.path.exists() else "wb", buffering=0)  # noqa: SIM115 - closed below
-        fh.truncate(done)
-        fh.seek(0)
-        remaining = done
-        while remaining:  # rebuild the checksum of what a killed run already wrote
-            block = fh.read(min(remaining, 8 << 20))
-            h.update(block)
-            remaining -= len(block)
-        fh.seek(done)
-        handles.append(fh)
+    handles: list[AppendFile] = []
+    buffer = max(ALIGN, min(BUFFER_BYTES, BIN_BUFFERS_BYTES // (2 * max(len(files), 1))))
+    try:
+        for f, h in zip(files, hashers):
+            done = state["bytes"].get(f.name, 0) if state else 0
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            if done:
+                _hash_prefix(f.path, done, h)  # rebuild the checksum of what a killed run already wrote
+            handles.append(AppendFile(f.path, done, buffer))
+    except BaseException:
+        for fh in handles:
+            fh.close(flush=False)
+        raise
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
-    sizes = [fh.tell() for fh in handles]
+    sizes = [fh.size for fh in handles]
     source = _Source(features, min(chunk_rows, max(n, 1)))
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
@@ -419,13 +434,15 @@ def write_bins(
             times.hash += sum(wait(job) for job in hashed)  # a bin's parts are hashed in order: chunk by chunk
             hashed = [hashing.submit(_hash_part, hashers[b], part) for b, part in parts]
             for b, part in parts:
-                _write_full(handles[b], part)
+                handles[b].write(part)
                 sizes[b] += len(part)
             since += raw.nbytes
             row = end
             if since >= CHECKPOINT_BYTES or row == n:
                 if synced is not None:
                     times.fsync += wait(synced)  # one checkpoint in flight
+                for fh in handles:
+                    fh.flush()  # every byte the state will claim handed to the file system
                 synced = threads.submit(
                     _checkpoint, handles, work, key, row, {f.name: size for f, size in zip(files, sizes)}
                 )
@@ -439,7 +456,7 @@ def write_bins(
         close_all(threads, hashing)  # no read, hash or fsync may run once the source and the bins are closed
         source.close()
         for fh in handles:
-            fh.close()
+            fh.close(flush=False)  # the last checkpoint flushed every byte; a failed run resumes from one
     for f, h in zip(files, hashers):
         size = f.path.stat().st_size
         if size != f.rows * row_bytes:
@@ -448,7 +465,16 @@ def write_bins(
     return times
 
 
-def _write_full(fh: BinaryIO, data: memoryview) -> None:
-    """An unbuffered file's write may take part of the data; write the rest."""
-    while len(data):
-        data = data[fh.write(data) :]
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else -1
+
+
+def _hash_prefix(path: Path, size: int, hasher: Hasher) -> None:
+    """Feed the first ``size`` bytes of ``path`` to ``hasher``."""
+    with open(path, "rb") as fh:
+        while size:
+            block = fh.read(min(size, 8 << 20))
+            if not block:
+                raise OSError(f"{path}: shorter than the {size} bytes still expected")
+            hasher.update(block)
+            size -= len(block)
