@@ -238,7 +238,7 @@ def test_dry_run_says_what_it_reads_writes_and_how_long_and_refuses_without_spac
     monkeypatch.setattr(publish, "read_rate", lambda path: 100e6)  # the fixture is too small to time a read
     assert main([*args, "--dry-run", "--out", str(tmp_path / "ds")]) == 0
     printed = " ".join(capfd.readouterr().out.split())
-    assert "features: read in place from" in printed and "reads: edges 1× (0.00 GB)" in printed
+    assert "features: read in place from" in printed and "reads: edges once (0.00 GB)," in printed
     assert "features once (0.00 GB: checked); writes 0.00 GB" in printed
     assert f"time: about 0 s (0.0 h): the edges and labels at {publish.COPY_RATIO}× the speed of a copy" in printed
     assert "dry run: nothing written" in printed and not list(tmp_path.glob("ds*"))
@@ -285,7 +285,7 @@ def test_npy_dry_run_says_what_it_reads_and_refuses_without_space(tmp_path: Path
     files = {"features": tmp_path / "f.npy", "labels": tmp_path / "l.npy", "edges": tmp_path / "e.npy"}
     lines: list[str] = []
     assert import_arrays(tmp_path / "ds", **files, dry_run=True, log=lines.append) is None
-    assert any(line.startswith("reads: edges 1× (0.00 GB)") and "features once" in line for line in lines)
+    assert any(line.startswith("reads: edges once (0.00 GB),") and "features once" in line for line in lines)
     assert lines[-1] == "dry run: nothing written" and not list(tmp_path.glob("ds*"))
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
     with pytest.raises(DatasetError, match=r"ds: needs .* GB short"):

@@ -2,9 +2,9 @@
 
 Edges come as an E×2 list (src, dst) or as CSR (indptr, indices, already in moment's orientation:
 the neighbours of v are indices[indptr[v]:indptr[v+1]]). Either is turned into CSR by destination
-(the neighbours of v are the sources of the edges into v, what v aggregates from) in two passes over
-chunks: count per destination, then fill an on-disk indices array; only the N-sized counters live in
-RAM. Every input is checked first (its .npy header and size, ids, labels, splits, and that every
+(the neighbours of v are the sources of the edges into v, what v aggregates from) by
+placement.importers.csr: one read of the edges into buckets of destinations, then each bucket's
+rows filled and appended to the on-disk arrays, within the memory budget. Every input is checked first (its .npy header and size, ids, labels, splits, and that every
 feature is finite) and an error names the file and what is wrong with it, in one line. The result
 is written beside ``out`` and renamed into place once complete, like ``synthesize``.
 """
@@ -104,7 +104,9 @@ def import_arrays(
     refer = not copy_features and feats.dtype == dtype and feats.dtype.isnative
     label = label_type(classes)
     need = (
-        csr.disk_need(n, most, most > layout.window) + label.itemsize * n + (0 if refer else n * dim * dtype.itemsize)
+        csr.disk_need(n, most, not csr.keeps(most, layout))
+        + label.itemsize * n
+        + (0 if refer else n * dim * dtype.itemsize)
     )
     if dry_run:
         log(
@@ -121,7 +123,7 @@ def import_arrays(
             Path(labels).stat().st_size,
             feats.nbytes,
             refer,
-            csr.keeps(source.size, most, layout),
+            0 if csr.keeps(most, layout) else 2 * most * csr.index_dtype(n).itemsize,
             need,
         )
     check_free_space(out, need)  # the dry run too: it says whether the import can run

@@ -1,19 +1,16 @@
-"""The import's compiled loops (numba, GIL released): degree counting, the scatter that places each
-neighbour at its row's cursor, grouping a chunk by window, and the finite check of feature rows.
+"""The import's compiled loops (numba, GIL released): spreading a chunk of edges into buckets of
+destinations, filling a bucket's rows (a stable counting sort), and the finite check of feature rows.
 
-Scattering at a cursor replaces the sort of a window: ``ptr[v]`` starts at row v's first slot and
-moves one slot per neighbour placed, so neighbours keep the order in which they are offered (the
-self-loop, then the edges in input order, then the reverses). Threads split the destinations of a
-window into disjoint vertex ranges; each scans the whole chunk and places only its own rows, so no
-two threads touch one cursor or one slot.
+Both parallel loops split their input into contiguous slices, one per thread, count per thread
+first, then give each thread its own output cursors (after the slices before it): every thread
+reads only its slice, no two threads touch one slot, and the order of the input is kept (the
+self-loop, then the edges in input order, then the reverses), whatever the number of threads.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-
-FORWARD, REVERSE = 0, 1
 
 
 def threads() -> int:
@@ -22,128 +19,164 @@ def threads() -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def count_degrees(src, dst, ptr, drop_loops, undirected, kept, at):  # pragma: no cover - compiled
-    """In-degrees into ``ptr[v + 1]`` (so that a running sum makes ``ptr`` the row pointers), each
-    id checked against N = ``ptr.size - 1``; the edges copied to ``kept[at:]`` unless it is empty.
-    Returns the index of the first edge naming a vertex outside [0, N), or -1."""
-    n = ptr.shape[0] - 1
-    keep = kept.shape[0] > 0
-    for i in range(src.shape[0]):
-        s = src[i]
-        d = dst[i]
-        if s < 0 or s >= n or d < 0 or d >= n:
-            return i
-        if keep:
-            kept[at + i, 0] = s
-            kept[at + i, 1] = d
-        if s == d:
-            if not drop_loops:
-                ptr[d + 1] += 1
-        else:
-            ptr[d + 1] += 1
-            if undirected:
-                ptr[s + 1] += 1
+def _slice(m, t, nthreads):  # pragma: no cover - compiled
+    """Thread t's contiguous share [a, b) of m items."""
+    return m * t // nthreads, m * (t + 1) // nthreads
+
+
+@numba.njit(nogil=True, parallel=True, cache=True)
+def spread(src, dst, n, fine, table, drop_loops, undirected, records, sizes, nthreads):  # pragma: no cover
+    """A chunk's entries as (neighbour, destination) ``records`` grouped by segment: the forward
+    entries of bucket k (``table[d >> fine]`` = k) are segment k, the reverses (``undirected``:
+    d into the row of s, never for a self-loop) segment ``buckets + k``; ``sizes`` gets each
+    segment's count. Input order is kept within a segment: threads take contiguous slices of the
+    chunk and each writes its slice's records after those of the slices before it. Every id is
+    checked against N = ``n``; returns the index of the first edge naming a vertex outside [0, n),
+    or -1. ``drop_loops``: self-loops are dropped (the builder adds one per vertex)."""
+    m = src.shape[0]
+    segs = sizes.shape[0]
+    buckets = segs // 2 if undirected else segs
+    counts = np.zeros((nthreads, segs), dtype=np.int64)
+    bad = np.full(nthreads, m, dtype=np.int64)
+    for t in numba.prange(nthreads):
+        a, b = _slice(m, t, nthreads)
+        for i in range(a, b):
+            s = src[i]
+            d = dst[i]
+            if s < 0 or s >= n or d < 0 or d >= n:
+                bad[t] = i
+                break
+            if s == d:
+                if not drop_loops:
+                    counts[t, table[d >> fine]] += 1
+            else:
+                counts[t, table[d >> fine]] += 1
+                if undirected:
+                    counts[t, buckets + table[s >> fine]] += 1
+    first = bad.min()
+    if first < m:
+        return first
+    at = np.empty((nthreads, segs), dtype=np.int64)
+    total = 0
+    for k in range(segs):
+        sizes[k] = 0
+        for t in range(nthreads):
+            at[t, k] = total
+            total += counts[t, k]
+            sizes[k] += counts[t, k]
+    for t in numba.prange(nthreads):
+        a, b = _slice(m, t, nthreads)
+        for i in range(a, b):
+            s = src[i]
+            d = dst[i]
+            if s == d and drop_loops:
+                continue
+            k = table[d >> fine]
+            j = at[t, k]
+            records[j, 0] = s
+            records[j, 1] = d
+            at[t, k] = j + 1
+            if undirected and s != d:
+                k = buckets + table[s >> fine]
+                j = at[t, k]
+                records[j, 0] = d
+                records[j, 1] = s
+                at[t, k] = j + 1
     return -1
 
 
 @numba.njit(nogil=True, parallel=True, cache=True)
-def scatter(src, dst, lo, hi, ptr, out, base, drop_loops, part, nthreads):  # pragma: no cover - compiled
-    """Place the entries of a chunk whose destination is in [lo, hi): ``part`` FORWARD places src
-    into dst's row (a self-loop skipped with ``drop_loops``), REVERSE places dst into src's row (self-
-    loops never). Returns how many entries fell outside ``out`` (the input changed since counted)."""
+def fill(forward, reverse, lo, span, loops, out, starts, nthreads):  # pragma: no cover - compiled
+    """A bucket's rows [lo, lo + span) from its records (neighbour, destination), ``forward`` then
+    ``reverse`` (either may be empty), a stable counting sort: ``starts[v - lo]`` gets row v's first
+    slot in ``out`` (``starts[span]`` the end), the row holds v itself first (``loops``), then its
+    neighbours in record order. Threads take contiguous slices of the records, each with its own
+    cursors (its rows' slots after the slices before it). Returns how many records name a
+    destination outside the bucket, or 1 if ``out`` is not their size (a damaged scratch file:
+    then nothing is placed)."""
+    m1 = forward.shape[0]
+    m = m1 + reverse.shape[0]
+    hist = np.zeros((nthreads, span), dtype=np.int64)
     outside = np.zeros(nthreads, dtype=np.int64)
-    span = hi - lo
     for t in numba.prange(nthreads):
-        a = lo + span * t // nthreads
-        b = lo + span * (t + 1) // nthreads
-        for i in range(src.shape[0]):
-            s = src[i]
-            d = dst[i]
-            if part == FORWARD:
-                v = d
-                u = s
-                if drop_loops and s == d:
-                    continue
-            else:
-                v = s
-                u = d
-                if s == d:
-                    continue
-            if v < a or v >= b:
-                continue
-            p = ptr[v] - base
-            if p < 0 or p >= out.shape[0]:
+        a, b = _slice(m, t, nthreads)
+        for i in range(a, b):
+            v = (forward[i, 1] if i < m1 else reverse[i - m1, 1]) - lo
+            if v < 0 or v >= span:
                 outside[t] += 1
-                continue
-            out[p] = u
-            ptr[v] += 1
-    return outside.sum()
+            else:
+                hist[t, v] += 1
+    wrong = outside.sum()
+    pos = 0
+    for v in range(span):
+        starts[v] = pos
+        pos += 1 if loops else 0
+        for t in range(nthreads):
+            c = hist[t, v]
+            hist[t, v] = pos
+            pos += c
+    starts[span] = pos
+    if wrong or pos != out.shape[0]:
+        return max(wrong, 1)
+    if loops:
+        for v in range(span):
+            out[starts[v]] = lo + v
+    for t in numba.prange(nthreads):
+        a, b = _slice(m, t, nthreads)
+        for i in range(a, b):
+            if i < m1:
+                v = forward[i, 1] - lo
+                u = forward[i, 0]
+            else:
+                v = reverse[i - m1, 1] - lo
+                u = reverse[i - m1, 0]
+            j = hist[t, v]
+            out[j] = u
+            hist[t, v] = j + 1
+    return 0
 
 
 @numba.njit(nogil=True, cache=True)
-def place_loops(lo, hi, ptr, out, base):  # pragma: no cover - compiled
-    """Every vertex of [lo, hi) as the first neighbour of its own row."""
-    for v in range(lo, hi):
-        out[ptr[v] - base] = v
-        ptr[v] += 1
-
-
-@numba.njit(nogil=True, cache=True)
-def group(src, dst, n, starts, drop_loops, part, records, sizes):  # pragma: no cover - compiled
-    """A chunk's entries as (neighbour, destination) records grouped by the destination's window
-    (``starts``: each window's first vertex), input order kept within a window; ``sizes`` gets the
-    count per window. Returns the number of records, or -1 if an id is outside [0, n) (the input
-    changed since it was counted)."""
-    w = starts.shape[0]
-    which = np.empty(src.shape[0], dtype=np.int32)
-    for i in range(src.shape[0]):
-        s = src[i]
-        d = dst[i]
-        if s < 0 or s >= n or d < 0 or d >= n:
-            return -1
-        which[i] = -1
-        if part == FORWARD:
-            if drop_loops and s == d:
-                continue
-            v = d
+def degrees(records, lo, deg):  # pragma: no cover - compiled
+    """Add each record's destination to ``deg[d - lo]``; returns how many fall outside ``deg``."""
+    outside = 0
+    for i in range(records.shape[0]):
+        v = records[i, 1] - lo
+        if v < 0 or v >= deg.shape[0]:
+            outside += 1
         else:
-            if s == d:
-                continue
-            v = s
-        k = np.searchsorted(starts, v, side="right") - 1
-        which[i] = k
-        sizes[k] += 1
-    at = np.empty(w, dtype=np.int64)
-    total = 0
-    for k in range(w):
-        at[k] = total
-        total += sizes[k]
-    for i in range(src.shape[0]):
-        k = which[i]
-        if k < 0:
+            deg[v] += 1
+    return outside
+
+
+@numba.njit(nogil=True, cache=True)
+def place(records, lo, a, b, cursor, out):  # pragma: no cover - compiled
+    """Records whose destination d has ``a <= d - lo < b`` placed at their row's cursor
+    (``cursor[d - lo - a]``, a slot of ``out``), which moves on; returns how many fell outside ``out``."""
+    outside = 0
+    for i in range(records.shape[0]):
+        v = records[i, 1] - lo
+        if v < a or v >= b:
             continue
-        j = at[k]
-        if part == FORWARD:
-            records[j, 0] = src[i]
-            records[j, 1] = dst[i]
-        else:
-            records[j, 0] = dst[i]
-            records[j, 1] = src[i]
-        at[k] = j + 1
-    return total
+        p = cursor[v - a]
+        if p < 0 or p >= out.shape[0]:
+            outside += 1
+            continue
+        out[p] = records[i, 0]
+        cursor[v - a] = p + 1
+    return outside
 
 
-@numba.njit(nogil=True, parallel=True, cache=True)
-def nonfinite_rows(bits, mask):  # pragma: no cover - compiled
-    """Per row of an N × d block viewed as unsigned integers: whether a value has every exponent bit
-    set (inf or NaN; ``mask`` is the exponent field of the float type)."""
-    bad = np.zeros(bits.shape[0], dtype=np.bool_)
-    for r in numba.prange(bits.shape[0]):
+@numba.njit(nogil=True, cache=True)
+def first_nonfinite(bits, mask):  # pragma: no cover - compiled
+    """The first row of an N × d block viewed as unsigned integers holding a value with every
+    exponent bit set (inf or NaN; ``mask`` is the exponent field of the float type), or -1. One
+    thread: it runs beside the CSR fill's threads (placement.importers.publish)."""
+    for r in range(bits.shape[0]):
         for c in range(bits.shape[1]):
             if (bits[r, c] & mask) == mask:
-                bad[r] = True
-                break
-    return bad
+                return r
+    return -1
 
 
 EXPONENT = {2: np.uint16(0x7C00), 4: np.uint32(0x7F800000), 8: np.uint64(0x7FF0000000000000)}
@@ -151,10 +184,9 @@ UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def first_nonfinite_row(block: np.ndarray) -> int:
-    """Index of the first row of a float block holding NaN or inf, or -1 (threads over rows)."""
+    """Index of the first row of a float block holding NaN or inf, or -1."""
     size = block.dtype.itemsize
     bits = np.ascontiguousarray(block).reshape(block.shape[0], -1).view(UNSIGNED[size])
     if not block.dtype.isnative:
         bits = bits.byteswap()
-    bad = nonfinite_rows(bits, EXPONENT[size])
-    return int(np.argmax(bad)) if bad.any() else -1
+    return int(first_nonfinite(bits, EXPONENT[size]))

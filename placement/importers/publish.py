@@ -4,9 +4,9 @@ An importer (igb, ogb) only finds the arrays and says how to read them (:class:`
 :func:`write_dataset` prints the schema and the RAM and disk the import needs (all a ``--dry-run``
 does), checks free space, then writes into a staging directory renamed into place once complete
 (like ``moment dataset synth``): the CSR out of core (placement.importers.csr), the features
-block by block (converted on request, NaN/inf and float16 overflow refused naming the row), the
-labels in the narrowest integer type holding the classes (-1: unlabelled; int8 for IGB's 19),
-the splits, and the manifest last.
+block by block once the edges are read, beside the CSR's fill (converted on request, NaN/inf and
+float16 overflow refused naming the row), the labels in the narrowest integer type holding the
+classes (-1: unlabelled; int8 for IGB's 19), the splits, and the manifest last.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,10 +93,10 @@ def write_dataset(
     memory = memory or csr.default_memory()
     layout = csr.Layout.plan(n, memory)
     most = found.edges.size * (2 if undirected else 1) + (n if self_loops else 0)
-    windows = -(-most // layout.window) if most else 1
+    scratch = not csr.keeps(most, layout)
     label = None if found.classes is None else label_type(found.classes)  # None: known once they are read
     disk = {
-        "csr": csr.disk_need(n, most, windows > 1),
+        "csr": csr.disk_need(n, most, scratch),
         "features": 0 if refer else n * dim * dtype.itemsize,
         "labels and splits": ((8 if label is None else label.itemsize) + 8) * n,
     }
@@ -108,9 +109,9 @@ def write_dataset(
         f"{'in the narrowest type holding the classes (read twice)' if label is None else label.name} (-1: unlabelled)"
     )
     log(
-        f"RAM: budget {memory / 1e9:.2f} GB (--memory): {8 * n / 1e9:.2f} GB of degree counters, chunks of "
-        f"{layout.chunk:,} edges, CSR placed in {windows} window(s) of ≤ {layout.window:,} neighbours"
-        + (", edges spread into scratch files first" if windows > 1 else "")
+        f"RAM: budget {memory / 1e9:.2f} GB (--memory): chunks of {layout.chunk:,} edges, spread into buckets "
+        f"of destinations {'(scratch files)' if scratch else '(kept in RAM)'} of about "
+        f"{csr.target(most, layout):,} neighbours, each filled at once if it holds ≤ {layout.window:,}, else in windows"
     )
     log(
         "disk: "
@@ -124,7 +125,7 @@ def write_dataset(
         found.labels.nbytes * (2 if label is None else 1),
         found.features.nbytes,
         refer,
-        csr.keeps(found.edges.size, most, layout),
+        2 * most * csr.index_dtype(n).itemsize if scratch else 0,
         sum(disk.values()),
     )
     log(
@@ -141,7 +142,10 @@ def write_dataset(
     clock = _Phases()
     if found.prepare is not None:  # e.g. torch's import (seconds), while the CSR build waits on the disk
         threading.Thread(target=found.prepare, name="import-prepare", daemon=True).start()
-    with staging(out) as tmp:
+    with staging(out) as tmp, ThreadPoolExecutor(1, thread_name_prefix="import-features") as pool:
+        checked: list[Future[None]] = []  # the features read (checked or copied) once the edges are read,
+        # beside the CSR fill, which works from its scratch files: the disk is free then
+        target = None if refer else tmp / FILES["features"]
         num_edges = csr.build(
             tmp,
             found.edges,
@@ -151,11 +155,12 @@ def write_dataset(
             memory=memory,
             progress=progress,
             layout=layout,
+            after_read=lambda: checked.append(pool.submit(_write_features, target, found.features, dtype, progress)),
         )
         clock("csr")
         f = found.features
         source = feature_source(f.path, f.offset) if refer and isinstance(f, ArrayFile) else None
-        _write_features(None if refer else tmp / FILES["features"], found.features, dtype, progress)
+        checked[0].result()  # its error, if any, raised here
         clock("features")
         classes, labelled = _write_labels(tmp, found, progress)
         clock("labels")
@@ -194,7 +199,8 @@ def write_dataset(
 class _Phases:
     """Seconds per import step and the CPU seconds of all threads in it, for the last line
     (``import phases: csr 1.20 s (CPU 1.90 s), ...``: CPU above wall time is the threads at work,
-    far below it is waiting on the disk or on a busy machine)."""
+    far below it is waiting on the disk or on a busy machine). The features are read during the
+    CSR's fill: their step is what remains of it after the CSR."""
 
     def __init__(self) -> None:
         self.last, self.cpu = time.perf_counter(), time.process_time()
@@ -241,14 +247,14 @@ def _check_labels_shape(labels: Array, n: int, features: Array) -> None:
 
 
 def log_costs(
-    log: Log, edges: Path, edge_bytes: int, other_bytes: int, feature_bytes: int, refer: bool, once: bool, writes: int
+    log: Log, edges: Path, edge_bytes: int, other_bytes: int, feature_bytes: int, refer: bool, scratch: int, writes: int
 ) -> None:
     """What an import reads and writes, and about how long that takes: the edges and labels at
     ``COPY_RATIO`` of a copy's speed, the features at read (``refer``) or copy speed, the copy's speed
-    taken as half a cold read of ``edges`` measured now (a copy reads and writes each byte)."""
-    passes = 1 if once else 2
+    taken as half a cold read of ``edges`` measured now (a copy reads and writes each byte).
+    ``scratch``: bytes of scratch files written and read back (0: the records are kept in RAM)."""
     log(
-        f"reads: edges {passes}× ({passes * edge_bytes / 1e9:.2f} GB{'' if once else ', then the scratch files'}), "
+        f"reads: edges once ({edge_bytes / 1e9:.2f} GB{f', then {scratch / 1e9:.2f} GB of scratch files' if scratch else ''}), "
         f"labels and splits ({other_bytes / 1e9:.2f} GB), features once ({feature_bytes / 1e9:.2f} GB: "
         f"{'checked' if refer else 'copied'}); writes {writes / 1e9:.2f} GB"
     )
