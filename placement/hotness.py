@@ -272,7 +272,11 @@ def access_curve(counts: np.ndarray, points: Sequence[float] = CURVE_POINTS) -> 
     """
     n = counts.shape[0]
     total = int(counts.sum())
-    freq = np.bincount(counts)[::-1]  # vertices per count value, hottest value first
+    freq = np.zeros(int(counts.max(initial=0)) + 1, dtype=np.int64)
+    for lo in range(0, n, 1 << 20):  # np.bincount casts to int64: by slices, not an N-entry temporary
+        part = np.bincount(counts[lo : lo + (1 << 20)])
+        freq[: part.size] += part
+    freq = freq[::-1]  # vertices per count value, hottest value first
     values = np.arange(freq.size - 1, -1, -1, dtype=np.int64)
     vertices_through = np.cumsum(freq)  # vertices with count >= values[g]
     reads_through = np.cumsum(freq * values)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,8 +24,9 @@ import numpy as np
 from moment import faults
 from moment.contracts.placed import MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
+from moment.cores import usable_cores
 from moment.errors import MomentError, UsageError
-from moment.host_memory import available_memory
+from moment.host_memory import available_memory, release_freed_memory
 from moment.outputs import Staging, check_free_space, check_out, write_inputs
 from moment.planner.planfile import plan_profile
 from moment.planner.workload import Workload, cap_cache_rows
@@ -37,6 +38,7 @@ from placement.chunks import parse_budget
 from placement.dataset import Dataset, check_dataset, label_type, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.digests import PLACED_DIGEST, file_digest
+from placement.estimate import PROBE_BYTES, PlaceCost, cached_share, read_rate, write_rate
 from placement.hotness import COUNT_TYPE, MIN_BATCHES, TOLERANCE, Hotness, presample
 from placement.place_commit import (
     PLACED,
@@ -48,7 +50,7 @@ from placement.place_commit import (
     validate_placed,
 )
 from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
-from placement.place_write import Phases, PlaceRun, build_manifest, write_arrays, write_placed_bins
+from placement.place_write import Phases, PlaceRun, build_manifest, packed, write_arrays, write_placed_bins
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
@@ -155,15 +157,18 @@ def place(
     read_ahead(run.ds.features(), available_memory() // 4)  # while pre-sampling keeps the CPUs busy
     with phases("presample"):
         hot = _hotness(run, stage.data, progress, log)
+    release_freed_memory()  # the sampler's freed blocks: not held through what follows
     with phases("predict"):
         workload, prediction, specs = _targets(run, hot, log)
     with phases("ddak"):
         placed = get_policy(run.opts.policy)(hot.counts, specs, hotness_order(hot.counts), run.opts)
+    release_freed_memory()  # DDAK's order and the like: not held through the writes
     _preflight(run, specs, placed, hot, log)
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
     written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
+    release_freed_memory()  # the bin pass's buffers, before the id maps are built
     files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
     summary = None
     if run.opts.pack:
@@ -202,10 +207,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
     ds = open_dataset(dataset_path)
     dirs = _ssd_dirs(opts, out)
     check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused before any work
-    t0 = time.perf_counter()
     with phases("check"):
         check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
-    scanned = sum(file_size(ds.path(k)) for k in ("indptr", "indices", "labels", "train", "val", "test"))
     opts = replace(opts, ssd_dirs=dirs)
     if opts.pack and opts.pack_ranks is None:  # the trainer's world: one rank per planned GPU
         opts = replace(opts, pack_ranks=max(1, sum(s.kind == "gpu" for s in plan.layout.slots)))
@@ -235,7 +238,6 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         *([("pack", opts.pack_epochs, opts.pack_ranks)] if opts.pack else []),
         *([("pack_budget", opts.pack_budget)] if opts.pack_budget is not None else []),
     )
-    rate = scanned / max(time.perf_counter() - t0, 1e-6)
     run = PlaceRun(
         Path(plan_path),
         Path(dataset_path),
@@ -249,7 +251,6 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         caches,
         key,
         had_output,
-        rate,
     )
     check_free_space(_space_needed(run, _least_rows(run)))  # what must fit whatever DDAK decides
     return run
@@ -398,14 +399,43 @@ def _preflight(
         what = (["topology, labels, id maps"] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
         what += [f"stored samples, at most {samples / 1e9:.2f} GB"] if samples and d == run.out else []
         log(f"will write {want / 1e9:.2f} GB to {d} ({'; '.join(what)})")
-    features = run.ds.num_nodes * run.ds.row_bytes
-    moved = features + sum(needs.values()) + run.ds.num_edges * run.ds.indices().dtype.itemsize
-    log(
-        f"expected: about {moved / run.read_rate:.0f} s to read {features / 1e9:.2f} GB of features and the topology "
-        f"and write {sum(needs.values()) / 1e9:.2f} GB (at the {run.read_rate / 1e9:.2f} GB/s this run read the "
-        "topology at; a plain copy's speed)"
-    )
     check_free_space(needs)
+    log(_cost(run, specs, placed, samples).line())
+
+
+def _cost(run: PlaceRun, specs: list[BinSpec], placed: Placement, samples: int) -> PlaceCost:
+    """What the rest of the run reads and writes, with the disks' rates measured now
+    (:mod:`placement.estimate`): the time ``moment place`` announces before writing."""
+    ds = run.ds
+    features = ds.features()
+    source = getattr(features, "filename", None)
+    feature_bytes = ds.num_nodes * ds.row_bytes
+    feature_read = (
+        round(feature_bytes * (1 - cached_share(Path(source), int(getattr(features, "offset", 0))))) if source else 0
+    )
+    topology_read = sum(
+        round(file_size(ds.path(k)) * (1 - cached_share(ds.path(k)))) for k in ("indptr", "indices", "labels")
+    )
+    bins: dict[Path, int] = {}
+    for b, s in enumerate(specs):  # a packed bin is written twice (unpacked, then packed)
+        d = run.dirs.get(s.name, run.out)
+        bins[d] = bins.get(d, 0) + int(placed.used[b]) * ds.row_bytes * (2 if packed(run, s) else 1)
+    arrays = _arrays_bytes(ds) + samples
+    writes = {run.out: arrays, **{d: w + (arrays if d == run.out else 0) for d, w in bins.items()}}
+    return PlaceCost(
+        feature_bytes=feature_bytes,
+        feature_read=feature_read,
+        bin_bytes_by_dir=bins,
+        out=run.out,
+        array_bytes=arrays,
+        topology_read=topology_read,
+        edges=ds.num_edges,
+        nodes=ds.num_nodes,
+        read_rate=read_rate(Path(source)) if source and feature_read + topology_read else None,
+        write_rates={d: write_rate(d, min(PROBE_BYTES, max(1 << 20, w))) for d, w in writes.items()},
+        cores=usable_cores(),
+        load=os.getloadavg()[0],
+    )
 
 
 def _mapped(data: Path, hot: Hotness, placed: Placement) -> tuple[Hotness, Placement]:

@@ -67,7 +67,6 @@ class PlaceRun:
     caches: tuple[int, int]
     key: str
     had_output: bool
-    read_rate: float  # bytes per second this run read the dataset's topology at (the time estimate's basis)
 
 
 class Phases:

@@ -297,3 +297,15 @@ def test_load_rejects_counts_for_another_dataset(hot: Hotness, tmp_path: Path) -
     hot.save(path)
     with pytest.raises(MomentError, match="dataset has 10"):
         Hotness.load(path, num_nodes=10)
+
+
+def test_access_curve_over_many_slices_is_the_sorted_prefix_sum() -> None:
+    """Counted by slices of 2^20 vertices (no N-entry int64 temporary): the same shares as sorting
+    the counts hottest first, a count value seen in some slices only included."""
+    rng = np.random.default_rng(5)
+    counts = rng.integers(0, 40, 2_600_000).astype(np.int32)
+    counts[-7:] = 97  # the hottest value: in the last slice only
+    points = (0.000001, 0.01, 0.3, 0.999, 1.0)
+    ordered = np.cumsum(np.sort(counts)[::-1].astype(np.int64))
+    expected = [ordered[int(np.ceil(x * counts.size * (1 - 1e-12))) - 1] / ordered[-1] for x in points]
+    assert [s for _, s in access_curve(counts, points)] == pytest.approx(expected)

@@ -12,7 +12,6 @@ classes (-1: unlabelled; int8 for IGB's 19), the splits, and the manifest last.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,16 +37,12 @@ from placement.dataset import (
     staging,
     write_import_manifest,
 )
+from placement.estimate import COPY_RATIO, read_rate
 from placement.importers import csr, kernels
 from placement.importers.readers import Array, ArrayFile, EdgeArray, rows
 
 Log = Callable[[str], None]
 BLOCK = 64 << 20  # bytes of features or labels handled at once
-# import speed of the edges and labels / a copy's, per byte, as measured by scripts/bench_pipeline.py
-# on the 2-core development VM, idle, 2 threads: 0.72× at 20 M vertices / 300 M edges (CSR, labels
-# and splits 30.0 s for 4.88 GB; a copy of all inputs 225 MB/s). Loaded (load average 8) it fell to
-# 0.13×: the CSR build is CPU-bound, so fewer free cores than the disks need slow it down.
-COPY_RATIO = 0.5
 
 
 @dataclass
@@ -271,25 +266,6 @@ def log_costs(
             f"speed of a copy of them (measured: scripts/bench_import.py), the features at "
             f"{'read' if refer else 'copy'} speed; {edges} reads at {rate / 1e6:,.0f} MB/s now"
         )
-
-
-def read_rate(path: Path, probe: int = 64 << 20) -> float | None:
-    """Bytes per second a cold sequential read of ``path`` gets now: ``probe`` bytes from its middle,
-    their cached pages dropped first (``posix_fadvise``); None where that cannot be measured."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            start = max(0, size // 2 - probe // 2) & ~4095
-            length = min(probe, size - start)
-            if length < 1 << 20:
-                return None
-            os.posix_fadvise(fh.fileno(), start, length, os.POSIX_FADV_DONTNEED)
-            t0 = time.perf_counter()
-            got = len(os.pread(fh.fileno(), length, start))
-            took = time.perf_counter() - t0
-    except (OSError, AttributeError):
-        return None
-    return got / took if took > 0 else None
 
 
 def in_place(f: Array, dtype: np.dtype, copy_features: bool) -> bool:

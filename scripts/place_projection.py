@@ -1,0 +1,62 @@
+"""The README's projection of ``moment place`` after pre-sampling on the paper's Machine B, from the
+same model ``moment place`` prints its estimate with (placement.estimate.PlaceCost): the disks
+at the array's sequential rates (an assumption, not a measurement: 8 × P5510, 48 GiB/s of reads,
+a write-bound copy near 27 GB/s), every input byte cold, the CPU side at the development
+machine's costs.
+
+    python scripts/place_projection.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from placement.estimate import ARRAY_NS_PER_VERTEX, BIN_NS_PER_BYTE, CSR_NS_PER_EDGE, PlaceCost
+
+READ = 48 * 2**30  # bytes/s: 8 × P5510 sequential reads
+WRITE = 27e9  # bytes/s: their sequential writes, by the vendor's sheet
+CORES = 32  # 2 × Xeon Gold 6426Y (topology_profiles/moment-machine-b.yaml)
+
+DATASETS = {  # vertices, edges, feature bytes per row, labels' bytes per vertex
+    "IGB-full (269 M, 4.0 B edges, 1024-dim f32)": (269_346_174, 3_995_777_033, 4096, 1),
+    "ogbn-papers100M (111 M, 1.6 B edges, 128-dim f32)": (111_059_956, 1_615_685_872, 512, 1),
+}
+
+
+def projection(nodes: int, edges: int, row_bytes: int, label_bytes: int) -> PlaceCost:
+    ids = 4 if nodes < 2**31 - 1 else 8
+    topology = edges * ids + (nodes + 1) * 8
+    out = Path("/out")
+    return PlaceCost(
+        feature_bytes=nodes * row_bytes,
+        feature_read=nodes * row_bytes,
+        bin_bytes_by_dir={out: nodes * row_bytes},
+        out=out,
+        array_bytes=topology + nodes * (label_bytes + 3 * ids + 16),
+        topology_read=topology + nodes * label_bytes,
+        edges=edges,
+        nodes=nodes,
+        read_rate=READ,
+        write_rates={out: WRITE},
+        cores=CORES,
+    )
+
+
+def main() -> None:
+    print(
+        f"place after pre-sampling on Machine B ({READ / 2**30:.0f} GiB/s reads, {WRITE / 1e9:.0f} GB/s writes, "
+        f"{CORES} cores; CPU {BIN_NS_PER_BYTE} ns a feature byte, {CSR_NS_PER_EDGE:g} ns an edge, "
+        f"{ARRAY_NS_PER_VERTEX:g} ns a vertex):"
+    )
+    for name, shape in DATASETS.items():
+        c = projection(*shape)
+        disk = c.feature_read / READ + c.feature_bytes / WRITE
+        print(
+            f"{name}: about {c.seconds / 60:.1f} min (bin pass {c.bins_s:,.0f} s: its disks alone {disk:,.0f} s; "
+            f"topology and arrays {c.arrays_s:,.0f} s; reads {(c.feature_read + c.topology_read) / 1e9:,.0f} GB, "
+            f"writes {(c.feature_bytes + c.array_bytes) / 1e9:,.0f} GB)"
+        )
+
+
+if __name__ == "__main__":
+    main()
