@@ -22,10 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-# import speed of the edges and labels / a copy's, per byte, as measured by scripts/bench_pipeline.py
-# on the 2-core development VM, idle, 2 threads: 0.72× at 20 M vertices / 300 M edges (CSR, labels
-# and splits 30.0 s for 4.88 GB; a copy of all inputs 225 MB/s). Loaded (load average 8) it fell to
-# 0.13×: the CSR build is CPU-bound, so fewer free cores than the disks need slow it down.
+# import speed of the edges and labels / a copy's, per byte, on the 2-core development VM, 2 threads,
+# 20 M vertices / 300 M edges, 16-dim: before the one-read CSR build 0.72-0.83x idle (0.13x at load
+# average 8); with it (9c600af), idle, the import took 14.9 and 17.8 s against 45.8 and 26.0 s before
+# (interleaved, page cache dropped, 2026-11-27 19:28 UTC) where a copy of its inputs took 15.6-20.6 s:
+# about 1x. Kept at 0.5: the CSR build is CPU-bound, and a loaded machine or fewer cores than the
+# disks need halves it; an estimate that comes out long is the safer mistake before a long job.
 COPY_RATIO = 0.5
 PROBE_BYTES = 64 << 20  # the read probe's and the write probe's size
 PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this process created
