@@ -1,0 +1,79 @@
+"""The bin pass's CPU per feature byte: ``placement.writer.write_bins`` over a page-cached source.
+
+Why: place's bin pass groups each chunk's rows by bin and copies them into the bins' write
+buffers in one thread; on a server whose SSDs write tens of GB/s that thread, not the disks,
+sets the pass's speed (README, "Projection for the real thing"). This measures it alone: a
+synthesized float32 source of ``--rows`` × ``--dim`` is read once (page cache warm), then written
+into ``--bins`` bins (vertices assigned at random) ``--runs`` times; it prints wall time, the
+calling thread's CPU and the whole process's CPU per byte.
+
+    python scripts/bench_bin_pass.py --rows 312500 --dim 1024 --dir /tmp/binpass
+    python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --dir /tmp/binpass
+
+Everything it writes under ``--dir`` is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from placement.writer import BinFile, write_bins  # noqa: E402 - the repository's own code
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=312_500)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--bins", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--dir", default="/tmp/bench-bin-pass", help="a scratch directory (deleted at the end)")
+    args = ap.parse_args()
+    work = Path(args.dir)
+    work.mkdir(parents=True, exist_ok=False)
+    try:
+        source = np.lib.format.open_memmap(
+            work / "source.npy", mode="w+", dtype=np.float32, shape=(args.rows, args.dim)
+        )
+        step = max(1, (64 << 20) // (4 * args.dim))
+        for i in range(0, args.rows, step):
+            n = min(step, args.rows - i)
+            source[i : i + n] = np.random.default_rng(i).random((n, args.dim), dtype=np.float32)
+        source.flush()
+        float(np.asarray(source).sum())  # every page read once: the pass reads from the page cache
+        bin_of = np.random.default_rng(0).integers(0, args.bins, args.rows).astype(np.int8)
+        counts = np.bincount(bin_of, minlength=args.bins)
+        nbytes = source.nbytes
+        for run in range(args.runs):
+            out = work / f"run{run}"
+            out.mkdir()
+            files = [BinFile(f"b{b}", out / f"b{b}.bin", int(counts[b])) for b in range(args.bins)]
+            cpu0, main0, wall0 = _cpu(), time.thread_time(), time.perf_counter()
+            times = write_bins(source, bin_of, files, out, "bench")
+            wall, main_cpu, cpu = time.perf_counter() - wall0, time.thread_time() - main0, _cpu() - cpu0
+            print(
+                f"run {run + 1}: {nbytes / 1e9:.2f} GB ({args.dim * 4} B rows, {args.bins} bins): wall {wall:.2f} s, "
+                f"calling thread {main_cpu:.2f} CPU-s ({main_cpu / nbytes * 1e9:.2f} ns/byte), "
+                f"process {cpu:.2f} CPU-s ({cpu / nbytes * 1e9:.2f} ns/byte), hashing {times.hash:.2f} s busy, "
+                f"waited {times.wait:.2f} s",
+                flush=True,
+            )
+            shutil.rmtree(out)
+    finally:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
