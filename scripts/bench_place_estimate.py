@@ -6,7 +6,8 @@ Runs ``moment place --json`` (``--cold``: the dataset's pages, and its features'
 the page cache first; files it may write are fsynced before), reads the ``expected: about X s``
 line it prints before writing and the ``timings_s`` it records, and prints both with their
 ratio: the actual time being the run's total less what came before the estimate (check,
-pre-sampling, predict, DDAK). OUT is removed after each round.
+pre-sampling, predict, DDAK). OUT must not exist: what place wrote there is removed after each
+round, and nothing else is.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def drop_cache(dataset: Path) -> None:
 
 
 def one(plan: str, dataset: Path, out: Path, cold: bool, extra: list[str]) -> None:
-    shutil.rmtree(out, ignore_errors=True)
+    """One place into ``out`` (absent before: so all it holds after is this run's), then removed."""
     if cold:
         drop_cache(dataset)
     load = os.getloadavg()[0]
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--rounds", type=int, default=1)
     args, extra = ap.parse_known_args()
+    if args.out.exists():
+        sys.exit(f"{args.out}: exists; give a path that does not (it is removed after each round)")
     for _ in range(args.rounds):
         one(args.plan, args.dataset, args.out, args.cold, [x for x in extra if x != "--"])
 
