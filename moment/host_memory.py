@@ -62,7 +62,7 @@ def release_freed_memory() -> None:
     numpy's blocks of a few MB come from malloc's heaps once a larger one was freed (glibc raises
     its mmap threshold), and freed they stay there: resident, anonymous, counted against the
     process (at 20 M vertices ``moment place`` carried 80–150 MiB of such free heap from
-    pre-sampling into the relabel). A step that follows one of many such blocks calls this."""
+    pre-sampling into the bin pass). A step that follows one of many such blocks calls this."""
     try:
         import ctypes
 

@@ -33,14 +33,15 @@ PROBE_BYTES = 64 << 20  # the read probe's and the write probe's size
 PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this process created
 
 # Wall seconds per unit of ``moment place`` after pre-sampling, on the 2-core development VM, idle
-# (20 M vertices / 300 M edges, 16-dim float32, Machine B plan: the bin pass 0.7 s for 1.28 GB,
-# the relabel 2.7 s, the rest 0.3 s; README "place at 20 M / 300 M"): the CPU side, which is what
-# bounds place there (its disk writes are buffered and fsynced in threads).
+# (20 M vertices / 300 M edges, 16-dim float32, Machine B plan; README "place at 20 M / 300 M"):
+# the CPU side, which is what bounds place there (its disk writes are buffered and fsynced in
+# threads). The graph is not rewritten: the dataset's topology, labels and splits are linked
+# (copied across file systems) and hashed in a thread beside the bin pass.
 BIN_NS_PER_BYTE = 0.55  # group rows by bin, hash, write: one thread (plus one hashing per bin)
-CSR_NS_PER_EDGE = 8.0  # the CSR rewrite: a random lookup of old_to_new per edge
-ARRAY_NS_PER_VERTEX = 15.0  # id maps, indptr, labels, hotness, splits
+HASH_NS_PER_BYTE = 0.1  # xxh3 of the linked files from the page cache, in their own thread
+ARRAY_NS_PER_VERTEX = 5.0  # the row map (a counting sort by bin), written and hashed
 FIXED_S = 0.3  # thread pools, small files, their fsync, the commit's renames
-MEASURED_CORES = 2  # the cores those costs were measured with (the rewrite uses up to 4)
+MEASURED_CORES = 2  # the cores those costs were measured with (the row map uses up to 4)
 
 
 def read_rate(path: Path, probe: int = PROBE_BYTES) -> float | None:
@@ -133,16 +134,17 @@ def cached_share(path: Path, offset: int = 0, windows: int = 256, window: int = 
 
 @dataclass
 class PlaceCost:
-    """``moment place`` after pre-sampling: the bin pass and the arrays (relabel), each the slower
-    of its disk and its CPU side, and the fixed costs."""
+    """``moment place`` after pre-sampling: the bin pass (the linked files hashed beside it) and
+    the arrays (the row map; copies of the dataset's files where they cannot be linked), each
+    the slower of its disk and its CPU side, and the fixed costs."""
 
     feature_bytes: int
     feature_read: int  # of them, bytes not in the page cache: read from disk
     bin_bytes_by_dir: dict[Path, int]
     out: Path  # where the arrays go
-    array_bytes: int  # topology, labels, id maps, hotness (to ``out``)
+    array_bytes: int  # the row map, hotness, and copies of the dataset's files if any (to ``out``)
     topology_read: int  # bytes of the input topology not in the page cache
-    edges: int
+    linked_bytes: int  # the dataset's topology, labels and splits: hashed (and copied where not linked)
     nodes: int
     read_rate: float | None  # cold read, bytes/s (None: not measured: reads count as free)
     write_rates: dict[Path, float | None]  # write+fsync per target directory (None: not measured)
@@ -161,12 +163,12 @@ class PlaceCost:
 
     @property
     def bins_s(self) -> float:
-        cpu = self.feature_bytes * BIN_NS_PER_BYTE * 1e-9 * self.slowdown
+        cpu = max(self.feature_bytes * BIN_NS_PER_BYTE, self.linked_bytes * HASH_NS_PER_BYTE) * 1e-9 * self.slowdown
         return max(cpu, self._disk(self.feature_read, self.bin_bytes_by_dir))
 
     @property
     def arrays_s(self) -> float:
-        cpu = (self.edges * CSR_NS_PER_EDGE + self.nodes * ARRAY_NS_PER_VERTEX) * 1e-9
+        cpu = self.nodes * ARRAY_NS_PER_VERTEX * 1e-9
         cpu *= MEASURED_CORES / max(1, min(self.cores, 4)) * self.slowdown
         return max(cpu, self._disk(self.topology_read, {self.out: self.array_bytes}))
 
@@ -198,11 +200,11 @@ class PlaceCost:
             else ""
         )
         return (
-            f"expected: about {_seconds(self.seconds)} from here (bin pass {_seconds(self.bins_s)}, topology and "
+            f"expected: about {_seconds(self.seconds)} from here (bin pass {_seconds(self.bins_s)}, row map and "
             f"arrays {_seconds(self.arrays_s)}), if the machine stays as loaded as now: {reads}; {writes}; CPU at "
-            f"{BIN_NS_PER_BYTE} ns a feature byte, {CSR_NS_PER_EDGE:g} ns an edge and {ARRAY_NS_PER_VERTEX:g} ns a "
-            f"vertex on {MEASURED_CORES} idle cores (the development machine's){load}; each step the slower of "
-            "disk and CPU"
+            f"{BIN_NS_PER_BYTE} ns a feature byte, {HASH_NS_PER_BYTE:g} ns a byte of the linked topology and "
+            f"{ARRAY_NS_PER_VERTEX:g} ns a vertex on {MEASURED_CORES} idle cores (the development machine's){load}; "
+            "each step the slower of disk and CPU"
         )
 
 

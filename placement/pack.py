@@ -4,11 +4,11 @@ A feature row smaller than a page, read at random, moves its whole 4 KiB page (a
 eight times its bytes: :mod:`moment.ssd_reads`). DiskGNN removes this by sampling the coming
 epochs' batches offline and packing the rows each batch needs contiguously on disk. Here the
 placement replays the trainer's own batches for the first ``epochs`` epochs (same sampler, seed,
-fan-outs, batch size and ranks: :func:`placement.sampler.train_draw_seed`) over the relabelled
+fan-outs, batch size and ranks: :func:`placement.sampler.train_draw_seed`) over the dataset's
 graph (sampled once and stored, :mod:`placement.samples`: the trainer loads them, and the passes
 below read their vertices back), and gives every SSD row its position in its bin's file in the order batches first read it
 (then by the second batch that reads it, so rows a later batch reads again lie together inside
-the earlier batch's group; then by id); rows no replayed batch read follow in id order. New ids do not
+the earlier batch's group; then by id); rows no replayed batch read follow in id order. Vertex ids do not
 change, so the trainer's batches are the ones replayed: each packed bin gets a slot map
 (``pack_<bin>.npy``: the file row of each of its rows, in id order) that the feature store and
 ``moment verify`` read through. A row read by three or more batches lies where the first two
@@ -60,7 +60,7 @@ def replay_samples(
     epochs: int,
     ranks: int,
 ) -> Iterator[SampledBatch]:
-    """Every training batch of ``epochs`` epochs on ``ranks`` ranks (new ids), as the trainer
+    """Every training batch of ``epochs`` epochs on ``ranks`` ranks (dataset ids), as the trainer
     samples them on the CPU (``trainer.loop``: the base sampler's permutation, each rank's
     strided share, that rank's draws), epoch by epoch, rank by rank."""
     from placement.sampler import NeighborSampler, train_draw_seed  # torch: only when packing

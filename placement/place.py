@@ -3,10 +3,12 @@
 Steps, each reported: pre-sample hotness with the trainer's sampler (or load a saved one),
 re-solve the plan's model for this dataset, its measured hotness and the cache sizes used
 (``placement.predict``), place vertices with DDAK (or the hash baseline) against those per-bin
-traffic targets, relabel, check free space on every target, write the bins in one sequential
-pass, rewrite topology, labels and splits in the new ids, and commit: manifest last, then one
-rename. Work happens in ``OUT.partial``; a killed run resumes from its last checkpoint when run
-again.
+traffic targets, check free space on every target, link the dataset's topology, labels and
+splits into the placed directory (copies where the file system cannot link) and hash them beside
+the bin pass, write the bins in one sequential pass, save the row map (``old_to_new``: dataset
+id → row in the bins' order), and commit: manifest last, then one rename. The placed dataset
+numbers vertices as the dataset does: nothing of the graph is rewritten. Work happens in
+``OUT.partial``; a killed run resumes from its last checkpoint when run again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from moment import faults
-from moment.contracts.placed import MANIFEST, Prediction
+from moment.contracts.placed import FORMAT, MANIFEST, Prediction
 from moment.contracts.plan import PlanDoc, read_plan
 from moment.cores import usable_cores
 from moment.errors import MomentError, UsageError
@@ -35,7 +37,7 @@ from moment.sizes import Size, parse_size
 from moment.topology.model import Machine
 from placement import pack as pk
 from placement.chunks import parse_budget
-from placement.dataset import Dataset, check_dataset, label_type, open_dataset
+from placement.dataset import Dataset, check_dataset, open_dataset
 from placement.ddak import BinSpec, Placement, hotness_order
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.estimate import PROBE_BYTES, PlaceCost, cached_share, read_rate, write_rate
@@ -50,7 +52,16 @@ from placement.place_commit import (
     validate_placed,
 )
 from placement.place_pack import pack_bins, packed_prediction, remove_unpacked
-from placement.place_write import Phases, PlaceRun, build_manifest, packed, write_arrays, write_placed_bins
+from placement.place_write import (
+    LINKED,
+    Phases,
+    PlaceRun,
+    build_manifest,
+    link_dataset_files,
+    packed,
+    write_arrays,
+    write_placed_bins,
+)
 from placement.policies import get_policy
 from placement.predict import measured_workload, plan_prediction, predict
 from placement.relabel import id_type
@@ -147,8 +158,9 @@ def place(
 
     The phases, each a function below and each timed (``timings_s``): check the inputs, open or
     resume the staging directory, pre-sample hotness, re-solve the plan's model for DDAK's
-    targets, place, check free space (and say what goes where), write the bins, relabel and
-    rewrite the arrays, stage the manifest and commit."""
+    targets, place, check free space (and say what goes where), link the dataset's graph files,
+    write the bins (hashing the linked files beside them), save the row map, stage the manifest
+    and commit."""
     phases = Phases()
     run = _inputs(plan_path, dataset_path, Path(out), opts, phases)
     stage = _open_stage(run, log)
@@ -167,9 +179,10 @@ def place(
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
+    linked = link_dataset_files(run, stage.data, log)  # hashed in a thread beside the bin pass
     written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
-    release_freed_memory()  # the bin pass's buffers, before the id maps are built
-    files = write_arrays(run, stage.data, hot, placed, specs, workload, phases, progress)
+    release_freed_memory()  # the bin pass's buffers, before the row map is built
+    files = write_arrays(stage.data, placed, specs, workload, linked, phases)
     summary = None
     if run.opts.pack:
         written, summary = packed or pack_bins(run, stage, hot, specs, placed, written, phases, progress)
@@ -218,6 +231,7 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         file_digest(opts.hotness, PLACED_DIGEST) if opts.hotness is not None and opts.hotness.is_file() else None
     )
     key = _key(
+        FORMAT,  # a partial build of another format is started over, not resumed
         plan.profile.model_dump(),
         plan.workload.model_dump(mode="json"),
         [t.model_dump() for t in plan.bin_targets],
@@ -356,7 +370,7 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> 
     """Bytes each target directory receives: its bins, and in ``out`` the topology and arrays
     (and ``samples``: the stored samples' bytes, :func:`_samples_bytes`)."""
     ds, opts = run.ds, run.opts
-    needs: dict[Path, int] = {run.out: _arrays_bytes(ds) + samples}
+    needs: dict[Path, int] = {run.out: _arrays_bytes(run) + samples}
     ssd_bytes = sum(bin_rows.get(t.bin, 0) for t in run.plan.bin_targets if t.tier == "ssd") * ds.row_bytes
     budget = parse_budget(opts.pack_budget, ssd_bytes) if opts.pack_budget is not None else 0
     for t in run.plan.bin_targets:
@@ -368,13 +382,21 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> 
     return needs
 
 
-def _arrays_bytes(ds: Dataset) -> int:
-    """Topology, labels, id maps and hotness of a placed dataset (splits: at most N ids; labels
-    in the narrowest type holding the classes; the counts, in new and in original ids, int32
-    unless some vertex was read in more than 2^31 - 1 batches)."""
-    n, ids = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize
-    labels, counts = label_type(ds.num_classes).itemsize, np.dtype(COUNT_TYPE).itemsize
-    return ds.num_edges * ds.indices().dtype.itemsize + (n + 1) * 8 + n * (labels + 3 * ids + 2 * counts)
+def _arrays_bytes(run: PlaceRun) -> int:
+    """Bytes of a placed dataset besides its bins: the row map and the hotness (int32 unless N or
+    a count passes 2^31 - 1), and the dataset's topology, labels and splits where they must be
+    copied (another file system than ``out``'s; hard links take no space)."""
+    ds = run.ds
+    n, ids, counts = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize, np.dtype(COUNT_TYPE).itemsize
+    return n * (ids + counts) + (0 if _links(run) else sum(file_size(ds.path(k)) for k in LINKED))
+
+
+def _links(run: PlaceRun) -> bool:
+    """Whether the dataset's files can be hard-linked into ``out`` (the same file system)."""
+    where = run.out.absolute()
+    while not where.exists():
+        where = where.parent
+    return os.stat(where).st_dev == os.stat(run.ds.root).st_dev
 
 
 def _samples_bytes(run: PlaceRun, hot: Hotness) -> int:
@@ -396,7 +418,8 @@ def _preflight(
     needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)}, samples)
     for d, want in needs.items():
         names = [s.name for s in specs if run.dirs.get(s.name, run.out) == d]
-        what = (["topology, labels, id maps"] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
+        arrays = f"the row map, hotness, and the dataset's topology, labels and splits {'linked' if _links(run) else 'copied'}"
+        what = ([arrays] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
         what += [f"stored samples, at most {samples / 1e9:.2f} GB"] if samples and d == run.out else []
         log(f"will write {want / 1e9:.2f} GB to {d} ({'; '.join(what)})")
     check_free_space(needs)
@@ -413,14 +436,12 @@ def _cost(run: PlaceRun, specs: list[BinSpec], placed: Placement, samples: int) 
     feature_read = (
         round(feature_bytes * (1 - cached_share(Path(source), int(getattr(features, "offset", 0))))) if source else 0
     )
-    topology_read = sum(
-        round(file_size(ds.path(k)) * (1 - cached_share(ds.path(k)))) for k in ("indptr", "indices", "labels")
-    )
+    topology_read = sum(round(file_size(ds.path(k)) * (1 - cached_share(ds.path(k)))) for k in LINKED)
     bins: dict[Path, int] = {}
     for b, s in enumerate(specs):  # a packed bin is written twice (unpacked, then packed)
         d = run.dirs.get(s.name, run.out)
         bins[d] = bins.get(d, 0) + int(placed.used[b]) * ds.row_bytes * (2 if packed(run, s) else 1)
-    arrays = _arrays_bytes(ds) + samples
+    arrays = _arrays_bytes(run) + samples
     writes = {run.out: arrays, **{d: w + (arrays if d == run.out else 0) for d, w in bins.items()}}
     return PlaceCost(
         feature_bytes=feature_bytes,
@@ -429,7 +450,7 @@ def _cost(run: PlaceRun, specs: list[BinSpec], placed: Placement, samples: int) 
         out=run.out,
         array_bytes=arrays,
         topology_read=topology_read,
-        edges=ds.num_edges,
+        linked_bytes=sum(file_size(ds.path(k)) for k in LINKED),
         nodes=ds.num_nodes,
         read_rate=read_rate(Path(source)) if source and feature_read + topology_read else None,
         write_rates={d: write_rate(d, min(PROBE_BYTES, max(1 << 20, w))) for d, w in writes.items()},

@@ -1,7 +1,8 @@
 """``moment place --pack``: SSD rows laid out for the batches the trainer will read.
 
-After the bins are written, the trainer's batches are replayed over the relabelled graph, and their samples stored for the
-trainer to load instead of sampling (:mod:`placement.samples`). Without
+After the bins are written, the trainer's batches are replayed over the graph (the dataset's, in
+its ids), and their samples stored for the trainer to load instead of sampling
+(:mod:`placement.samples`); their vertices are mapped to bin rows through ``old_to_new``. Without
 ``--pack-budget`` (:mod:`placement.pack`) each SSD bin (written to an unpacked copy first) gets its
 slot map and is rewritten in the order the batches first read its rows; with it
 (:mod:`placement.chunks`) the bins stay in id order and each gets per-batch chunks and a shared
@@ -71,8 +72,8 @@ class Replay:
 def _replay(
     run: PlaceRun, stage: Staging, hot: Hotness, specs: list[BinSpec], placed: Placement, progress: Progress | None
 ) -> Replay:
-    """Sample the trainer's batches once and store them (:mod:`placement.samples`); the packing
-    passes read their vertices back from there."""
+    """Sample the trainer's batches once and store them (:mod:`placement.samples`, dataset ids);
+    the packing passes read their vertices back from there, as rows (through ``old_to_new``)."""
     opts = run.opts
     order = rl.bin_order([s.tier for s in specs])
     starts = dict(zip(order, np.cumsum([0] + [int(placed.used[b]) for b in order]).tolist()))
@@ -90,9 +91,12 @@ def _replay(
     faults.point("place:samples-stored")
     stored = smp.StoredSamples.in_dir(stage.data, files)
     pages = sum(int(p.sum()) for p in stored.pages().values())
-    return Replay(
-        ssd, [starts[b] for b in ssd], [int(placed.used[b]) for b in ssd], stored.all_nodes, total, files, pages
-    )
+    rows = np.load(stage.data / PLACED_FILES["old_to_new"], mmap_mode="r")
+
+    def batches() -> Iterator[np.ndarray]:
+        return (rows[nodes] for nodes in stored.all_nodes())
+
+    return Replay(ssd, [starts[b] for b in ssd], [int(placed.used[b]) for b in ssd], batches, total, files, pages)
 
 
 def pack_bins(
@@ -105,7 +109,7 @@ def pack_bins(
     phases: Phases,
     progress: Progress | None,
 ) -> tuple[list[Written], PackSummary]:
-    """Replay the trainer's first batches over the relabelled graph and pack the SSD bins for
+    """Replay the trainer's first batches over the graph and pack the SSD bins for
     them: ordered in place, or within ``--pack-budget`` into per-batch chunks and shared caches
     (:func:`chunk_bins`); record that all of it is done."""
     if run.opts.pack_budget is not None:

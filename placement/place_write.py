@@ -1,11 +1,23 @@
-"""``moment place``'s outputs: the bins in one sequential pass, the topology, labels, splits and
-id maps rewritten in the new ids, and placed.json built from what was written (sizes and
-checksums taken on the way), with the seconds each phase took."""
+"""``moment place``'s outputs: the bins in one sequential pass, the dataset's topology, labels and
+splits linked into the placed directory (hard links; copies where the file system cannot link),
+the row map (``old_to_new``), and placed.json built from what was written (sizes and checksums
+taken on the way, the linked files hashed in a thread beside the bin pass), with the seconds
+each phase took.
+
+A hard link is another name for the dataset's file: nothing of the placed dataset depends on the
+dataset's directory afterwards. moment never writes into a published dataset's file (imports and
+``moment dataset`` build a new dataset in a staging directory and rename it into place; removing
+or replacing one unlinks its names), so the placed name keeps the bytes its digest was taken of,
+and ``moment verify`` checks them like any other file."""
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +33,7 @@ from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
-from placement.dataset import Dataset, label_type
+from placement.dataset import Dataset
 from placement.ddak import BinSpec, Placement
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.hotness import Hotness
@@ -33,8 +45,8 @@ from placement.writer import BinFile, NpyWriter, Written, save_npy, write_bins
 if TYPE_CHECKING:
     from placement.place import PlaceOptions
 
-# Files of a placed directory besides the bins (manifest key -> name). hotness_new.npy: counts
-# in new ids; hotness.npy + .json: the same in original ids, usable as `moment place --hotness`.
+# Files of a placed directory besides the bins (manifest key -> name). hotness.npy + .json: the
+# counts place was placed by (dataset ids), usable as `moment place --hotness`.
 PLACED_FILES = {
     "indptr": "indptr.npy",
     "indices": "indices.npy",
@@ -43,12 +55,16 @@ PLACED_FILES = {
     "val": "val_idx.npy",
     "test": "test_idx.npy",
     "old_to_new": "old_to_new.npy",
-    "new_to_old": "new_to_old.npy",
-    "hotness": "hotness_new.npy",
     "hotness_counts": "hotness.npy",
     "hotness_meta": "hotness.json",
     "workload": "workload.yaml",
 }
+
+# The dataset's own files a placed directory holds, by manifest key (links, or copies).
+LINKED = ("indptr", "indices", "labels", "train", "val", "test")
+# Why a hard link fails where a copy works: another file system, links refused (EPERM: a
+# protected_hardlinks policy or a file system without links), too many links, unsupported.
+NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EACCES}
 
 
 @dataclass
@@ -142,53 +158,86 @@ def write_placed_bins(
     return result.files
 
 
+def link_file(src: Path, dst: Path) -> bool:
+    """``dst`` a hard link of ``src`` (True), else, where the file system refuses the link
+    (:data:`NO_LINK`), a copy made in the kernel and synced (False). A name already at ``dst``
+    (an interrupted run's) is replaced: unlinked, never written into."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as exc:
+        if exc.errno not in NO_LINK:
+            raise
+    shutil.copyfile(src, dst)  # copy_file_range/sendfile: no bytes through this process
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return False
+
+
+@dataclass
+class LinkedFiles:
+    """The dataset's files in the placed directory: how they got there and their entries, being
+    hashed in a thread (:meth:`entries` waits for them)."""
+
+    how: str  # "hard links" or "copies" (or both, per file: "hard links and copies")
+    seconds: float  # spent linking or copying
+    _hashed: Future[tuple[dict[str, Written], float]]
+
+    def entries(self) -> tuple[dict[str, Written], float, float]:
+        """Each file's entry, once hashed; the hashing's busy seconds, and how long this waited."""
+        t0 = time.perf_counter()
+        done, busy = self._hashed.result()
+        return done, busy, time.perf_counter() - t0
+
+
+def _hash_files(paths: dict[str, Path]) -> tuple[dict[str, Written], float]:
+    t0 = time.perf_counter()
+    out = {k: Written(k, p, p.stat().st_size, file_digest(p, PLACED_DIGEST), PLACED_DIGEST) for k, p in paths.items()}
+    return out, time.perf_counter() - t0
+
+
+def link_dataset_files(run: PlaceRun, data: Path, log: Callable[[str], None]) -> LinkedFiles:
+    """The dataset's topology, labels and splits into ``data`` (:data:`LINKED`), as hard links
+    where the file system allows and copies elsewhere (the line logged says which), and their
+    digests started in a thread: reading them from the page cache (the check scan read them) runs
+    beside the bin pass, which waits on the disk."""
+    t0 = time.perf_counter()
+    paths = {k: data / PLACED_FILES[k] for k in LINKED}
+    linked = {k: link_file(run.ds.path(k), p) for k, p in paths.items()}
+    kinds = {"hard links" if v else "copies" for v in linked.values()}
+    how = " and ".join(sorted(kinds))
+    log(
+        f"topology, labels and splits: {how} of {run.ds.root}'s files"
+        + ("" if all(linked.values()) else " (the file system refused a hard link: copied)")
+    )
+    pool = ThreadPoolExecutor(1, thread_name_prefix="moment-link-hash")
+    hashed = pool.submit(_hash_files, paths)
+    pool.shutdown(wait=False)  # the thread ends with its one job
+    return LinkedFiles(how, time.perf_counter() - t0, hashed)
+
+
 def write_arrays(
-    run: PlaceRun,
     data: Path,
-    hot: Hotness,
     placed: Placement,
     specs: list[BinSpec],
     workload: Workload,
+    linked: LinkedFiles,
     phases: Phases,
-    progress: Progress | None,
-) -> dict[str, NpyWriter]:
-    """Topology, labels, splits, id maps and hotness in the new ids, each written front to back
-    and checksummed on the way; returns them by manifest key. Ids and counts are int32 where
-    they fit (``relabel.id_type``), labels the narrowest type holding the classes
-    (``dataset.label_type``): fewer bytes to write and hash; readers take any of them."""
-    ds = run.ds
+) -> dict[str, Written]:
+    """The row map (``old_to_new``: each dataset vertex's row in the bins' order, int32 where the
+    ids fit) and the workload, and the linked files' entries; returns every entry by manifest key."""
     t0 = time.perf_counter()
     r = rl.relabel(placed.bin_of, [s.tier for s in specs])
-    n = ds.num_nodes
-    files = {
-        "indptr": NpyWriter(data / PLACED_FILES["indptr"], np.int64, (n + 1,)),
-        "indices": NpyWriter(data / PLACED_FILES["indices"], ds.indices().dtype, (ds.num_edges,)),
-    }
-    rl.rewrite_csr(
-        ds.indptr(),
-        ds.indices(),
-        r,
-        files["indptr"],
-        files["indices"],
-        progress=stage_update(progress, "rewriting topology"),
-    )
-    for f in files.values():
-        f.finish()  # its last hashing and fsync go on beside the next files
-    counts_type, labels_type = rl.id_type(int(np.max(hot.counts, initial=0))), label_type(ds.num_classes)
-    for key, values, dtype in (("labels", ds.labels(), labels_type), ("hotness", hot.counts, counts_type)):
-        files[key] = NpyWriter(data / PLACED_FILES[key], dtype, (n,))
-        rl.permute(values, r.new_to_old, files[key])
-        files[key].finish()
-    for split in ("train", "val", "test"):
-        ids = r.old_to_new[np.asarray(ds.split(split))]
-        ids.sort()
-        files[split] = save_npy(data / PLACED_FILES[split], ids, wait=False)
-    files["old_to_new"] = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new, wait=False)
-    files["new_to_old"] = save_npy(data / PLACED_FILES["new_to_old"], r.new_to_old, wait=False)
-    for f in files.values():
-        f.close()  # every file hashed and on disk before the manifest names it
+    out = save_npy(data / PLACED_FILES["old_to_new"], r.old_to_new)
     write_workload(data / PLACED_FILES["workload"], workload)
-    phases.written(list(files.values()), "relabel", time.perf_counter() - t0)
+    files, busy, waited = linked.entries()
+    files["old_to_new"] = Written("old_to_new", out.path, out.bytes, out.digest, out.algorithm)
+    phases.add("checksums", busy)  # in its thread, beside the bin pass: like the bins' hashing, busy time
+    phases.written([out], "arrays", time.perf_counter() - t0 - waited + linked.seconds)
     faults.point("place:arrays-written")
     return files
 
@@ -201,7 +250,7 @@ def build_manifest(
     specs: list[BinSpec],
     placed: Placement,
     written: list[Written],
-    files: dict[str, NpyWriter],
+    files: dict[str, Written],
     phases: Phases,
     pack: PackSummary | None = None,
 ) -> PlacedManifest:

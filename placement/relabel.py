@@ -1,22 +1,20 @@
-"""New vertex ids that say where a vertex lives, and the graph rewritten in them.
+"""The row map: where each dataset vertex's feature row lies in the bins.
 
-Bins are laid out in id order: the GPU caches first, then the CPU caches, then one contiguous
-range per SSD bin. Inside a bin the original id order is kept, so (1) a vertex's location is a
-range lookup (no per-vertex index), and (2) all bins are written in one sequential pass over the
-source features, each bin receiving sequential appends.
+The bins' rows are numbered in one order, the GPU caches first, then the CPU caches, then one
+contiguous range per SSD bin; inside a bin the dataset's id order is kept. So (1) a row's bin is
+a range lookup (no per-vertex bin index), and (2) all bins are written in one sequential pass
+over the source features, each bin receiving sequential appends. ``old_to_new[v]`` is dataset
+vertex ``v``'s row in that order: the one per-vertex array a placement adds. The graph, labels
+and splits stay in the dataset's ids (the trainer translates at the feature store), so nothing
+of the graph is rewritten.
 
-Memory: the two id maps are int32 where the ids fit (8 bytes per vertex together), computed by a
-compiled counting sort; the CSR, labels and hotness are rewritten chunk by chunk into files
-written front to back and checksummed on the way (:class:`placement.writer.NpyWriter`), so
-nothing else of N entries is held and nothing is read back to checksum it.
+Memory: the map is int32 where the ids fit (4 bytes per vertex), computed by a compiled counting
+sort over ranges of vertices in threads.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -24,8 +22,6 @@ import numpy as np
 
 from moment.contracts.tiers import TIERS
 from moment.cores import usable_cores
-from moment.progress import Update
-from placement.writer import NpyWriter
 
 numba: ModuleType | None  # None: not installed (the same functions then run as Python)
 try:
@@ -34,16 +30,13 @@ except ImportError:  # pragma: no cover - numba is a dependency; the kernels the
     numba = None
 
 TIER_ORDER: dict[str, int] = {t: i for i, t in enumerate(TIERS)}
-CHUNK_ROWS = 1 << 18  # rows rewritten at once, at most ...
-CHUNK_EDGES = 1 << 21  # ... and at most this many edges (a row longer than that: alone), bounding memory
-GATHER_THREADS = 4  # the most threads gathering rows at once (memory-latency bound: more cores help)
+GATHER_THREADS = 4  # the most threads filling the map at once (memory-latency bound: more cores help)
 
 
 @dataclass
 class Relabel:
-    old_to_new: np.ndarray  # int32 (int64 past 2^31 - 1 vertices), N
-    new_to_old: np.ndarray  # same type, N
-    starts: np.ndarray  # int64, B+1: bin b holds new ids [starts[b], starts[b+1])
+    old_to_new: np.ndarray  # int32 (int64 past 2^31 - 1 vertices), N: each dataset vertex's row
+    starts: np.ndarray  # int64, B+1: bin b holds rows [starts[b], starts[b+1])
     order: list[int]  # bin indices in id order
 
 
@@ -70,15 +63,13 @@ def _fill_py(
     lo: int,
     hi: int,
     pos: np.ndarray,
-    new_to_old: np.ndarray,
     old_to_new: np.ndarray,
 ) -> None:
-    """Stable counting sort of the vertices ``lo:hi`` by their bin's rank, new ids from ``pos``
-    (by rank) on: both id maps in one pass."""
+    """Stable counting sort of the vertices ``lo:hi`` by their bin's rank, rows from ``pos``
+    (by rank) on."""
     for v in range(lo, hi):
         k = rank[bin_of[v]]
         p = pos[k]
-        new_to_old[p] = v
         old_to_new[v] = p
         pos[k] = p + 1
 
@@ -88,7 +79,7 @@ _fill = numba.njit(cache=True, nogil=True)(_fill_py) if numba is not None else _
 
 
 def relabel(bin_of: np.ndarray, tiers: list[str], threads: int | None = None) -> Relabel:
-    """New ids: bins in tier order, original order inside each bin (a stable sort by bin rank).
+    """Rows: bins in tier order, dataset order inside each bin (a stable sort by bin rank).
 
     The vertices are cut into ``threads`` ranges (default: the usable cores, at most
     ``GATHER_THREADS``), each counted per bin and then filled at once (the compiled passes
@@ -103,128 +94,13 @@ def relabel(bin_of: np.ndarray, tiers: list[str], threads: int | None = None) ->
     cuts = [n * t // parts for t in range(parts + 1)]
     counts = np.zeros((parts, len(tiers)), dtype=np.int64)  # by rank
     dtype = id_type(n)
-    new_to_old = np.empty(n, dtype=dtype)
     old_to_new = np.empty(n, dtype=dtype)
     with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="moment-relabel") as pool:
         list(pool.map(lambda t: _count(bin_of, rank, cuts[t], cuts[t + 1], counts[t]), range(parts)))
         starts = np.zeros(len(tiers) + 1, dtype=np.int64)
         np.cumsum(counts.sum(axis=0), out=starts[1:])
         pos = starts[:-1] + np.cumsum(counts, axis=0) - counts  # where range t's vertices of each bin begin
-        fill = [
-            pool.submit(_fill, bin_of, rank, cuts[t], cuts[t + 1], pos[t], new_to_old, old_to_new) for t in range(parts)
-        ]
+        fill = [pool.submit(_fill, bin_of, rank, cuts[t], cuts[t + 1], pos[t], old_to_new) for t in range(parts)]
         for job in fill:
             job.result()
-    return Relabel(old_to_new, new_to_old, starts, order)
-
-
-def mapped_rows_py(
-    indices: np.ndarray, starts: np.ndarray, lens: np.ndarray, old_to_new: np.ndarray, out: np.ndarray
-) -> None:
-    """``out`` = the rows ``starts[i]:starts[i] + lens[i]`` of ``indices``, one after the other,
-    each neighbour id mapped through ``old_to_new``. In two passes: the rows copied, then every id
-    mapped in one flat loop. The random reads of ``old_to_new`` then overlap each other; inside
-    the rows a mispredicted branch at every row's end (rows are short) kept few in flight: the
-    flat loop takes half the time."""
-    p = 0
-    for i in range(starts.size):
-        s, n = starts[i], lens[i]
-        out[p : p + n] = indices[s : s + n]
-        p += n
-    for j in range(out.size):
-        out[j] = old_to_new[out[j]]
-
-
-mapped_rows = numba.njit(cache=True, nogil=True)(mapped_rows_py) if numba is not None else mapped_rows_py
-
-
-def row_extents_py(new_to_old: np.ndarray, indptr: np.ndarray, lo: int, starts: np.ndarray, lens: np.ndarray) -> None:
-    """Each new row ``lo + i``'s first edge in the old CSR and its degree (one random read of
-    ``indptr`` per row: the two ends share a cache line)."""
-    for i in range(starts.size):
-        old = new_to_old[lo + i]
-        s = indptr[old]
-        starts[i] = s
-        lens[i] = indptr[old + 1] - s
-
-
-row_extents = numba.njit(cache=True, nogil=True)(row_extents_py) if numba is not None else row_extents_py
-
-
-def _extents(
-    indptr: np.ndarray, r: Relabel, max_rows: int, max_edges: int
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The chunks of new rows, front to back: (the row after the chunk, each row's first edge in
-    the old CSR, its degree). A chunk has at most ``max_rows`` rows and ``max_edges`` edges, one
-    row at least (hot vertices have huge rows, and the hottest come first). Each row's extent is
-    looked up once: ``max_rows`` rows at a time, then handed out in chunks, so a run of rows each
-    over ``max_edges`` (hubs) costs a lookup per row, not ``max_rows`` lookups per row."""
-    n, row = r.new_to_old.size, 0
-    indptr = np.asarray(indptr)  # a memory map as a plain array over the same pages (what the kernel takes)
-    while row < n:
-        starts = np.empty(min(max_rows, n - row), dtype=np.int64)
-        lens = np.empty_like(starts)
-        row_extents(r.new_to_old, indptr, row, starts, lens)
-        ends = np.cumsum(lens)
-        at = 0
-        while at < lens.size:
-            before = int(ends[at - 1]) if at else 0
-            take = max(at + 1, int(np.searchsorted(ends, before + max_edges, side="right")))
-            row += take - at
-            yield row, starts[at:take], lens[at:take]
-            at = take
-
-
-def _gather(indices: np.ndarray, r: Relabel, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """The rows' neighbour lists in new ids, one after the other."""
-    block = np.empty(int(lens.sum()), dtype=indices.dtype)
-    mapped_rows(indices, starts, lens, r.old_to_new, block)
-    return block
-
-
-def rewrite_csr(
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    r: Relabel,
-    out_indptr: NpyWriter,
-    out_indices: NpyWriter,
-    chunk_rows: int = CHUNK_ROWS,
-    progress: Update | None = None,
-    chunk_edges: int = CHUNK_EDGES,
-    threads: int | None = None,
-) -> None:
-    """CSR in new ids: row r_new = old row new_to_old[r_new], neighbour ids mapped through
-    old_to_new; both files written front to back, at most ``chunk_rows`` rows and
-    ``chunk_edges`` edges at a time. The gather is bound by memory latency (a random row, a
-    random id per edge) and releases the GIL, so ``threads`` (default: the usable cores, at most
-    ``GATHER_THREADS``) gather the next chunks while this one is checksummed and written; at most
-    ``threads + 1`` chunks are held."""
-    n = r.new_to_old.size
-    threads = threads or usable_cores(GATHER_THREADS)
-    out_indptr.write(np.zeros(1, dtype=np.int64))
-    end_of_last = 0
-    chunks = _extents(indptr, r, chunk_rows, chunk_edges)
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="moment-csr") as pool:
-        ahead: deque[tuple[int, np.ndarray, Future[np.ndarray]]] = deque()
-
-        def submit() -> None:
-            for end, starts, lens in itertools.islice(chunks, 1):
-                ahead.append((end, lens, pool.submit(_gather, indices, r, starts, lens)))
-
-        for _ in range(threads + 1):
-            submit()
-        while ahead:
-            end, lens, block = ahead.popleft()
-            submit()
-            ends = np.cumsum(lens) + end_of_last
-            out_indptr.write(ends)
-            end_of_last = int(ends[-1])
-            out_indices.write(block.result())
-            if progress:
-                progress(end, n)
-
-
-def permute(values: np.ndarray, new_to_old: np.ndarray, out: NpyWriter, chunk_rows: int = 1 << 20) -> None:
-    """``values[new_to_old]`` written to ``out`` chunk by chunk (labels, hotness in the new ids)."""
-    for row in range(0, new_to_old.size, chunk_rows):
-        out.write(np.asarray(values[new_to_old[row : row + chunk_rows]]))
+    return Relabel(old_to_new, starts, order)

@@ -1,7 +1,7 @@
 """Write every bin's feature rows in one sequential pass over the source, resumably.
 
 The source features are read front to back in chunks; each chunk's rows are grouped by bin
-(original order kept inside a bin, which is the relabelled order) and appended to that bin's
+(the dataset order kept inside a bin: the order of the rows old_to_new gives) and appended to that bin's
 file, around the page cache where the file system allows (:mod:`placement.direct_io`: the
 trainer reads SSD bins with ``O_DIRECT`` anyway). Every few hundred MB the bin files are flushed
 and fsync'ed and the progress recorded, so a killed

@@ -8,8 +8,8 @@ memory-mapped baseline, on the same checkpoint, one process each, in the same ru
   rows from the tiers (sorted, coalesced O_DIRECT preadv of the SSD bins);
 * ``base``: the broadcast engine of another checkout (``--compare DIR``), e.g. main before a change;
 * ``mmap``: the gather engine with layer-1 rows from the source dataset's features.npy,
-  memory-mapped (``np.load(mmap_mode="r")[new_to_old[ids]]``: page cache, 4 KiB faults), what a
-  user without moment would do.
+  memory-mapped (``np.load(mmap_mode="r")[ids]``: page cache, 4 KiB faults), what a user without
+  moment would do.
 
 Out of core: each run happens in a memory cgroup (``--mem-limit``, cgroup v1 or v2, as in
 scripts/bench_train.py); file pages of the inputs are dropped before each run. Reported per run
@@ -64,16 +64,12 @@ def worker(args: argparse.Namespace) -> dict:
     )
     features = None
     if args.worker == "mmap":
-        from placement.placed import open_placed
-
         source = np.load(Path(args.dataset) / "features.npy", mmap_mode="r")
-        new_to_old = np.asarray(open_placed(args.data).array("new_to_old"))
 
         def features(ids: np.ndarray) -> torch.Tensor:
-            old = new_to_old[ids]
-            order = np.argsort(old)  # ascending offsets in the file, as a careful user would read
+            order = np.argsort(ids)  # ascending offsets in the file, as a careful user would read
             rows = np.empty((ids.size, source.shape[1]), dtype=source.dtype)
-            rows[order] = source[old[order]]
+            rows[order] = source[ids[order]]
             return torch.from_numpy(rows)
 
     marks: dict[str, int] = {}  # stage -> read_bytes when it started

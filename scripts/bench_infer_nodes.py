@@ -11,10 +11,10 @@ layer's rows over loopback TCP cost. ``--pin`` gives each node one core of its o
 median over runs of the whole run's vertices/s (vertices × layers over the layers' seconds,
 inference.json) and of the wall time, and the ratios to the baseline; then the wall time of both
 commands run once more on their complete outputs (nothing to do: node 0 tells node 1).
-``--renumbered`` adds a third run to each round: node 1 on a placement with larger caches (the
-same data, another vertex numbering: it computes in node 0's ids, ``trainer/infer_nodes.py``),
-its ratio to the two nodes numbered alike, and the same bytes checked. Run:
-    python scripts/bench_infer_nodes.py --work /tmp/bench-infer-nodes [--pin] [--repeats 3] [--renumbered]
+``--other-layout`` adds a third run to each round: node 1 on a placement with larger caches (the
+same data and vertex ids, another row map: ``trainer/infer_nodes.py``), its ratio to the two
+nodes placed alike, and the same bytes checked. Run:
+    python scripts/bench_infer_nodes.py --work /tmp/bench-infer-nodes [--pin] [--repeats 3] [--other-layout]
 """
 
 from __future__ import annotations
@@ -105,13 +105,13 @@ def two_nodes(data: tuple[Path, Path], ck: Path, out: Path, pin: bool, fresh: bo
     return _result(out, _run(cmds))
 
 
-def _renumbered(runs: list[tuple[float, float, str]], two: float, two_wall: float) -> dict[str, float]:
+def _other_layout(runs: list[tuple[float, float, str]], two: float, two_wall: float) -> dict[str, float]:
     speed, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     return {
-        "renumbered_vertices_per_s": speed,
-        "ratio_renumbered_over_two_nodes": speed / two,
-        "renumbered_wall_s": wall,
-        "ratio_renumbered_wall_over_two_nodes": wall / two_wall,
+        "other_layout_vertices_per_s": speed,
+        "ratio_other_layout_over_two_nodes": speed / two,
+        "other_layout_wall_s": wall,
+        "ratio_other_layout_wall_over_two_nodes": wall / two_wall,
     }
 
 
@@ -121,17 +121,17 @@ def main() -> None:
     ap.add_argument("--vertices", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pin", action="store_true", help="one core per node (taskset), two for the baseline")
-    ap.add_argument("--renumbered", action="store_true", help="also node 1 on a placement numbered otherwise")
+    ap.add_argument("--other-layout", action="store_true", help="also node 1 on a placement with other caches")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     plan_path, node0, node1 = prepare(args.work, args.vertices)
     wide = args.work / "node1-wide"
-    if args.renumbered and not wide.exists():
+    if args.other_layout and not wide.exists():
         from placement.place import PlaceOptions, place
 
         place(plan_path, args.work / "ds", wide, PlaceOptions(gpu_cache="6%", cpu_cache="20%"))
     ck = checkpoint(args.work, node0)
-    base, nodes, renumbered, digests = [], [], [], set()
+    base, nodes, other, digests = [], [], [], set()
     for i in range(args.repeats):
         base.append(one_node(node0, ck, args.work / "one", args.pin))
         nodes.append(two_nodes((node0, node1), ck, args.work / "two", args.pin))
@@ -140,10 +140,10 @@ def main() -> None:
             f"run {i + 1}: 1 node × 2 ranks {base[-1][0]:,.0f} vertices/s ({base[-1][1]:.1f} s), "
             f"2 nodes × 1 rank {nodes[-1][0]:,.0f} vertices/s ({nodes[-1][1]:.1f} s)"
         )
-        if args.renumbered:
-            renumbered.append(two_nodes((node0, wide), ck, args.work / "renumbered", args.pin))
-            digests.add(renumbered[-1][2])
-            line += f", node 1 numbered otherwise {renumbered[-1][0]:,.0f} vertices/s ({renumbered[-1][1]:.1f} s)"
+        if args.other_layout:
+            other.append(two_nodes((node0, wide), ck, args.work / "other-layout", args.pin))
+            digests.add(other[-1][2])
+            line += f", node 1 placed otherwise {other[-1][0]:,.0f} vertices/s ({other[-1][1]:.1f} s)"
         print(line)
     # The same commands once more on the complete outputs: nothing to do, every node told so.
     again = {"one": one_node(node0, ck, args.work / "one", args.pin, fresh=False)}
@@ -161,7 +161,7 @@ def main() -> None:
         "nothing_to_do_one_node_wall_s": again["one"][1],
         "nothing_to_do_two_nodes_wall_s": again["two"][1],
         "same_bytes": len(digests) == 1,
-        **(_renumbered(renumbered, med["two"], wall["two"]) if renumbered else {}),
+        **(_other_layout(other, med["two"], wall["two"]) if other else {}),
         "pinned": args.pin,
     }
     print(json.dumps(result, indent=2))

@@ -87,7 +87,7 @@ def main() -> None:
         t = m["timings_s"]
         print(
             f"{policy:5}: write bins {t['write_bins']:.2f} s = {size / t['write_bins'] / 1e9:.2f} GB/s "
-            f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); DDAK {t['ddak']:.2f} s, relabel {t['relabel']:.2f} s; "
+            f"({copy_s / t['write_bins']:.2f} of the plain copy's speed); DDAK {t['ddak']:.2f} s, row map and links {t['arrays']:.2f} s; "
             f"total {t['total']:.1f} s; SSD-tier L1 error vs targets {tier_error(m, 'ssd'):.4f}, "
             f"GPU-tier {tier_error(m, 'gpu'):.4f}"
         )

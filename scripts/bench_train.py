@@ -214,7 +214,6 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]
     from moment.planner.planfile import save_plan
     from moment.planner.workload import load_workload
     from moment.topology.profile_io import resolve_profile
-    from placement.hotness import Hotness
     from placement.place import PlaceOptions, place
     from placement.synth import synthesize
 
@@ -238,30 +237,15 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Path]
     outcome = plan(machine, workload, 4, 8, top=1)
     save_plan(machine, workload, outcome, plan_path)
     placed: dict[str, Path] = {}
-    hotness = work / "hotness.npy"
+    hotness = None  # the first placement's (dataset ids, usable as --hotness): the same for hash
     for policy in ("ddak", "hash"):
         out = work / f"placed-{policy}"
         if not out.exists():
             t = time.perf_counter()
-            opts = PlaceOptions(
-                policy=policy,
-                gpu_cache=args.gpu_cache,
-                cpu_cache=args.cpu_cache,
-                hotness=hotness if hotness.exists() else None,
-            )
-            m = place(plan_path, ds_dir, out, opts)
+            opts = PlaceOptions(policy=policy, gpu_cache=args.gpu_cache, cpu_cache=args.cpu_cache, hotness=hotness)
+            place(plan_path, ds_dir, out, opts)
             print(f"placed {policy} in {time.perf_counter() - t:.0f} s", flush=True)
-            if not hotness.exists():  # the same hotness for hash: only the policy differs
-                counts = np.asarray(np.load(out / "hotness_new.npy"))[np.asarray(np.load(out / "old_to_new.npy"))]
-                h = m["hotness"]
-                Hotness(
-                    counts=counts,
-                    batches=h["batches"],
-                    mean_unique_per_batch=h["mean_unique_per_batch"],
-                    epochs=h["epochs"],
-                    fanouts=tuple(h["fanouts"]),
-                    batch_size=h["batch_size"],
-                ).save(hotness)
+        hotness = hotness or out / "hotness.npy"  # only the policy differs
         placed[policy] = out
     return ds_dir, placed
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placement.estimate import ARRAY_NS_PER_VERTEX, BIN_NS_PER_BYTE, CSR_NS_PER_EDGE, PlaceCost
+from placement.estimate import ARRAY_NS_PER_VERTEX, BIN_NS_PER_BYTE, HASH_NS_PER_BYTE, PlaceCost
 
 READ = 48 * 2**30  # bytes/s: 8 × P5510 sequential reads
 WRITE = 27e9  # bytes/s: their sequential writes, by the vendor's sheet
@@ -25,16 +25,16 @@ DATASETS = {  # vertices, edges, feature bytes per row, labels' bytes per vertex
 
 def projection(nodes: int, edges: int, row_bytes: int, label_bytes: int) -> PlaceCost:
     ids = 4 if nodes < 2**31 - 1 else 8
-    topology = edges * ids + (nodes + 1) * 8
+    topology = edges * ids + (nodes + 1) * 8 + nodes * label_bytes
     out = Path("/out")
     return PlaceCost(
         feature_bytes=nodes * row_bytes,
         feature_read=nodes * row_bytes,
         bin_bytes_by_dir={out: nodes * row_bytes},
         out=out,
-        array_bytes=topology + nodes * (label_bytes + 3 * ids + 16),
-        topology_read=topology + nodes * label_bytes,
-        edges=edges,
+        array_bytes=nodes * (ids + 4),  # the row map and the hotness: the topology is linked (no bytes written)
+        topology_read=topology,
+        linked_bytes=topology,
         nodes=nodes,
         read_rate=READ,
         write_rates={out: WRITE},
@@ -45,7 +45,7 @@ def projection(nodes: int, edges: int, row_bytes: int, label_bytes: int) -> Plac
 def main() -> None:
     print(
         f"place after pre-sampling on Machine B ({READ / 2**30:.0f} GiB/s reads, {WRITE / 1e9:.0f} GB/s writes, "
-        f"{CORES} cores; CPU {BIN_NS_PER_BYTE} ns a feature byte, {CSR_NS_PER_EDGE:g} ns an edge, "
+        f"{CORES} cores; CPU {BIN_NS_PER_BYTE} ns a feature byte, {HASH_NS_PER_BYTE:g} ns a linked topology byte, "
         f"{ARRAY_NS_PER_VERTEX:g} ns a vertex):"
     )
     for name, shape in DATASETS.items():
@@ -53,7 +53,7 @@ def main() -> None:
         disk = c.feature_read / READ + c.feature_bytes / WRITE
         print(
             f"{name}: about {c.seconds / 60:.1f} min (bin pass {c.bins_s:,.0f} s: its disks alone {disk:,.0f} s; "
-            f"topology and arrays {c.arrays_s:,.0f} s; reads {(c.feature_read + c.topology_read) / 1e9:,.0f} GB, "
+            f"row map and arrays {c.arrays_s:,.0f} s; reads {(c.feature_read + c.topology_read) / 1e9:,.0f} GB, "
             f"writes {(c.feature_bytes + c.array_bytes) / 1e9:,.0f} GB)"
         )
 

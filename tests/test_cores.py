@@ -1,6 +1,6 @@
 """CPU-bound passes take their thread counts from the cores this process may run on (its
 affinity, which containers and ``taskset`` narrow), each capped by its own limit: pre-sampling's
-batches drawn at once, the relabel's ranges and gathers, the bin pass's hashing threads."""
+batches drawn at once, the row map's ranges, the bin pass's hashing threads."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from moment.cores import usable_cores
 from placement import relabel as rl
 from placement import writer
 from placement.count_sampler import THREADS, CountSampler
-from placement.writer import NpyWriter
 
 
 @pytest.mark.parametrize("cores", [1, 3, 64])
@@ -39,10 +38,5 @@ def test_threads_follow_the_usable_cores_and_their_caps(
     monkeypatch.setattr(rl, "ThreadPoolExecutor", Recorded)
     n = 1 << 20  # enough vertices for a range per thread
     r = rl.relabel(np.zeros(n, dtype=np.int16), ["ssd"])
-    indptr = np.arange(n + 1, dtype=np.int64)
-    out = NpyWriter(tmp_path / "p.npy", np.int64, (n + 1,)), NpyWriter(tmp_path / "i.npy", np.int32, (n,))
-    rl.rewrite_csr(indptr, np.arange(n, dtype=np.int32), r, *out)
-    for f in out:
-        f.close()
-    assert pools == [min(cores, rl.GATHER_THREADS)] * 2  # the id maps' ranges, then the gathers
-    assert np.array_equal(np.load(tmp_path / "i.npy"), np.arange(n))
+    assert pools == [min(cores, rl.GATHER_THREADS)]  # the row map's ranges
+    assert np.array_equal(r.old_to_new, np.arange(n))  # one bin: every vertex's row is its id

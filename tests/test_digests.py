@@ -1,5 +1,7 @@
-"""Checksums of placed files: each digest's algorithm recorded beside it (xxh3-128 now), and
-placements written with SHA-256 before still load and verify, a flipped byte caught in both."""
+"""Checksums of placed files: each digest's algorithm recorded beside it (xxh3-128 now, SHA-256
+honoured where an entry records it), a flipped byte caught with either. The placement written
+by an older moment (``moment.placed/3``, SHA-256 unrecorded: tests/placed_fixtures/sha256) is
+refused in one line, and ``moment place`` replaces it, removing only its own files."""
 
 from __future__ import annotations
 
@@ -14,24 +16,33 @@ import xxhash
 
 from moment.contracts.placed import MANIFEST, PackSummary, PlacedManifest
 from placement import pack as pk
-from placement.digests import DIGESTS, PLACED_DIGEST, UNRECORDED_DIGEST, DigestError, check_digest, file_digest
+from placement.dataset import open_dataset
+from placement.digests import DIGESTS, PLACED_DIGEST, DigestError, check_digest, file_digest
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, pack_files, verify
 from placement.writer import Written
 
 FIXTURE = Path(__file__).parent / "placed_fixtures" / "sha256"  # written by moment place at e3bea9a (its README)
-# Arrays written in a narrower type than the fixture's (labels: int8 for its 16 classes; the
-# counts in original ids: int32; both int64 there)
-NARROWED = {"labels", "hotness_counts"}
+# Arrays written in a narrower type than the fixture's (the counts in dataset ids: int32, int64 there)
+NARROWED = {"hotness_counts"}
+LINKED = {"indptr", "indices", "labels", "train", "val", "test"}  # the dataset's own files now
 PACKED = PlaceOptions(gpu_cache="3%", cpu_cache="4%", pack=True, pack_budget="1MiB")  # as the fixture was
 
 
 def entries(root: Path) -> dict[str, tuple[Path, str, str]]:
     """Every checksummed file of a placement: name → (path, digest, algorithm), read from the
     manifest itself (bins, arrays and row maps, the budget's chunk and shared files)."""
+    open_placed(root)  # a placement this moment reads
+    return entries_of_manifest(root)
+
+
+def entries_of_manifest(root: Path) -> dict[str, tuple[Path, str, str]]:
+    """:func:`entries` from the manifest alone (a placement of an older format too)."""
     m = PlacedManifest.read(root / MANIFEST)
-    placed = open_placed(root)
-    out = {f"bin {b.name}": (p.path, b.digest, b.digest_algorithm) for b, p in zip(m.bins, placed.bins)}
+    out = {
+        f"bin {b.name}": (Path(b.path) if Path(b.path).is_absolute() else root / b.path, b.digest, b.digest_algorithm)
+        for b in m.bins
+    }
     out |= {key: (root / f.path, f.digest, f.digest_algorithm) for key, f in m.files.items()}
     out |= {name: (path, f.digest, f.digest_algorithm) for path, f, name in pack_files(m, root)}
     return out
@@ -58,47 +69,78 @@ def flip(path: Path, at: int = -1) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_placement_written_with_sha256_loads_and_verifies(old: tuple[Path, Path]) -> None:
+def test_an_older_placement_is_refused_then_replaced(old: tuple[Path, Path], plan_file: Path) -> None:
+    """The fixture (moment.placed/3: graph and labels in row ids) is refused by open_placed and
+    verify in one line naming placed.json; `moment place` into it replaces it: its files, those
+    of /3 only (new_to_old, hotness_new) included, are gone, the source dataset untouched."""
     placed, source = old
-    assert "digest_algorithm" not in (placed / MANIFEST).read_text()  # written before the field
-    found = entries(placed)
-    kinds = {"bin nvme0", "indices", "chunkrows_nvme0", "samples_nodes", "nvme0-chunks-d50eaca7.bin"}
-    assert kinds <= set(found) and len(found) == 10 + 39 + 2 * 8  # bins, files, 8 SSD bins' chunks and shared
-    assert {algorithm for _, _, algorithm in found.values()} == {UNRECORDED_DIGEST} == {"sha256"}
-    for path, digest, _ in found.values():  # the recorded digests are SHA-256 of the files, as hashlib takes it
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-    report = verify(placed, source=source, sample=600)
-    assert report["rows"] == 600 and report["sampled"] > 0
+    before = {p.name for p in placed.iterdir()}
+    assert {"new_to_old.npy", "hotness_new.npy"} <= before
+    for call in (lambda: open_placed(placed), lambda: verify(placed, source=source, sample=600)):
+        with pytest.raises(PlacedError) as err:
+            call()
+        assert str(err.value) == (
+            f"{placed / MANIFEST}: format 'moment.placed/3': placed by an older moment: run `moment place` again"
+        )
+    place(plan_file, source, placed, PACKED)
+    after = {p.name for p in placed.iterdir()}
+    assert not {"new_to_old.npy", "hotness_new.npy"} & after and not any("d50eaca7" in n for n in after)
+    assert PlacedManifest.read(placed / MANIFEST).format == "moment.placed/4"
+    assert verify(placed, source=source, sample=600)["sampled"] > 0
 
 
-@pytest.mark.parametrize(
-    "name", ["bin nvme1", "indices", "chunkoff_nvme0", "samples_edges", "nvme0-chunks-d50eaca7.bin"]
-)
-def test_a_flipped_byte_in_a_sha256_placement_is_caught(old: tuple[Path, Path], name: str) -> None:
-    placed, source = old
-    path = entries(placed)[name][0]
+@pytest.fixture
+def sha(new: Path) -> Path:
+    """The new placement with every entry recorded as SHA-256 (what verify must honour)."""
+    doc = json.loads((new / MANIFEST).read_text())
+    placed = open_placed(new)
+    for entry, path in [
+        *zip(doc["bins"], [b.path for b in placed.bins]),
+        *((f, new / f["path"]) for f in doc["files"].values()),
+    ]:
+        entry.update(digest=hashlib.sha256(path.read_bytes()).hexdigest(), digest_algorithm="sha256")
+    (new / MANIFEST).write_text(json.dumps(doc))
+    return new
+
+
+def test_a_placement_recorded_with_sha256_verifies(sha: Path) -> None:
+    found = entries(sha)
+    assert {algorithm for k, (_, _, algorithm) in found.items() if "-chunks-" not in k and "-shared-" not in k} == {
+        "sha256"
+    }
+    assert verify(sha, sample=600)["sampled"] > 0
+
+
+@pytest.mark.parametrize("name", ["bin nvme1", "indices", "old_to_new", "chunkoff_nvme0", "samples_edges"])
+def test_a_flipped_byte_in_a_sha256_placement_is_caught(sha: Path, name: str) -> None:
+    path = entries(sha)[name][0]
     flip(path)
     with pytest.raises(PlacedError, match=rf"{path.name}: checksum mismatch \(sha256\)"):
-        verify(placed, source=source, sample=0)
+        verify(sha, sample=0)
 
 
 def test_place_records_xxh3_for_every_file_and_writes_the_same_bytes(old: tuple[Path, Path], new: Path) -> None:
     """Every entry of a new placement is xxh3-128 of its file (taken by the xxhash library here,
-    not by moment's hashers), and the files are the bytes the placement written before holds:
-    only the checksum changed (names carry each run's id, so files are matched by entry), and
-    the arrays written narrower since (``NARROWED``) hold the same values in fewer bytes."""
+    not by moment's hashers). Against the placement written before (the same source, options and
+    hotness): the same entries less the two the row ids needed (new_to_old, the counts in row
+    ids); the same bins and row map; the topology, labels and splits are now the dataset's own
+    files; the counts written narrower since (``NARROWED``) hold the same values."""
     assert PLACED_DIGEST == "xxh3-128"
-    now, before = entries(new), entries(old[0])
-    assert now.keys() == {k.replace("d50eaca7", PlacedManifest.read(new / MANIFEST).run_id) for k in before}
+    run_id = PlacedManifest.read(new / MANIFEST).run_id
+    before = {k: v for k, v in entries_of_manifest(old[0]).items() if k not in ("new_to_old", "hotness")}
+    now = entries(new)
+    assert now.keys() == {k.replace("d50eaca7", run_id) for k in before}
     assert {algorithm for _, _, algorithm in now.values()} == {"xxh3-128"}
-    by_run = {k.replace(PlacedManifest.read(new / MANIFEST).run_id, "d50eaca7"): v for k, v in now.items()}
-    for key, (path, digest, _) in by_run.items():
+    source = open_dataset(old[1])
+    for key, (path, digest, _) in now.items():
         data = path.read_bytes()
         assert xxhash.xxh3_128(data).hexdigest() == digest, key
         if key in NARROWED:
             was, got = np.load(before[key][0]), np.load(path)
             assert got.dtype.itemsize < was.dtype.itemsize and np.array_equal(got, was), key
-        elif key not in ("hotness_meta", "workload"):  # the two text files record where they were made
+        elif key in LINKED:
+            assert data == source.path(key).read_bytes() and path.stat().st_ino == source.path(key).stat().st_ino, key
+        elif key.startswith("bin ") or key == "old_to_new":
             assert hashlib.sha256(data).hexdigest() == before[key][1], key
     assert verify(new, sample=600)["sampled"] > 0
 
@@ -118,16 +160,15 @@ def test_a_flipped_byte_in_a_new_placement_is_caught(new: Path, name: str) -> No
     "edit, message",
     [
         ({"digest_algorithm": "md5"}, "digest algorithm 'md5' is not one this moment knows \\(sha256, xxh3-128\\)"),
-        ({"digest_algorithm": "xxh3-128"}, "a xxh3-128 digest has 32 hex digits, this one 64"),  # mislabelled
+        ({"digest_algorithm": "sha256"}, "a sha256 digest has 64 hex digits, this one 32"),  # mislabelled
     ],
 )
-def test_an_unknown_or_mislabelled_algorithm_is_one_line(old: tuple[Path, Path], edit: dict, message: str) -> None:
-    placed = old[0]
-    doc = json.loads((placed / MANIFEST).read_text())
+def test_an_unknown_or_mislabelled_algorithm_is_one_line(new: Path, edit: dict, message: str) -> None:
+    doc = json.loads((new / MANIFEST).read_text())
     doc["files"]["labels"].update(edit)
-    (placed / MANIFEST).write_text(json.dumps(doc))
+    (new / MANIFEST).write_text(json.dumps(doc))
     with pytest.raises(PlacedError, match=rf"placed.json: the entry of .*labels.npy: {message}$"):
-        open_placed(placed)
+        open_placed(new)
 
 
 def test_registry() -> None:

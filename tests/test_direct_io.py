@@ -82,7 +82,7 @@ def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path: Path, mon
 
 
 def test_placed_files_are_written_direct_where_the_file_system_allows(tmp_path: Path) -> None:
-    """NpyWriter (topology, labels, id maps) and the bins bypass the page cache: their bytes are
+    """NpyWriter (the row map, row maps of packs) and the bins bypass the page cache: their bytes are
     not copied by the kernel into page-cache pages first (a CPU-second per GB on the benchmark VM)."""
     if not _takes_direct(tmp_path):
         pytest.skip("this file system refuses O_DIRECT")

@@ -50,10 +50,15 @@ def placed_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def truth(placed_dir: Path) -> np.ndarray:
-    """Every feature row in new-id order, from the source dataset."""
+    """Every feature row in the dataset's id order, from the source dataset (what ``get`` of
+    those ids must give)."""
     placed = open_placed(placed_dir)
-    features = np.asarray(open_dataset(placed.meta["source"]["path"]).features())
-    return features[np.asarray(placed.array("new_to_old"))]
+    return np.asarray(open_dataset(placed.meta["source"]["path"]).features())
+
+
+def _vertex_at(placed_dir: Path) -> np.ndarray:
+    """The dataset vertex at each row of the bins (the inverse of the row map)."""
+    return np.argsort(np.asarray(open_placed(placed_dir).array("old_to_new")))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +112,7 @@ def test_stats_add_up(store: TieredFeatureStore) -> None:
     tiers = s["tiers"]
     assert s["asked"] == len(ids) == sum(t["rows"] for t in tiers.values())
     ssd = tiers["ssd"]
-    ssd_ids = ids[ids >= _ssd_range(store.placed.root)[0]]
+    ssd_ids = ids[np.asarray(store.placed.array("old_to_new"))[ids] >= _ssd_range(store.placed.root)[0]]
     assert ssd["rows"] == ssd_ids.size
     assert ssd["unique_rows"] == np.unique(ssd_ids).size
     assert ssd["bytes"] == ssd["unique_rows"] * store.row_bytes
@@ -128,7 +133,7 @@ def test_every_rank_holds_the_whole_gpu_cache(placed_dir: Path, truth: np.ndarra
     with TieredFeatureStore(open_placed(placed_dir)) as s:
         gpu = [b for b in s.placed.bins if b.tier == "gpu"]
         assert len(gpu) == 1 and s.gpu.shape[0] == gpu[0].count > 0
-        ids = np.arange(gpu[0].count)[::-1].copy()
+        ids = _vertex_at(placed_dir)[np.arange(gpu[0].count)[::-1]]  # the vertices of the GPU bin's rows
         assert np.array_equal(s.get(torch.from_numpy(ids)).numpy(), truth[ids])
         assert s.stats()["tiers"]["gpu"]["rows"] == len(ids) and s.stats()["hit_rate"]["gpu"] == 1.0
 
@@ -398,7 +403,8 @@ def test_get_is_faster_than_a_pread_loop(placed_dir: Path) -> None:
     """50,000 random SSD ids through ``get`` against one pread per id in a single thread, both
     reading through the page cache."""
     lo, hi = _ssd_range(placed_dir)
-    ids = np.random.default_rng(8).integers(lo, hi, 50_000)
+    rows = np.random.default_rng(8).integers(lo, hi, 50_000)
+    ids = _vertex_at(placed_dir)[rows]
     with TieredFeatureStore(open_placed(placed_dir), reader=FileReader(direct=False)) as s:
         s.get(torch.from_numpy(ids))  # warm the page cache and the staging buffer
         t_get = _best(lambda: s.get(torch.from_numpy(ids)))
@@ -406,8 +412,8 @@ def test_get_is_faster_than_a_pread_loop(placed_dir: Path) -> None:
     ssd = [b for b in placed.bins if b.tier == "ssd"]
     fds = [os.open(b.path, os.O_RDONLY) for b in ssd]
     starts = np.array([b.start for b in ssd])
-    which = np.searchsorted(starts, ids, side="right") - 1
-    offsets = ((ids - starts[which]) * row_bytes).tolist()
+    which = np.searchsorted(starts, rows, side="right") - 1
+    offsets = ((rows - starts[which]) * row_bytes).tolist()
     fd_of = [fds[k] for k in which.tolist()]
 
     def loop() -> None:

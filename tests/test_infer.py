@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from moment import faults
 from moment.cli import main
 from moment.contracts.inference import InferenceManifest
+from placement.dataset import open_dataset
 from placement.placed import open_placed
 from trainer import checkpoint, loop
 from trainer.config import TrainConfig
@@ -62,7 +63,8 @@ def data(plan_file: Path, make_placed, tmp_path_factory: pytest.TempPathFactory)
 
 
 def full_forward(placed_dir: Path, ckpt: Path) -> list[np.ndarray]:
-    """Every layer's output, new ids: plain PyG convs over the whole edge_index, model.eval()."""
+    """Every layer's output, in dataset ids: plain PyG convs over the whole edge_index and the
+    source dataset's features, model.eval()."""
     placed = open_placed(placed_dir)
     meta = checkpoint.read_meta(ckpt)
     cfg = TrainConfig.from_dict(meta.config)
@@ -73,7 +75,7 @@ def full_forward(placed_dir: Path, ckpt: Path) -> list[np.ndarray]:
     indptr, indices = np.asarray(placed.array("indptr")), np.asarray(placed.array("indices"))
     n = placed.num_nodes
     edge_index = torch.from_numpy(np.stack([indices.astype(np.int64), np.repeat(np.arange(n), np.diff(indptr))]))
-    h = torch.from_numpy(placed.read_rows(np.arange(n)).astype(np.float32))
+    h = torch.from_numpy(np.asarray(open_dataset(placed.manifest.source.path).features()).astype(np.float32))
     outs = []
     with torch.no_grad():
         for i, conv in enumerate(model.convs):
@@ -100,8 +102,7 @@ def test_infer_equals_a_full_graph_forward_pass(data: dict[str, Path], tmp_path:
     m = infer(opts)
     got = _arrays(out)
     want = full_forward(data["placed"], data[model])
-    o2n = np.asarray(open_placed(data["placed"]).array("old_to_new"))
-    hidden, logits = want[0][o2n], want[1][o2n]  # original ids
+    hidden, logits = want[0], want[1]
     np.testing.assert_allclose(got["embeddings"], hidden, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
     assert np.array_equal(got["predictions"], logits.argmax(axis=1)) and got["predictions"].dtype == np.int64
@@ -110,10 +111,8 @@ def test_infer_equals_a_full_graph_forward_pass(data: dict[str, Path], tmp_path:
     for entry in m.arrays.values():
         assert checkpoint_sha(out / entry.path) == entry.sha256
     placed = open_placed(data["placed"])
-    test_old = np.asarray(placed.array("new_to_old"))[np.asarray(placed.array("test"))]
-    labels_old = np.empty(placed.num_nodes, dtype=np.int64)
-    labels_old[np.asarray(placed.array("new_to_old"))] = np.asarray(placed.array("labels"))
-    assert m.accuracy["test"] == pytest.approx(float((got["predictions"][test_old] == labels_old[test_old]).mean()))
+    test, labels = np.asarray(placed.array("test")), np.asarray(open_dataset(placed.manifest.source.path).labels())
+    assert m.accuracy["test"] == pytest.approx(float((got["predictions"][test] == labels[test]).mean()))
     assert m.data.placed_sha256 == checkpoint.DataIdentity.of(placed.root, placed.manifest).placed_sha256
     assert [t.stage for t in m.throughput] == ["layer 1", "layer 2", "export"]
     assert all(t.vertices == placed.num_nodes for t in m.throughput)
@@ -129,8 +128,7 @@ def test_float16_and_last_layer_only(data: dict[str, Path], tmp_path: Path) -> N
     infer(InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "o", dtype="float16", device="cpu"))
     got = _arrays(tmp_path / "o")
     assert set(got) == {"embeddings", "predictions"} and got["embeddings"].dtype == np.float16
-    o2n = np.asarray(open_placed(data["placed"]).array("old_to_new"))
-    want = full_forward(data["placed"], data["sage"])[0][o2n]
+    want = full_forward(data["placed"], data["sage"])[0]
     np.testing.assert_allclose(got["embeddings"].astype(np.float32), want, rtol=2e-3, atol=2e-3)
 
 

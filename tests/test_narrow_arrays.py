@@ -1,8 +1,9 @@
-"""Arrays written narrower than int64 (labels in the narrowest type holding the classes, the
-hotness counts in int32): the same values as the int64 ones written before, which still load,
-and every consumer widens per batch, so none may read them as int64. The old side is
-tests/placed_fixtures/sha256 (a placement and its source written with int64 labels and
-counts); the new side the same source placed now."""
+"""Arrays narrower than int64 (labels in the narrowest type holding the classes, as imports
+write them; the hotness counts in int32): the same values as the int64 ones written before,
+which still load, and every consumer widens per batch, so none may read them as int64. A placed
+dataset's labels are its dataset's file: the wide side is the source of
+tests/placed_fixtures/sha256 (written with int64 labels and counts) placed now, the narrow side
+the same source with its labels narrowed, placed alike."""
 
 from __future__ import annotations
 
@@ -28,16 +29,17 @@ FIXTURE = Path(__file__).parent / "placed_fixtures" / "sha256"
 
 @pytest.fixture(scope="module")
 def old_and_new(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Placed, Placed]:
-    """The fixture's placement (int64 labels) and its source placed now, with its options."""
+    """The fixture's source (int64 labels) and a copy with narrow labels, each placed with the
+    fixture's options."""
     root = tmp_path_factory.mktemp("narrow")
     shutil.copytree(FIXTURE, root / "old")
-    place(
-        plan_file,
-        root / "old" / "ds",
-        root / "new",
-        PlaceOptions(gpu_cache="3%", cpu_cache="4%", pack=True, pack_budget="1MiB"),
-    )
-    return open_placed(root / "old" / "placed", checksums=True), open_placed(root / "new", checksums=True)
+    shutil.copytree(FIXTURE / "ds", root / "narrow-ds")
+    labels = root / "narrow-ds" / "labels.npy"
+    np.save(labels, np.load(labels).astype(label_type(int(np.load(labels).max()) + 1)))
+    opts = PlaceOptions(gpu_cache="3%", cpu_cache="4%", pack=True, pack_budget="1MiB")
+    place(plan_file, root / "old" / "ds", root / "wide", opts)
+    place(plan_file, root / "narrow-ds", root / "new", opts)
+    return open_placed(root / "wide", checksums=True), open_placed(root / "new", checksums=True)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +55,7 @@ def test_labels_take_the_narrowest_type_holding_minus_one_and_every_class(classe
         assert np.iinfo(LABEL_DTYPES[LABEL_DTYPES.index(dtype) - 1]).max < classes - 1
 
 
-def test_placed_labels_are_narrow_and_hold_the_int64_values(old_and_new: tuple[Placed, Placed]) -> None:
+def test_placed_labels_are_the_datasets_narrow_or_wide(old_and_new: tuple[Placed, Placed]) -> None:
     old, new = old_and_new
     assert old.array("labels").dtype == np.int64  # written before labels were narrowed
     assert new.array("labels").dtype == np.int8 == label_type(new.num_classes)
@@ -86,16 +88,17 @@ def test_place_takes_old_int64_and_new_int32_hotness_files_alike(
 ) -> None:
     """``moment place --hotness`` with the old placement's int64 counts and with the new one's
     int32 counts (the same values) places alike, and saves them as int32."""
-    old, new = old_and_new
-    assert np.load(old.root / "hotness.npy").dtype == np.int64 and np.load(new.root / "hotness.npy").dtype == np.int32
-    assert np.array_equal(np.load(old.root / "hotness.npy"), np.load(new.root / "hotness.npy"))
-    source = old.root.parent / "ds"
+    _, new = old_and_new
+    before = new.root.parent / "old" / "placed"  # the fixture's placement: its counts file in int64
+    assert np.load(before / "hotness.npy").dtype == np.int64 and np.load(new.root / "hotness.npy").dtype == np.int32
+    assert np.array_equal(np.load(before / "hotness.npy"), np.load(new.root / "hotness.npy"))
+    source = new.root.parent / "old" / "ds"
     outs = []
-    for given in (old.root / "hotness.npy", new.root / "hotness.npy"):
+    for given in (before / "hotness.npy", new.root / "hotness.npy"):
         out = tmp_path / given.parent.name
         place(plan_file, source, out, PlaceOptions(gpu_cache="3%", cpu_cache="4%", hotness=given))
         outs.append(open_placed(out, checksums=True))
         assert np.load(out / "hotness.npy").dtype == np.int32
-    for key in ("old_to_new", "labels", "hotness", "indptr", "indices"):
+    for key in ("old_to_new", "labels", "indptr", "indices"):
         assert np.array_equal(outs[0].array(key), outs[1].array(key)), key
     assert np.array_equal(outs[0].array("old_to_new"), new.array("old_to_new"))

@@ -32,7 +32,7 @@ from trainer.config import TrainConfig
 from trainer.dist import NODE_RANK, DistEnv, all_done, check_numbering
 from trainer.infer import InferOptions, infer, work_out
 from trainer.infer import torchrun_command as infer_torchrun_command
-from trainer.nodes import NodeData, config_difference, per_node, shared_config, source_order, straggler
+from trainer.nodes import NodeData, config_difference, per_node, shared_config, straggler
 
 TRAINER = ["--fanouts", "10,5", "--batch-size", "512", "--hidden", "64", "--lr", "0.01", "--device", "cpu"]
 
@@ -45,7 +45,7 @@ def _synth(out: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def nodes(plan_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One dataset placed three times (node 0's, node 1's, and one with larger caches: another
-    relabelling), and a placement of another dataset."""
+    row map, the same vertex ids), and a placement of another dataset."""
     root = tmp_path_factory.mktemp("nodes")
     _synth(root / "ds", 1)
     _synth(root / "other", 2)
@@ -193,17 +193,16 @@ def test_a_node_with_other_data_is_refused_by_name(plan_file: Path, nodes: Path,
 
 
 def test_node_data_is_the_data_not_the_placement(nodes: Path) -> None:
-    """Two placements of one dataset agree whatever their caches (the splits are in the source's
-    order), though larger caches relabel the vertices; another dataset differs, named."""
+    """Placements of one dataset agree whatever their caches: larger caches give another row map,
+    but the vertex ids, splits and labels are the dataset's on every node; another dataset
+    differs, named."""
     a, b, wide, other = (NodeData.of(open_placed(nodes / n)) for n in ("node0", "node1", "wide", "other-node"))
-    assert a == b
-    assert wide.difference(a) is None and wide.relabel != a.relabel  # the issue's "ids agree": not across layouts
-    # In the source's order, position i of the train split is one vertex on both placements.
+    assert a == b == wide
     placed_a, placed_wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
-    source_a, source_wide = (
-        np.asarray(p.array("new_to_old"))[source_order(p, p.array("train"))] for p in (placed_a, placed_wide)
-    )
-    assert np.array_equal(source_a, source_wide) and np.all(np.diff(source_a) > 0)
+    assert not np.array_equal(placed_a.array("old_to_new"), placed_wide.array("old_to_new"))
+    # position i of the train split is one vertex on both placements: the dataset's file
+    assert np.array_equal(placed_a.array("train"), placed_wide.array("train"))
+    assert placed_a.file("train").stat().st_ino == placed_wide.file("train").stat().st_ino
     why = other.difference(a)
     assert why is not None and ("num_edges" in why or "split" in why or "labels" in why)
 
@@ -486,15 +485,15 @@ def test_two_nodes_infer_what_one_process_infers(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["sage", "gat"])
-def test_a_node_numbering_the_vertices_otherwise_infers_what_one_process_infers(
+def test_a_node_placed_otherwise_infers_what_one_process_infers(
     nodes: Path, inferable: dict[str, Path], tmp_path: Path, model: str
 ) -> None:
-    """Node 1's placement has larger caches: the same data, another numbering. It computes in node
-    0's ids, and node 0's --out holds the bytes of one process on node 0's placement, on the
-    broadcast engine (SAGE, partitions and relays; node 1 first stopped in layer 2 and the job
-    resumed, its map made again) and the gather engine (GAT)."""
-    numbering = [np.asarray(open_placed(nodes / k).array("new_to_old")) for k in ("node0", "wide")]
-    assert not np.array_equal(*numbering)
+    """Node 1's placement has larger caches: the same data and vertex ids, another row map (its
+    layer 1 reads its own tiers through it). Node 0's --out holds the bytes of one process on
+    node 0's placement, on the broadcast engine (SAGE, partitions and relays; node 1 first
+    stopped in layer 2 and the job resumed) and the gather engine (GAT)."""
+    rows = [np.asarray(open_placed(nodes / k).array("old_to_new")) for k in ("node0", "wide")]
+    assert not np.array_equal(*rows)
     data, ck = (nodes / "node0", nodes / "wide"), inferable[model]
     extra = _memory() if model == "sage" else []
     outs = (tmp_path / "o0", tmp_path / "o1")
@@ -507,7 +506,6 @@ def test_a_node_numbering_the_vertices_otherwise_infers_what_one_process_infers(
         )
     n0, n1 = finish(start_infer_nodes(data, ck, outs, extra))
     assert n0.returncode == 0 and n1.returncode == 0, n0.stderr[-3000:] + n1.stderr[-3000:]
-    assert "note: node(s) 1 number the vertices otherwise than node 0" in n0.stderr
     if model == "sage":
         assert "resuming the interrupted" in n0.stderr and "resuming the interrupted" in n1.stderr
     memory = 2 * int(extra[1]) if extra else None
@@ -521,28 +519,6 @@ def test_a_node_numbering_the_vertices_otherwise_infers_what_one_process_infers(
     assert set(a) == set(b) == {"embeddings", "predictions", "logits"} and all(a[k] == b[k] for k in a)
     assert InferenceManifest.read(outs[0] / "inference.json").accuracy == one.accuracy
     assert not (tmp_path / "o1.node1.partial").exists() and not outs[1].exists()
-
-
-def test_a_renumbered_node_rewrites_its_ranges_in_edges_in_node_0s_ids(nodes: Path, tmp_path: Path) -> None:
-    """The in-edges a node numbered otherwise computes from are node 0's rows of its range, in
-    node 0's ids and order; rows outside the range are empty."""
-    from trainer.infer_nodes import JobIds, job_csr
-
-    node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
-    to_mine = np.asarray(wide.array("old_to_new"))[np.asarray(node0.array("new_to_old"))].astype(np.int64)
-    from_job = np.empty_like(to_mine)
-    from_job[to_mine] = np.arange(to_mine.size)
-    assert not np.array_equal(to_mine, np.arange(to_mine.size))  # the numbering differs
-    (tmp_path / "work").mkdir()
-    np.save(tmp_path / "work" / "job-to-mine.npy", to_mine)
-    n, lo, hi = to_mine.size, 1_234, 4_321
-    job_csr(wide, to_mine, from_job, lo, hi, tmp_path)
-    job = JobIds.open(tmp_path)
-    ptr, idx = np.asarray(node0.array("indptr")), np.asarray(node0.array("indices"))
-    assert np.array_equal(job.to_mine, to_mine) and job.indptr.shape == (n + 1,)
-    assert not job.indptr[: lo + 1].any() and (job.indptr[hi:] == job.indptr[-1]).all()
-    assert np.array_equal(np.diff(job.indptr[lo : hi + 1]), np.diff(ptr[lo : hi + 1]))
-    assert np.array_equal(job.indices, idx[ptr[lo] : ptr[hi]]) and job.indices.dtype == idx.dtype
 
 
 @pytest.mark.slow
@@ -612,12 +588,12 @@ def test_each_node_runs_the_infer_ranks_with_its_node_rank(tmp_path: Path) -> No
     assert "--standalone" in one and one[0] != "env"
 
 
-def test_a_node_numbering_the_vertices_otherwise_is_named_for_inference(
+def test_a_node_placed_otherwise_passes_the_checks_and_other_data_is_refused(
     nodes: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Node 1 on the larger caches' placement (the same data, another numbering) trains and infers:
-    the inference check names it (it then computes in node 0's ids); a node with other data, or
-    running another checkpoint, is refused, by name."""
+    """Node 1 on the larger caches' placement (the same data and ids, another row map) trains and
+    infers with nothing to note; a node with other data, or running another checkpoint, is
+    refused, by name."""
     from trainer import nodes as node_check
 
     node0, wide = open_placed(nodes / "node0"), open_placed(nodes / "wide")
@@ -634,9 +610,9 @@ def test_a_node_numbering_the_vertices_otherwise_is_named_for_inference(
 
     env = DistEnv(1, 2, 0, True, node_rank=1, nodes=2)
     node0_runs(None)
-    assert node_check.check_same_data(env, wide, TrainConfig(data="d")).reorder  # training: a note, not a refusal
-    assert node_check.check_same_inference(env, wide, shared) == node_check.SameInference(None, (1,))
-    assert node_check.check_same_inference(env, node0, shared) == node_check.SameInference()  # numbered alike
+    assert node_check.check_same_data(env, wide, TrainConfig(data="d")).predictions is not None  # no refusal
+    assert node_check.check_same_inference(env, wide, shared) == node_check.SameInference()
+    assert node_check.check_same_inference(env, node0, shared) == node_check.SameInference()
     with pytest.raises(MomentError, match=r"node 1 \(.*other-node\) holds other data than node 0: "):
         node_check.check_same_inference(env, open_placed(nodes / "other-node"), shared)
     node0_runs(shared)

@@ -299,7 +299,8 @@ def test_the_placed_hotness_can_be_reused(plan_file: Path, dataset: Path, tmp_pa
     first = place(plan_file, dataset, tmp_path / "a", PlaceOptions(**OPTS))
     again = place(plan_file, dataset, tmp_path / "b", PlaceOptions(hotness=tmp_path / "a" / "hotness.npy", **OPTS))
     assert [b["count"] for b in again["bins"]] == [b["count"] for b in first["bins"]]
-    assert np.array_equal(np.load(tmp_path / "a" / "hotness_new.npy"), np.load(tmp_path / "b" / "hotness_new.npy"))
+    for name in ("hotness.npy", "old_to_new.npy"):
+        assert np.array_equal(np.load(tmp_path / "a" / name), np.load(tmp_path / "b" / name)), name
 
 
 def test_verify_compares_bytes_so_nan_features_verify(plan_file: Path, tmp_path: Path) -> None:

@@ -108,12 +108,12 @@ def test_packed_rows_read_back_byte_for_byte(runs: dict[str, tuple[Path, Metrics
     root = runs["packed"][0]
     placed = open_placed(root)
     src = np.asarray(open_dataset(dataset).features())
-    new_to_old = np.asarray(placed.array("new_to_old"))
+    vertex_at = np.argsort(np.asarray(placed.array("old_to_new")))  # the vertex at each row
     ids = np.random.default_rng(0).permutation(placed.num_nodes)
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
-        got = store.get(ids).numpy()
-    assert got.tobytes() == src[new_to_old[ids]].tobytes()
-    assert placed.read_rows(ids).tobytes() == src[new_to_old[ids]].tobytes()
+        got = store.get(ids).numpy()  # dataset ids
+    assert got.tobytes() == src[ids].tobytes()
+    assert placed.read_rows(ids).tobytes() == src[vertex_at[ids]].tobytes()  # rows
     assert verify(root, sample=placed.num_nodes)["sampled"] > 0.6 * placed.num_nodes
     ssd = [b for b in placed.bins if b.tier == "ssd"]
     assert ssd and all(b.slots is not None for b in ssd)
@@ -460,7 +460,7 @@ def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
     assert c.bytes <= c.budget == int(0.40 * ssd_bytes) and c.threshold > 1
     placed = open_placed(root)
     src = np.asarray(open_dataset(dataset).features())
-    new_to_old = np.asarray(placed.array("new_to_old"))
+    vertex_at = np.argsort(np.asarray(placed.array("old_to_new")))  # the vertex at each row
     shared = 0
     for b in placed.bins:
         if b.tier != "ssd":
@@ -469,7 +469,7 @@ def test_chunks_hold_each_batch_s_rows_and_share_the_hot_ones(
         for path, at, where in b.copies(placed.row_bytes):
             data = np.fromfile(path, dtype=np.uint8)
             copy = data[where(np.arange(at.size))[:, None] + np.arange(placed.row_bytes)]
-            assert copy.tobytes() == src[new_to_old[b.start + np.asarray(at)]].view(np.uint8).tobytes()
+            assert copy.tobytes() == src[vertex_at[b.start + np.asarray(at)]].view(np.uint8).tobytes()
         shared += np.load(b.chunks.shared_rows).size
     assert shared > 0
     assert verify(root, sample=placed.num_nodes)["sampled"] > 0
@@ -526,13 +526,12 @@ def test_only_the_replayed_batch_reads_its_chunk(chunked: tuple[Path, MetricsDoc
     drawn = replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)
     nodes = [b.nodes.numpy() for b, _ in zip(drawn, range(2))]
     src = np.asarray(open_dataset(dataset).features())
-    new_to_old = np.asarray(placed.array("new_to_old"))
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
         assert store.chunks.first_batch(0, 0, 1) == 0 and store.chunks.first_batch(1, 0, 1) is None
         for number, ids, right in ((0, nodes[0], True), (0, nodes[1], False), (1, nodes[1], True)):
             store.reset_stats()
             got = store.get(torch.from_numpy(ids), batch=number).numpy()
-            assert got.tobytes() == src[new_to_old[ids]].tobytes()
+            assert got.tobytes() == src[ids].tobytes()
             chunks = store.stats()["chunks"]
             assert (chunks["chunk_reads"] > 0, chunks["missed"] > 0) == (right, not right)
             assert (chunks["batches"], chunks["batches_from_chunks"]) == (1, int(right))
@@ -554,7 +553,7 @@ def test_a_budget_that_shares_nothing_reads_each_batch_from_its_chunk(
     arrays = [placed.array(k) for k in ("indptr", "indices", "train")]
     drawn = replay_samples(*arrays, pack.fanouts, pack.batch_size, pack.seed, 1, 1)
     nodes = [b.nodes.numpy() for b, _ in zip(drawn, range(3))]
-    src = np.asarray(open_dataset(dataset).features())[np.asarray(placed.array("new_to_old"))]
+    src = np.asarray(open_dataset(dataset).features())
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
         for number, ids in ((0, nodes[0]), (1, nodes[1]), (2, nodes[2]), (2, nodes[0])):
             store.reset_stats()
@@ -671,7 +670,7 @@ def test_a_placement_with_chunks_back_to_back_still_reads_right(
     with TieredFeatureStore(placed, device="cpu", io="posix") as store:
         got = store.get(torch.from_numpy(nodes), batch=0).numpy()
         assert store.stats()["chunks"]["chunk_reads"] > 0
-    assert got.tobytes() == src[np.asarray(placed.array("new_to_old"))[nodes]].tobytes()
+    assert got.tobytes() == src[nodes].tobytes()
 
 
 @pytest.mark.parametrize("kind", ["chunks", "shared"])

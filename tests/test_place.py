@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,8 +17,7 @@ import pytest
 from moment.contracts.placed import MANIFEST, PHASES
 from moment.errors import MomentError, UsageError
 from moment.topology.profile_io import resolve_profile
-from placement.dataset import label_type, open_dataset
-from placement.digests import file_digest
+from placement.dataset import open_dataset
 from placement.place import PlaceOptions, place
 from placement.placed import PlacedError, open_placed, verify
 from placement.synth import synthesize
@@ -36,62 +38,89 @@ def test_every_feature_reads_back(plan_file: Path, dataset: Path, tmp_path: Path
     manifest = place(plan_file, dataset, out, PlaceOptions(**OPTS))
     ds, placed = open_dataset(dataset), open_placed(out, checksums=True)
     n = ds.num_nodes
-    # Every vertex, through the placed layout, equals its source row.
+    # Every vertex, through the row map, equals its source row.
     new = np.asarray(placed.array("old_to_new"))
     assert np.array_equal(np.sort(new), np.arange(n))
     assert np.array_equal(placed.read_rows(new), np.asarray(ds.features()))
-    # Bins: tier order in id space, original order inside each bin, capacities kept.
+    # Bins: tier order in row space, the dataset's order inside each bin, capacities kept.
     tiers = [b.tier for b in placed.bins]
     assert tiers == sorted(tiers, key=["gpu", "cpu", "ssd"].index)
-    old = np.asarray(placed.array("new_to_old"))
+    old = np.argsort(new)  # the vertex at each row
     for b in placed.bins:
         assert (np.diff(old[b.start : b.start + b.count]) > 0).all()
     caps = {b["name"]: b["capacity"] for b in manifest["bins"]}
     assert all(b.count <= caps[b.name] for b in placed.bins)
-    # Topology, labels and splits rewritten in new ids.
-    indptr, indices = np.asarray(ds.indptr()), np.asarray(ds.indices())
-    pin, pind = np.asarray(placed.array("indptr")), np.asarray(placed.array("indices"))
-    for v in np.random.default_rng(0).integers(0, n, 200):
-        mine = set(new[indices[indptr[v] : indptr[v + 1]]].tolist())
-        assert mine == set(pind[pin[new[v]] : pin[new[v] + 1]].tolist())
-    assert np.array_equal(np.asarray(placed.array("labels"))[new], np.asarray(ds.labels()))
-    assert np.array_equal(np.sort(old[np.asarray(placed.array("train"))]), np.sort(np.asarray(ds.split("train"))))
-    # Hotter tiers hold hotter vertices.
-    hot = np.asarray(placed.array("hotness"))
+    # Topology, labels and splits are the dataset's own files: the same inode (hard links on one
+    # file system), nothing rewritten.
+    for key in ("indptr", "indices", "labels", "train", "val", "test"):
+        src, mine = ds.path(key).stat(), placed.file(key).stat()
+        assert (src.st_dev, src.st_ino) == (mine.st_dev, mine.st_ino), key
+        assert mine.st_nlink >= 2
+    assert "new_to_old" not in manifest["files"] and "hotness" not in manifest["files"]
+    # Hotter tiers hold hotter vertices (the counts in dataset ids).
+    hot = np.load(out / "hotness.npy")[old]
     gpu_end = sum(b.count for b in placed.bins if b.tier == "gpu")
     ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
     assert hot[:gpu_end].min() >= hot[ssd_start:].max()
-    assert np.array_equal(hot, np.load(out / "hotness.npy")[old])
-    # Ids and counts as int32 where they fit (the CSR keeps the dataset's index type), labels
-    # in the narrowest type holding the classes (16 here: int8; tests/test_narrow_arrays.py: from int64).
-    for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
-        assert placed.array(key).dtype == np.int32, key
-    assert placed.array("labels").dtype == np.int8 == label_type(ds.num_classes)
+    assert placed.array("old_to_new").dtype == np.int32  # int32 where the ids fit
     assert verify(out)["rows"] == n
 
 
-def test_placements_with_int64_ids_still_verify(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
-    """A placement written before ids went int32 (int64 id maps, splits and counts) verifies and
-    reads back as before; so does a damaged one still fail."""
+def test_the_placement_outlives_its_dataset(plan_file: Path, tmp_path: Path) -> None:
+    """Linked files are names of their own: the dataset replaced (a new import into its
+    directory) or removed leaves the placed dataset's bytes as they were, and it verifies."""
+    ds_dir = tmp_path / "ds"
+    synthesize(ds_dir, nodes=3_000, avg_degree=4, dim=8, dtype="float32", seed=2, train_fraction=0.2)
+    out = tmp_path / "placed"
+    place(plan_file, ds_dir, out, PlaceOptions(**OPTS))
+    before = {k: open_placed(out).file(k).read_bytes() for k in ("indptr", "indices", "labels", "train")}
+    synthesize(ds_dir, nodes=3_000, avg_degree=6, dim=8, dtype="float32", seed=3, train_fraction=0.3, replace=True)
+    assert open_dataset(ds_dir).path("indices").read_bytes() != before["indices"]  # the dataset did change
+    placed = open_placed(out, checksums=True)
+    assert {k: placed.file(k).read_bytes() for k in before} == before
+    shutil.rmtree(ds_dir)
+    assert verify(out, sample=0)["files"] > 0 and open_placed(out).file("indices").read_bytes() == before["indices"]
+
+
+def test_where_links_fail_the_files_are_copied(
+    plan_file: Path, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another file system (EXDEV) or links refused: the files are copied, the same bytes, and
+    place says so."""
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", refuse)
+    said: list[str] = []
+    out = tmp_path / "placed"
+    place(plan_file, dataset, out, PlaceOptions(**OPTS), log=said.append)
+    assert any("topology, labels and splits: copies of" in line and "copied" in line for line in said)
+    ds, placed = open_dataset(dataset), open_placed(out, checksums=True)
+    for key in ("indptr", "indices", "labels", "train", "val", "test"):
+        assert placed.file(key).stat().st_ino != ds.path(key).stat().st_ino, key
+        assert placed.file(key).read_bytes() == ds.path(key).read_bytes(), key
+    assert verify(out)["rows"] == ds.num_nodes
+
+
+def test_an_older_placement_is_refused_in_one_line(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
+    """A moment.placed/3 placement (graph in row ids) is refused by everything that reads it,
+    naming placed.json and the fix; `moment place` replaces it."""
     out = tmp_path / "placed"
     place(plan_file, dataset, out, PlaceOptions(**OPTS))
     m = json.loads((out / MANIFEST).read_text())
-    for key in ("old_to_new", "new_to_old", "train", "val", "test", "hotness"):
-        path = out / m["files"][key]["path"]
-        np.save(path, np.load(path).astype(np.int64))
-        m["files"][key].update(bytes=path.stat().st_size, digest=file_digest(path, m["files"][key]["digest_algorithm"]))
-    (out / MANIFEST).write_text(json.dumps(m))
-    placed = open_placed(out, checksums=True)
-    assert placed.array("old_to_new").dtype == np.int64
-    assert verify(out, sample=30_000)["sampled"] > 0
-    new = np.asarray(placed.array("old_to_new"))
-    assert np.array_equal(placed.read_rows(new), np.asarray(open_dataset(dataset).features()))
-    path = out / m["files"]["new_to_old"]["path"]
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0x40
-    path.write_bytes(bytes(data))
-    with pytest.raises(PlacedError, match="checksum mismatch"):
-        verify(out)
+    (out / MANIFEST).write_text(json.dumps({**m, "format": "moment.placed/3"}))
+    with pytest.raises(PlacedError) as err:
+        open_placed(out)
+    assert str(err.value) == (
+        f"{out / MANIFEST}: format 'moment.placed/3': placed by an older moment: run `moment place` again"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "moment", "verify", str(out)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0 and done.stderr.strip().count("\n") == 0 and "placed by an older moment" in done.stderr
+    assert place(plan_file, dataset, out, PlaceOptions(**OPTS))["format"] == "moment.placed/4"
+    assert open_placed(out).manifest.format == "moment.placed/4"
 
 
 def test_timings_name_every_phase(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
@@ -181,6 +210,9 @@ def test_replacing_a_placement_keeps_only_the_new_one(plan_file: Path, dataset: 
     place(plan_file, dataset, out, PlaceOptions(policy="hash", **OPTS))
     assert json.loads((out / "placed.json").read_text())["policy"] == "hash"
     assert [p.name for p in tmp_path.iterdir()] == ["placed"]
+    ds = open_dataset(dataset)  # the old placement's names of the dataset's files went, not the files
+    assert all(ds.path(k).is_file() for k in ("indptr", "indices", "labels", "train", "val", "test"))
+    assert verify(out)["rows"] == ds.num_nodes
 
 
 def test_bad_input(plan_file: Path, dataset: Path, tmp_path: Path) -> None:
@@ -224,7 +256,10 @@ def test_cli_place_and_verify(plan_file: Path, dataset: Path, tmp_path: Path) ->
     assert "achieved" in done.stdout
     # Before writing: what goes where and how long it should take; after: where the time went.
     said = " ".join(done.stderr.split())
-    assert f"to {tmp_path / 'ssd0'} (bins nvme0)" in said and f"to {out} (topology, labels, id maps" in said
+    assert (
+        f"to {tmp_path / 'ssd0'} (bins nvme0)" in said
+        and f"to {out} (the row map, hotness, and the dataset's topology" in said
+    )
     assert "expected: about" in said and "from here" in said and "if the machine stays as loaded as now" in said
     assert "where the time went" in done.stdout and "pre-sampling hotness" in done.stdout
     assert "split-half gap at the caches" in done.stdout

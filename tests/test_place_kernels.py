@@ -1,5 +1,5 @@
 """The compiled passes behind `moment place`'s speed give what the plain numpy ones gave:
-grouping rows by bin, the relabelling counting sort, the CSR rewrite, checksummed .npy files."""
+grouping rows by bin, the row map's counting sort, checksummed .npy files."""
 
 from __future__ import annotations
 
@@ -28,64 +28,16 @@ def test_group_rows_is_a_stable_sort_by_bin(width: int) -> None:
     assert np.array_equal(got, rows[np.argsort(bins, kind="stable")])
 
 
-def test_relabel_maps_are_the_stable_sort_by_tier_and_inverse() -> None:
+def test_the_row_map_is_the_stable_sort_by_tier() -> None:
     rng = np.random.default_rng(0)
     tiers = ["ssd", "gpu", "ssd", "cpu", "gpu"]
     bin_of = rng.integers(0, len(tiers), 10_000).astype(np.int16)
     r = rl.relabel(bin_of, tiers)
     rank = np.array([3, 0, 4, 2, 1])[bin_of]  # gpu bins 1 and 4 first (plan order), then cpu 3, ssd 0 and 2
     assert r.order == [1, 4, 3, 0, 2]
-    assert r.new_to_old.dtype == np.int32 and r.old_to_new.dtype == np.int32
-    assert np.array_equal(r.new_to_old, np.argsort(rank, kind="stable"))
-    assert np.array_equal(r.old_to_new[r.new_to_old], np.arange(bin_of.size))
+    assert r.old_to_new.dtype == np.int32
+    assert np.array_equal(np.argsort(r.old_to_new), np.argsort(rank, kind="stable"))  # the vertex at each row
     assert np.array_equal(np.diff(r.starts), np.bincount(bin_of, minlength=5)[r.order])
-
-
-@pytest.mark.parametrize("chunk_rows, chunk_edges", [(100, 1 << 22), (10_000, 50)])
-def test_rewrite_csr_equals_the_graph_in_new_ids(tmp_path: Path, chunk_rows: int, chunk_edges: int) -> None:
-    """Many chunks by rows, and by edges: rows longer than the edge bound (up to 400) go alone."""
-    rng = np.random.default_rng(1)
-    n = 3000
-    deg = rng.zipf(2.0, n).clip(0, 400)
-    deg[::7] = 0  # rows without neighbours
-    indptr = np.concatenate(([0], np.cumsum(deg))).astype(np.int64)
-    indices = rng.integers(0, n, int(indptr[-1])).astype(np.int32)
-    r = rl.relabel(rng.integers(0, 4, n).astype(np.int16), ["gpu", "cpu", "ssd", "ssd"])
-    out_ptr = NpyWriter(tmp_path / "indptr.npy", np.int64, (n + 1,))
-    out_ind = NpyWriter(tmp_path / "indices.npy", np.int32, (indices.size,))
-    seen: list[int] = []
-    rl.rewrite_csr(indptr, indices, r, out_ptr, out_ind, chunk_rows, lambda done, _: seen.append(done), chunk_edges)
-    assert len(seen) > 10 and len(seen) >= indices.size // max(chunk_edges, int(deg.max())) and seen[-1] == n
-    for f in (out_ptr, out_ind):
-        assert f.close() == file_digest(f.path, PLACED_DIGEST)
-    new_ptr, new_ind = np.load(tmp_path / "indptr.npy"), np.load(tmp_path / "indices.npy")
-    assert new_ind.dtype == np.int32 and new_ptr[-1] == indices.size
-    for new in range(n):
-        old = r.new_to_old[new]
-        expect = r.old_to_new[indices[indptr[old] : indptr[old + 1]]]
-        assert np.array_equal(new_ind[new_ptr[new] : new_ptr[new + 1]], expect)
-
-
-def test_extents_look_each_row_up_once_among_hubs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows over the edge bound (hubs) go one per chunk, and each row's extent is looked up once,
-    not a look-ahead of ``max_rows`` rows again for every hub."""
-    n, max_rows, max_edges = 5000, 1000, 50
-    deg = np.full(n, 3, dtype=np.int64)
-    deg[:2000] = 100  # 2000 hubs, each over the bound
-    indptr = np.concatenate(([0], np.cumsum(deg)))
-    looked: list[int] = []
-    kernel = rl.row_extents
-    monkeypatch.setattr(
-        rl, "row_extents", lambda n2o, ptr, lo, s, lens: (looked.append(s.size), kernel(n2o, ptr, lo, s, lens))
-    )
-    r = rl.relabel(np.zeros(n, dtype=np.int16), ["ssd"])  # one bin: new ids are the old ones
-    chunks = list(rl._extents(indptr, r, max_rows, max_edges))
-    assert [lens.size for _, _, lens in chunks[:2000]] == [1] * 2000
-    assert all(lens.size <= max_rows and (lens.sum() <= max_edges or lens.size == 1) for _, _, lens in chunks)
-    assert [end for end, _, _ in chunks] == list(np.cumsum([lens.size for _, _, lens in chunks]))
-    assert chunks[-1][0] == n and sum(looked) == n  # every row looked up once (was 2000 x 1000 for the hubs)
-    assert np.array_equal(np.concatenate([s for _, s, _ in chunks]), indptr[:-1])
-    assert np.array_equal(np.concatenate([lens for _, _, lens in chunks]), deg)
 
 
 def test_npy_writer_checksums_what_numpy_reads_back(tmp_path: Path) -> None:
@@ -208,7 +160,7 @@ def test_write_bins_waits_for_a_reading_thread_the_executor_never_registered(
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
 def test_relabel_in_ranges_is_the_same_stable_sort(threads: int) -> None:
-    """The id maps built by ``threads`` ranges of vertices at once: the same stable sort by bin
+    """The row map built by ``threads`` ranges of vertices at once: the same stable sort by bin
     rank as one pass, whatever the ranges' shares of each bin (a bin absent from a range too)."""
     rng = np.random.default_rng(threads)
     tiers = ["ssd", "gpu", "ssd", "cpu"]
@@ -217,6 +169,5 @@ def test_relabel_in_ranges_is_the_same_stable_sort(threads: int) -> None:
     bin_of[: n // 4] = 0  # the first range holds bin 0 only
     r = rl.relabel(bin_of, tiers, threads=threads)
     rank = np.array([2, 0, 3, 1])[bin_of]
-    assert np.array_equal(r.new_to_old, np.argsort(rank, kind="stable"))
-    assert np.array_equal(r.old_to_new[r.new_to_old], np.arange(n))
+    assert np.array_equal(np.argsort(r.old_to_new), np.argsort(rank, kind="stable"))
     assert np.array_equal(np.diff(r.starts), np.bincount(bin_of, minlength=4)[r.order])

@@ -39,7 +39,7 @@ def test_feature_store_serves_x_and_y_graph_store_the_csr(placed: Placed) -> Non
     fs, gs = pyg_stores(placed)
     idx = torch.from_numpy(np.random.default_rng(1).integers(0, placed.num_nodes, 50))
     labels = np.asarray(placed.array("labels"))
-    assert np.array_equal(fs[None, "x", idx].numpy(), placed.read_rows(idx.numpy()))
+    assert np.array_equal(fs[None, "x", idx].numpy(), placed.read_vertices(idx.numpy()))
     assert np.array_equal(fs[None, "y", idx].numpy(), labels[idx.numpy()])
     assert fs.get_tensor_size(None, "y") == (placed.num_nodes,)
     assert np.array_equal(fs.get_tensor(group_name=None, attr_name="y", index=None).numpy(), labels)
@@ -77,7 +77,7 @@ def test_a_pyg_model_trains_through_nodeloader_on_the_stores(placed: Placed) -> 
         for batch in loader:
             n_id = batch.n_id.numpy()
             if epoch == 0:  # what PyG assembled is the placed data
-                assert np.array_equal(batch.x.numpy(), placed.read_rows(n_id))
+                assert np.array_equal(batch.x.numpy(), placed.read_vertices(n_id))
                 assert np.array_equal(batch.y.numpy(), labels[n_id])
                 for s, t in batch.edge_index.t()[:50].tolist():  # every edge is a real in-edge
                     assert n_id[s] in indices[indptr[n_id[t]] : indptr[n_id[t] + 1]]

@@ -36,7 +36,7 @@ def test_a_registered_policy_places_end_to_end(
     manifest = json.loads((out / "placed.json").read_text())
     assert (manifest["policy"], manifest["priority"]) == ("coldest", None)  # it reads no priority
     placed = open_placed(out)
-    hot = np.asarray(placed.array("hotness"))
+    hot = np.load(out / "hotness.npy")[np.argsort(np.asarray(placed.array("old_to_new")))]  # by row
     gpu = next(b for b in placed.bins if b.tier == "gpu")
     ssd_start = sum(b.count for b in placed.bins if b.tier != "ssd")
     assert gpu.count > 0 and hot[: gpu.count].max() <= hot[ssd_start:].min()  # the toy's choice, kept

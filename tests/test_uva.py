@@ -343,7 +343,8 @@ def test_cpu_tier_rows_gathered_from_the_registered_tier_match_the_staged_path(
     assert torch.equal(got, want)
     assert staged > 0 and store.stats()["tiers"]["cpu"]["rows"] == staged  # the CPU tier did serve rows
     store.cpu.view(torch.uint8)[0].fill_(0)  # the device reads the tier itself: a change shows at once
-    first_cpu_id = next(b.start for b in p.bins if b.tier == "cpu")
+    first_cpu_row = next(b.start for b in p.bins if b.tier == "cpu")
+    first_cpu_id = int(np.flatnonzero(np.asarray(p.array("old_to_new")) == first_cpu_row)[0])  # its vertex
     assert int(store.get(torch.tensor([first_cpu_id])).view(torch.uint8)[0, 0]) == 0
     store.close()
     store.close()

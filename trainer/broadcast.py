@@ -6,7 +6,7 @@ For a layer with a scatter form (:class:`trainer.models.Scatter`: SAGE mean), de
 ``[a, b)`` (a *partition*) are computed in one pass over the sources:
 
 * the in-edges of the partition (a contiguous slice of the CSR, read once, slab by slab) are
-  grouped by **source block** — ``block`` consecutive new ids, fixed from id 0 whatever the ranks
+  grouped by **source block** — ``block`` consecutive vertex ids, fixed from id 0 whatever the ranks
   or partitions — stable, so within a block each destination keeps its CSR edge order;
 * the source blocks are streamed in new-id order (layer 1: from the tiers — cache bins from
   memory, SSD bins as coalesced large reads; later layers: the previous layer's file, sliced

@@ -1,9 +1,10 @@
-"""The tiered feature store: feature rows of new ids on the rank's device, from the tiers the
-placement put them in.
+"""The tiered feature store: feature rows of dataset vertex ids on the rank's device, from the
+tiers the placement put them in.
 
-New ids are ranges — GPU bins first, then CPU bins, then SSD bins — so a row's location is a
-range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). Tiers, as
-:meth:`TieredFeatureStore.stats` names them:
+A vertex's row is ``old_to_new[id]`` (the placement's row map, memory-mapped read-only so that
+the ranks of a host share its pages), and rows are ranges — GPU bins first, then CPU bins, then
+SSD bins — so a row's location is a range lookup (``np.searchsorted`` on the bin starts,
+vectorised over a batch). Tiers, as :meth:`TieredFeatureStore.stats` names them:
 
 * ``gpu``: the GPU cache bin, in one tensor on ``device``. The cache is replicated: every rank
   holds the same hottest rows in its own GPU's memory, so a hit never crosses a link (the plan's
@@ -12,10 +13,10 @@ range lookup (``np.searchsorted`` on the bin starts, vectorised over a batch). T
 
 Host memory is shared by the processes of a socket with ``host_shm=PATH`` (a file in a memory
 file system, e.g. /dev/shm; see :mod:`trainer.shm` for the protocol): the file holds the GPU and
-CPU bins (they are the first new ids, so the file is the id range [0, first SSD id)), and the CPU
+CPU bins (they are the first rows, so the file is the row range [0, first SSD row)), and the CPU
 tier — on a CPU device the ``gpu`` tier too — is a view of one shared mapping of it. Every
 process that names the same path uses one copy: the first to come writes it, the others map it.
-* ``ssd``: read per call: the batch's SSD ids are deduplicated and sorted, grouped per bin and
+* ``ssd``: read per call: the batch's SSD rows are deduplicated and sorted, grouped per bin and
   read by the reader (coalesced, all bins at once) into a reusable staging buffer — pinned when
   the device is CUDA, so the host→device copy is asynchronous; in GPU memory when the reader is
   kvikio (``io``: see :func:`trainer.readers.make_reader`). In a packed placement (``moment place
@@ -61,7 +62,7 @@ GPU, CPU, SSD = range(len(TIERS))
 
 
 class TieredFeatureStore:
-    """Features of new ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
+    """Features of dataset ids from the GPU, CPU and SSD tiers of a placed dataset, on ``device``."""
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class TieredFeatureStore:
             raise ValueError(
                 f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}"
             )
+        self._rows = placed.array("old_to_new")  # dataset id → row (a shared read-only mapping)
         bins = self.placed.bins
         self._tier = np.array([TIERS.index(b.tier) for b in bins], dtype=np.int8)
         self._starts = np.array([b.start for b in bins], dtype=np.int64)
@@ -194,14 +196,15 @@ class TieredFeatureStore:
     # Reading #################################################################
 
     def get(self, ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-        """Rows of ``ids`` (new ids, any order, repeats allowed), in that order, on ``device``.
+        """Feature rows of ``ids`` (dataset vertex ids, any order, repeats allowed), in that order,
+        on ``device``.
 
         On a GPU, rows held in host memory and distinct SSD rows are first put in one staging
         buffer, then one gather after one host→device copy puts every row in place; GPU-resident
         rows are gathered on the GPU. On a CPU device only the SSD rows are staged, and every row
         is copied straight to its place. ``batch``: its replay index (``chunks.first_batch``)."""
         start, cpu = time.perf_counter(), time.thread_time()
-        new = self._as_ids(ids)
+        new = np.asarray(self._rows[self._as_ids(ids)], dtype=np.int64)  # each id's row in the bins
         b = np.searchsorted(self._starts, new, side="right") - 1
         row = new - self._starts[b] + self._offset[b]
         where = [np.flatnonzero(self._tier[b] == t) for t in range(len(TIERS))]
@@ -245,7 +248,7 @@ class TieredFeatureStore:
         if new.size:
             lo, hi = int(new.min()), int(new.max())
             if lo < 0 or hi >= self.placed.num_nodes:
-                raise IndexError(f"new id {lo if lo < 0 else hi} out of range [0, {self.placed.num_nodes})")
+                raise IndexError(f"vertex id {lo if lo < 0 else hi} out of range [0, {self.placed.num_nodes})")
         return new
 
     def _gather(self, tier: int, rows: np.ndarray, dst: torch.Tensor, at: np.ndarray | None = None) -> None:
@@ -470,7 +473,7 @@ def gather_rows(src: torch.Tensor, rows: np.ndarray, out: torch.Tensor) -> None:
 
 def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(ids, return_inverse=True)`` for 1-D integer ``ids``, by a stable sort: a
-    batch's nodes are a few runs of ascending ids (the seeds, then each hop's new ids in id order:
+    batch's nodes are a few runs of ascending ids (the seeds, then each hop's new vertices in id order:
     :func:`placement.sampler._append_unique`), which numpy's stable sort (timsort) merges about
     3x faster than the quicksort ``np.unique`` uses (on ids in random order it is 1.3x slower)."""
     order = np.argsort(ids, kind="stable")

@@ -4,15 +4,15 @@ A sampled model is run over the *whole* in-neighbourhood of every vertex, one la
 (the ATLAS / PyG ``BasicGNN.inference`` scheme), so nothing needs all vertices' activations in
 memory:
 
-* stage ``l`` (layer ``l + 1``) walks the destination vertices in chunks of ``batch_size`` new
+* stage ``l`` (layer ``l + 1``) walks the destination vertices in chunks of ``batch_size`` vertex
   ids; for chunk ``D = [a, b)`` it reads the CSR rows of ``D`` (the in-neighbours), makes the
   bipartite graph whose sources are ``D`` itself first (so GAT's self loops and SAGE's root
   weight see the chunk's own rows) followed by its outside neighbours, gathers their rows of the
   previous layer — layer 0: the tiered feature store (GPU/CPU caches, SSD bins); later layers:
   the previous stage's memory-mapped ``.npy`` on disk — and writes the chunk's output rows into
   this stage's ``.npy``. Memory per chunk: its sources' rows, never N × hidden.
-* the last stage (``export``) writes the arrays users get in **original** vertex ids (the
-  placement relabelled them): ``embeddings.npy`` (the last hidden layer, after its ReLU: what the
+* the last stage (``export``) copies into the arrays users get (rows in the dataset's vertex
+  ids, as the work files and the placed dataset): ``embeddings.npy`` (the last hidden layer, after its ReLU: what the
   output layer reads), ``predictions.npy`` (argmax of the logits, int64), and with
   ``layers="all"`` ``logits.npy`` and every earlier hidden layer ``layerK.npy``.
 
@@ -346,7 +346,7 @@ def finish(p: Prepared, opts: InferOptions, log: Callable[[str], None] = lambda 
             bytes=(data / path).stat().st_size,
             sha256=file_digest(data / path, "sha256"),
         )
-    shutil.rmtree(data / WORK)  # the layers in new ids: scratch of this run, inside its locked staging directory
+    shutil.rmtree(data / WORK)  # the layers in vertex ids: scratch of this run, inside its locked staging directory
     manifest = InferenceManifest(
         key=p.key,
         model=loaded.cfg.to_dict(),

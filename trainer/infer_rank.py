@@ -31,12 +31,10 @@ from trainer.dist import DistEnv, PeerFailedError, leave, lost_peer, setup
 from trainer.featurestore import TieredFeatureStore
 from trainer.infer_nodes import (
     Exchange,
-    JobIds,
     first_stage,
     gather_progress,
     make_arrays,
     note_finished,
-    renumbered_note,
 )
 from trainer.infer_options import RANK_OPTIONS, InferOptions
 from trainer.infer_work import (
@@ -59,7 +57,7 @@ from trainer.infer_work import (
 from trainer.models import Scatter
 from trainer.nodes import check_same_inference
 
-Features = Callable[[np.ndarray], torch.Tensor]  # new ids -> their feature rows (layer 1's input)
+Features = Callable[[np.ndarray], torch.Tensor]  # vertex ids -> their feature rows (layer 1's input)
 
 
 def bipartite(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> tuple[np.ndarray, torch.Tensor]:
@@ -94,13 +92,10 @@ class Rank:
         engine: str = "gather",
         memory: int = 0,
         per_node: int = 0,
-        job: JobIds | None = None,
     ) -> None:
         """``features``: where layer 1 reads its input rows (default: the placed tiers);
         ``engine``, ``memory``: the engine asked for and a broadcast pass's memory budget (this
-        node's); ``per_node``: ranks per node (default ``world``: one node); ``job``: node 0's
-        numbering where this node's placement numbers the vertices otherwise (its ranges' in-edges
-        in node 0's ids, layer 1's rows read through the map to its own)."""
+        node's); ``per_node``: ranks per node (default ``world``: one node)."""
         self.m, self.data, self.layout, self.batch = loaded, data, layout, batch_size
         self.features = features
         self.engine, self.memory = engine, memory
@@ -108,11 +103,7 @@ class Rank:
         self.per_node = per_node or world
         self.node = rank // self.per_node
         placed = loaded.placed
-        self.indptr, self.indices = (
-            (job.indptr, job.indices) if job else (placed.array("indptr"), placed.array("indices"))
-        )
-        self.to_mine = job.to_mine if job else None
-        self.old_to_new = placed.array("old_to_new")
+        self.indptr, self.indices = placed.array("indptr"), placed.array("indices")
         self._store: TieredFeatureStore | None = None
         self.asked = 0  # bytes of input rows, CSR and spilled edges the chunks asked for (run_stage resets)
 
@@ -131,7 +122,7 @@ class Rank:
         return layer_form(self.m, self.engine, layer)
 
     def chunks_of(self, stage: int) -> list[tuple[int, int]]:
-        """This rank's chunks of ``stage``: new ids bounded by edges for a gathered layer, the
+        """This rank's chunks of ``stage``: vertex ids bounded by edges for a gathered layer, the
         destination partitions of a broadcast one, old ids for the export (node 0's ranks: its
         --out gets the whole output)."""
         if stage == self.layout.depth:
@@ -166,12 +157,11 @@ class Rank:
         return torch.from_numpy(np.array(prev[s0:s1])).to(self.device, torch.float32)
 
     def inputs(self, layer: int, src: np.ndarray) -> torch.Tensor:
-        """Rows of layer ``layer``'s input for new ids ``src`` (float32, on the device)."""
+        """Rows of layer ``layer``'s input for vertex ids ``src`` (float32, on the device)."""
         if layer == 1 and self.features is not None:
             x = self.features(src)
         elif layer == 1:
-            mine = src if self.to_mine is None else np.asarray(self.to_mine[src])
-            x = self.store.get(torch.from_numpy(mine))
+            x = self.store.get(torch.from_numpy(src))
         else:
             prev = self.layout.open(self.data, self.layout.work(layer - 1)[0])
             x = torch.from_numpy(np.asarray(prev[src]))
@@ -251,16 +241,10 @@ class Rank:
         return 0
 
     def run_export_chunk(self, a: int, b: int, arrays: dict[str, np.memmap], works: dict[int, np.memmap]) -> None:
-        new = np.asarray(self.old_to_new[a:b])
-        order = np.argsort(new, kind="stable")  # read the work files in ascending rows
-        rows = {k: np.empty((b - a, *w.shape[1:]), dtype=w.dtype) for k, w in works.items()}
-        for k, w in works.items():
-            rows[k][order] = w[new[order]]
+        """Rows ``[a, b)`` of the exported arrays: the work files' rows (both in dataset ids)."""
         for name, layer in self.layout.sources().items():
-            if name == "predictions":
-                arrays[name][a:b] = rows[layer].argmax(axis=1)
-            else:
-                arrays[name][a:b] = rows[layer]
+            rows = np.asarray(works[layer][a:b])
+            arrays[name][a:b] = rows.argmax(axis=1) if name == "predictions" else rows
 
     def run_stage(
         self,
@@ -418,9 +402,7 @@ def _rank(args: argparse.Namespace, env: DistEnv) -> None:
             note_finished(data, check.finished)
     else:
         assert data is not None  # only node 0 is given --finished, and then every node stops
-        if check.renumbered and env.rank == 0:
-            print(f"note: {renumbered_note(check.renumbered)}", file=sys.stderr)
-        _stages(args, env, loaded, data, device, per_node, check.renumbered)
+        _stages(args, env, loaded, data, device, per_node)
     if env.world_size > 1:
         leave()  # every rank done with the group first (gloo#155)
 
@@ -432,10 +414,8 @@ def _stages(
     data: Path,
     device: torch.device,
     per_node: int,
-    renumbered: tuple[int, ...] = (),
 ) -> None:
-    """This rank's chunks of every stage, the barriers and (several nodes) the exchanges between;
-    ``renumbered``: the nodes that number the vertices otherwise than node 0 (they work in its ids)."""
+    """This rank's chunks of every stage, the barriers and (several nodes) the exchanges between."""
     import torch.distributed as dist
 
     layout = Layout(loaded.placed.num_nodes, tuple(loaded.widths), args.dtype, args.layers)
@@ -445,12 +425,9 @@ def _stages(
     if nodes:
         make_arrays(env, layout, data)  # a node past 0: before first_stage's collective, which every rank awaits
     first = first_stage(state) if nodes else 0
-    # node 0's ids on the nodes numbered otherwise, while a layer is left (the export is node 0's)
-    job = nodes.numbering(loaded.placed, renumbered) if nodes and renumbered and first < layout.depth else None
     worker = Rank(
-        loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node,
-        job,
-    )  # fmt: skip
+        loaded, data, layout, args.batch_size, env.rank, env.world_size, device, None, args.engine, memory, per_node
+    )
     report = Reporter().__enter__() if env.rank == 0 else None
     try:
         for s, name in enumerate(stages(layout.depth)):

@@ -1,5 +1,5 @@
 """Inference's inputs and work directory: the checkpoint's model loaded and checked against the
-placed dataset, the layout of the work files (one ``.npy`` per layer, in new ids), how a stage's
+placed dataset, the layout of the work files (one ``.npy`` per layer, in vertex ids), how a stage's
 vertices are cut into ranks and chunks, each rank's progress file, and the device a rank runs on.
 What the driver (:mod:`trainer.infer`) and each rank (:mod:`trainer.infer_rank`) share."""
 
@@ -28,7 +28,7 @@ from trainer.dist import DistEnv, select_device
 from trainer.models import BlockGNN, Scatter, build_model, scatter_form
 
 EDGES_PER_VERTEX = 16  # a chunk of B destinations holds at most 16·B in-edges
-WORK = "work"  # inside the staging data directory: the layers in new ids and the ranks' progress
+WORK = "work"  # inside the staging data directory: the layers in vertex ids and the ranks' progress
 ALREADY = "same checkpoint, data and options"  # why an output already complete is left as it is
 
 
@@ -125,7 +125,7 @@ def input_row_bytes(loaded: Loaded, layout: Layout, layer: int) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Every array of a run: the layers in new ids (work files) and the exported ones."""
+    """Every array of a run: the layers in vertex ids (work files) and the exported ones."""
 
     num_nodes: int
     widths: tuple[int, ...]
@@ -137,7 +137,7 @@ class Layout:
         return len(self.widths)
 
     def work(self, layer: int) -> tuple[str, tuple[int, int], str]:
-        """Work file of layer ``layer`` (1-based): its output for every vertex, in new ids."""
+        """Work file of layer ``layer`` (1-based): its output for every vertex, in vertex ids."""
         last = layer == self.depth
         return f"{WORK}/h{layer}.npy", (self.num_nodes, self.widths[layer - 1]), "float32" if last else self.dtype
 

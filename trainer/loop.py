@@ -54,7 +54,7 @@ from trainer.epoch import epoch_batches, epoch_sampler, evaluate, make_prepare, 
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
-from trainer.nodes import check_same_data, per_node, resumed, source_order
+from trainer.nodes import check_same_data, per_node, resumed
 from trainer.prefetch import Prefetcher, compute_stream
 from trainer.preflight import train_split_problem
 from trainer.shm import per_socket, socket_of
@@ -77,9 +77,10 @@ def load_data(cfg: TrainConfig) -> Data:
     return Data(
         placed,
         placed.array("labels"),
-        np.asarray(placed.array("train"), dtype=np.int64),  # int32 on disk where the ids fit
-        np.asarray(placed.array("val"), dtype=np.int64),
-        np.asarray(placed.array("test"), dtype=np.int64),
+        # in memory, int64 (the dataset's files: int32 where the ids fit, or int64, read-only maps)
+        np.array(placed.array("train"), dtype=np.int64),
+        np.array(placed.array("val"), dtype=np.int64),
+        np.array(placed.array("test"), dtype=np.int64),
         int(placed.meta["num_classes"]),
         DataIdentity.of(placed.root, placed.manifest),
     )
@@ -393,11 +394,6 @@ def train(cfg: TrainConfig, env: DistEnv, plan: PlanDoc | None, data: Data) -> d
         device, where = setup(cfg.resolved_device(), cfg.resolved_backend(), env, plan)
         group = dist.group.WORLD if dist.is_initialized() else None
         nodes = check_same_data(env, data.placed, cfg)  # several nodes: one placement each, one dataset
-        if env.rank == 0:
-            for note in nodes.notes:
-                print(f"note: {note}", file=sys.stderr)
-        if nodes.reorder:
-            data.train, data.val, data.test = (source_order(data.placed, s) for s in (data.train, data.val, data.test))
         run = Run(cfg, env, data, plan, device)
         run.metrics.nodes = nodes.predictions
         entry = plan.rank(env.local_rank) if plan else None

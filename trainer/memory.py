@@ -24,7 +24,9 @@ see :mod:`trainer.featurestore`), and every rank's pinned staging buffer: one ba
 (:func:`stage_reserve`, what the store allocates once before training), rounded up to a power of
 two by torch's pinned-memory allocator; under ``sampling`` uva the graph pinned in host memory
 (``pinned_csr``: once per socket when the ranks share it in ``--shm-dir``, else once per rank);
-a packed placement's slot maps once per rank (``slot_maps``: 4 B per SSD row).
+a packed placement's slot maps once per rank (``slot_maps``: 4 B per SSD row); the row map
+(``row_map``: ``old_to_new``, 4 B per vertex, 8 past 2^31 - 1 vertices), which every rank's
+feature store reads through one read-only mapping: page cache, once per node.
 Which of gpu, uva or cpu ``--sampling auto`` takes is predicted (:func:`predict_sampling`) as
 the rank will decide it (:mod:`trainer.sampling`). A CPU-sampled graph stays a memory map of
 its file: page cache, not counted.
@@ -42,9 +44,11 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from moment.contracts.plan import Workload  # the planner's workload, as plans carry it
+from placement.relabel import id_type
 from placement.sampler import csr_bytes, fits_on_gpu, num_batches
 from trainer.models import LAYERS, LayerSize, activations_of
 from trainer.packs import index_bytes
@@ -82,6 +86,11 @@ class RunShape:
     sampling: str = "cpu"  # where sampling runs, as the rank will decide it (predict_sampling): gpu | uva | cpu
     csr_copies: int = 1  # pinned CSR copies per node under uva: one per socket when shared, else one per rank
     slot_map_bytes: int = 0  # a packed placement's slot maps or chunk row maps, which every rank holds (--pack)
+
+    @property
+    def row_map_bytes(self) -> int:
+        """The placement's row map (``old_to_new``), as the feature store maps it."""
+        return self.nodes * np.dtype(id_type(self.nodes)).itemsize
 
     def with_batch(self, batch_size: int) -> RunShape:
         """The same run with another batch size (unique rows scaled with the draws, capped)."""
@@ -212,6 +221,7 @@ def budget(shape: RunShape, cuda: bool = True) -> MemoryBudget:
     host = {
         "host_caches": shape.sockets * shape.host_cache_rows * shape.row_bytes,
         "runtime": shape.ranks_per_node * RANK_RUNTIME["cuda" if cuda else "cpu"],
+        "row_map": shape.row_map_bytes,
     }
     if shape.slot_map_bytes:
         host["slot_maps"] = shape.ranks_per_node * shape.slot_map_bytes

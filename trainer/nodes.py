@@ -1,19 +1,17 @@
 """Several nodes, one model: what every node's placed dataset must agree on, checked at start.
 
 Each node trains from a placement of its own (its plan, its SSDs, its bins), so placed.json and
-the relabelled ids may differ between nodes: ``moment place`` numbers vertices bin by bin, and
-another layout or cache size puts other vertices in the bins (so the ids agree only between
-placements of one plan and caches). What must not differ is the data itself: the source's size
-and feature type, the classes, and the splits (compared as sets of source ids); nor may the
-run's configuration (epochs, batch size, model, seed, whether checkpoints are written: the steps
-and collectives every rank takes), beyond what is each node's own (:data:`PER_NODE`).
+the row maps may differ between nodes: another layout or cache size puts other vertices in the
+bins. The vertex ids do not differ: a placed dataset numbers vertices as its dataset does (its
+graph, labels and splits are the dataset's files). What must not differ is the data itself: the
+source's size and feature type, the classes, and the splits (their ids in their stored order);
+nor may the run's configuration (epochs, batch size, model, seed, whether checkpoints are
+written: the steps and collectives every rank takes), beyond what is each node's own
+(:data:`PER_NODE`).
 
-The splits are stored sorted by placement id, and every rank draws its seeds from positions in
-the train split (one permutation per epoch, strided over the global ranks). Where the nodes'
-placements number the vertices alike (the same relabelling) that order is one order everywhere,
-and a run of N nodes is a run of one node with as many ranks. Where they do not, every node
-puts its splits in the source's order (:func:`source_order`), so that position i is the same
-vertex on every node and each training vertex is still a seed once per epoch.
+Every rank draws its seeds from positions in the train split (one permutation per epoch,
+strided over the global ranks); the split being the same array on every node, a run of N nodes
+is a run of one node with as many ranks.
 
 One collective (``all_gather`` of each rank's :class:`NodeData`) compares every node with node 0;
 a node that differs is named in one line (on rank 0 and on that node's local rank 0).
@@ -25,10 +23,8 @@ every node wait for the slowest, so the slow node is the one whose ranks wait fo
 others wait in the all-reduce (:func:`straggler`).
 
 Inference across nodes (:func:`check_same_inference`) checks the same data and the options that
-shape its arrays, and names the nodes whose vertex numbering differs from node 0's: its ranks
-take ranges of node 0's placement ids, which such a node translates into its own
-(:mod:`trainer.infer_nodes`). Its collective also carries node 0's word that its --out is
-already complete, so that every node stops there, together.
+shape its arrays (:mod:`trainer.infer_nodes`). Its collective also carries node 0's word that its
+--out is already complete, so that every node stops there, together.
 
 Checkpoints are node 0's: global rank 0 writes them, and a resumed run (``--resume``, or a
 restarted worker group) takes the one rank 0 reads, sent to every rank (:func:`resumed`), so
@@ -41,7 +37,7 @@ import hashlib
 import io
 import socket
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -95,30 +91,16 @@ class NodeData:
     feature_dim: int
     feature_dtype: str
     num_classes: int
-    splits: dict[str, str]  # split → sha256 of its source ids, in the source's order
-    train_labels: str  # sha256 of the training vertices' labels, in the source's order
-    relabel: str  # sha256 of new_to_old (differs between layouts: a note, not a refusal)
+    splits: dict[str, str]  # split → sha256 of its ids (int64), in their stored order (the seeds' order)
+    train_labels: str  # sha256 of the training vertices' labels (int64), in the train split's order
 
     @classmethod
     def of(cls, placed: Placed) -> NodeData:
         m = placed.manifest
-        new_to_old = placed.array("new_to_old")
-        splits = {}
-        for split in SPLITS:
-            ids = np.asarray(placed.array(split), dtype=np.int64)
-            splits[split] = _digest(np.sort(np.asarray(new_to_old[ids], dtype=np.int64)))
-        train = source_order(placed, placed.array("train"))
+        splits = {split: _digest(np.asarray(placed.array(split), dtype=np.int64)) for split in SPLITS}
+        train = np.asarray(placed.array("train"), dtype=np.int64)
         labels = np.asarray(placed.array("labels")[train], dtype=np.int64)
-        return cls(
-            m.num_nodes,
-            m.num_edges,
-            m.feature_dim,
-            m.feature_dtype,
-            m.num_classes,
-            splits,
-            _digest(labels),
-            m.files["new_to_old"].digest,
-        )
+        return cls(m.num_nodes, m.num_edges, m.feature_dim, m.feature_dtype, m.num_classes, splits, _digest(labels))
 
     def difference(self, node0: NodeData) -> str | None:
         """What differs from node 0's data (None: the same data)."""
@@ -132,12 +114,6 @@ class NodeData:
         if self.train_labels != node0.train_labels:
             return f"its training labels differ ({_short(self.train_labels)} vs {_short(node0.train_labels)})"
         return None
-
-
-def source_order(placed: Placed, ids: np.ndarray) -> np.ndarray:
-    """Placement ids ``ids`` ordered by their source ids: the one order every node's split has."""
-    ids = np.asarray(ids, dtype=np.int64)
-    return ids[np.argsort(np.asarray(placed.array("new_to_old")[ids]), kind="stable")]
 
 
 def _digest(a: np.ndarray) -> str:
@@ -158,51 +134,36 @@ def config_difference(mine: dict[str, object], node0: dict[str, object]) -> str 
 
 @dataclass
 class Nodes:
-    """What the start-up check found: notes to print, whether to put the splits in the source's
-    order, and each node's own prediction (for the metrics)."""
+    """What the start-up check found: each node's own prediction (for the metrics)."""
 
-    notes: list[str] = field(default_factory=list)
-    reorder: bool = False
     predictions: list[dict[str, Any]] | None = None
 
 
 def check_same_data(env: DistEnv, placed: Placed, cfg: TrainConfig) -> Nodes:
     """Refuse to train when any node's placed dataset holds other data than node 0's, or runs
-    another configuration (one collective, which also brings every node's prediction). Nodes
-    whose placements number the vertices otherwise put their splits in :func:`source_order`. A
-    lone node checks nothing."""
+    another configuration (one collective, which also brings every node's prediction). A lone
+    node checks nothing."""
     if env.nodes <= 1:
         return Nodes()
     everyone = compare_nodes(env, placed, shared_config(cfg))
-    node0 = everyone[0][1]
     predictions = sorted({info["node"]: info for info, _, _ in everyone}.values(), key=lambda i: i["node"])
-    relabelled = sorted({info["node"] for info, data, _ in everyone if data.relabel != node0.relabel})
-    if not relabelled:
-        return Nodes(predictions=predictions)
-    note = (
-        f"node(s) {', '.join(map(str, relabelled))} number the vertices otherwise than node 0 (another layout or "
-        "cache size): every node takes its seeds in the source's order; samples differ from a one-node run's"
-    )
-    return Nodes([note], True, predictions)
+    return Nodes(predictions=predictions)
 
 
 @dataclass(frozen=True)
 class SameInference:
     """What inference's start-up check found: node 0's word that its --out already holds this
-    inference (``HOST:OUT``, else None: every node has work), and the nodes whose placements
-    number the vertices otherwise than node 0's (they translate node 0's ids into theirs)."""
+    inference (``HOST:OUT``, else None: every node has work)."""
 
     finished: str | None = None
-    renumbered: tuple[int, ...] = ()
 
 
 def check_same_inference(
     env: DistEnv, placed: Placed, shared: dict[str, object], finished: str | None = None
 ) -> SameInference:
     """Refuse to infer across nodes when a node holds other data than node 0's or runs other
-    options (``shared``: the checkpoint's digest, the options that shape the arrays); name the
-    nodes that number the vertices otherwise (another layout or cache size). A lone node checks
-    nothing.
+    options (``shared``: the checkpoint's digest, the options that shape the arrays). A lone
+    node checks nothing.
 
     The same collective tells every node whether node 0's --out already holds this inference
     (``finished``: node 0's --out, given on node 0 only; the other nodes cannot see its disk):
@@ -210,10 +171,8 @@ def check_same_inference(
     if env.nodes <= 1:
         return SameInference(finished)
     everyone = compare_nodes(env, placed, shared, extra={"finished": finished})
-    node0_info, node0 = everyone[0][0], everyone[0][1]
-    renumbered = tuple(sorted({info["node"] for info, data, _ in everyone if data.relabel != node0.relabel}))
-    said = f"{node0_info['host']}:{node0_info['finished']}" if node0_info.get("finished") else None
-    return SameInference(said, renumbered)
+    node0_info = everyone[0][0]
+    return SameInference(f"{node0_info['host']}:{node0_info['finished']}" if node0_info.get("finished") else None)
 
 
 def compare_nodes(

@@ -2,7 +2,7 @@
 loaders and models on top of moment's tiers.
 
 * :class:`PygFeatureStore`: PyG's ``FeatureStore`` over the :class:`TieredFeatureStore` —
-  features ``x`` from the tiers, and with ``label_name`` the labels (``y``), indexed by new ids;
+  features ``x`` from the tiers, and with ``label_name`` the labels (``y``), indexed by vertex ids;
 * :class:`PlacedGraphStore`: PyG's ``GraphStore`` over the placed CSR. moment's CSR lists each
   vertex's *in*-neighbours (the vertices it aggregates from), which is PyG's CSC layout
   (``colptr`` = indptr, ``row`` = indices) for ``edge_index = [source, target]``: served
@@ -34,11 +34,11 @@ from trainer.featurestore import TieredFeatureStore
 
 class PygFeatureStore(FeatureStore):
     """PyG's ``FeatureStore`` over a :class:`TieredFeatureStore`: one read-only tensor, attribute
-    ``attr_name`` of group ``None`` (a homogeneous graph), indexed by new ids. Lets PyG loaders
+    ``attr_name`` of group ``None`` (a homogeneous graph), indexed by vertex ids. Lets PyG loaders
     (``NeighborLoader((feature_store, graph_store), ...)``) fetch features from the tiers."""
 
     def __init__(self, store: TieredFeatureStore, attr_name: str = "x", label_name: str | None = None) -> None:
-        """``label_name``: also serve the placed labels (int64, new ids) under this attribute."""
+        """``label_name``: also serve the placed labels (int64, vertex ids) under this attribute."""
         super().__init__()
         self.store = store
         self.attr_name = attr_name
@@ -101,7 +101,7 @@ class PygFeatureStore(FeatureStore):
 
 
 class PlacedGraphStore(GraphStore):
-    """PyG's ``GraphStore`` over a placed dataset's CSR (new ids), homogeneous (edge type None):
+    """PyG's ``GraphStore`` over a placed dataset's CSR (vertex ids), homogeneous (edge type None):
     CSC natively (memory-mapped), COO and CSR converted on request. Read-only."""
 
     def __init__(self, placed: Placed) -> None:

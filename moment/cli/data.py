@@ -110,8 +110,8 @@ def add_place(sub: argparse._SubParsersAction) -> None:
         description=(
             "Pre-sample hotness with the trainer's sampler, re-solve the plan's flow model for this dataset, its "
             "measured hotness and the cache sizes used, place vertices with DDAK (or the hash baseline) against "
-            "those per-bin traffic targets, and write the placed dataset: relabelled topology, cache bins, one bin "
-            "per SSD. Crash-safe: a killed run resumes when run again."
+            "those per-bin traffic targets, and write the placed dataset: cache bins, one bin per SSD, the row map, "
+            "and the dataset's topology, labels and splits as hard links (copies across file systems). Crash-safe: a killed run resumes when run again."
         ),
     )
     p.add_argument("--plan", required=True, help="plan.json from `moment plan`")

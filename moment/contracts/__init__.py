@@ -60,6 +60,7 @@ class Contract(Strict):
     """A versioned JSON document with a ``format`` marker."""
 
     FORMAT: ClassVar[str]
+    ALSO_READS: ClassVar[tuple[str, ...]] = ()  # older formats parsed too (what reads them decides what it takes)
     WHAT: ClassVar[str] = "document"  # what the file is, for "missing" messages
     ERROR: ClassVar[type[MomentError]] = MomentError
 
@@ -70,7 +71,7 @@ class Contract(Strict):
         """Validate parsed JSON; the error names ``source`` and the field."""
         if not isinstance(doc, dict):
             raise cls.ERROR(f"{source}: expected a JSON object ({cls.WHAT}), got {type(doc).__name__}")
-        if doc.get("format") != cls.FORMAT:
+        if doc.get("format") not in (cls.FORMAT, *cls.ALSO_READS):
             raise cls.ERROR(f"{source}: format: expected {cls.FORMAT!r}, got {doc.get('format')!r}")
         try:
             return cls.model_validate(doc)

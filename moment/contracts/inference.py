@@ -3,8 +3,7 @@
 Written last into the staging directory, so its presence makes a directory a complete inference
 output. It says which model (the checkpoint's digest and config) ran on which data (the placed
 dataset's identity, as checkpoints record it), and lists every array with its shape, dtype, size
-and SHA-256. Rows of every array are vertices in their **original** ids (the dataset's, not the
-placement's relabelled ones).
+and SHA-256. Rows of every array are vertices in the dataset's ids (which the placed dataset keeps).
 """
 
 from __future__ import annotations

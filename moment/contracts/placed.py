@@ -1,5 +1,13 @@
-"""placed.json (``moment.placed/3``): what ``moment place`` writes and the trainer, ``moment
+"""placed.json (``moment.placed/4``): what ``moment place`` writes and the trainer, ``moment
 verify`` and the next ``moment place`` read.
+
+The placed dataset numbers vertices as its dataset does: ``indptr``, ``indices``, ``labels`` and
+the splits are the dataset's own files (hard links where the file system allows, else copies:
+:mod:`placement.place_write`), and ``old_to_new`` maps a dataset id to its row in the bins' order
+(bin ``b`` holds rows ``[start, start + count)``), which the feature store goes through. Placed
+datasets of ``moment.placed/3`` (graph and labels rewritten in those row ids) are parsed only so
+that a new ``moment place`` may replace them and remove their files; everything that reads their
+data refuses them (:func:`placement.placed.open_placed`).
 
 Written last into the staging directory (its presence with ``complete: true`` is what makes a
 directory a placed dataset). Every file has its size and digest, and the digest's algorithm
@@ -40,8 +48,9 @@ from moment.contracts.tiers import Tier
 from moment.errors import MomentError
 
 FORMAT: Final = (
-    "moment.placed/3"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
+    "moment.placed/4"  # Final: typed as this literal (the format field above FORMAT in the class defaults to it)
 )
+OLDER: Final = "moment.placed/3"  # graph and labels in row ids: replaced and removed, never read as data
 MANIFEST = "placed.json"
 RUN_ID = re.compile(r"^[0-9a-f]{8,32}$")
 BIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]*$")
@@ -53,7 +62,7 @@ PHASES = {
     "predict": "re-solving the plan's model",
     "ddak": "placement (the --policy: DDAK or another)",
     "write_bins": "writing the bins",
-    "relabel": "relabelling: topology, labels, splits, id maps",
+    "arrays": "the dataset's topology, labels and splits linked (or copied), the row map (old_to_new)",
     "pack": "packing the SSD bins (replaying the trainer's batches, then writing each bin in their order)",
     "checksums": "checksums",
     "fsync": "fsync",
@@ -64,7 +73,7 @@ PHASES = {
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{32,128}$")]
 UNRECORDED_DIGEST = registry_default("placement.digests", "UNRECORDED_DIGEST")
 # Every file `moment place` writes into a placed directory (the bins aside): what it may remove.
-REQUIRED_FILES = ("indptr", "indices", "labels", "train", "val", "test", "old_to_new", "new_to_old")
+REQUIRED_FILES = ("indptr", "indices", "labels", "train", "val", "test", "old_to_new")
 
 
 class PlacedError(MomentError):
@@ -275,8 +284,9 @@ class PackSummary(Strict):
 
 
 class PlacedManifest(Contract):
-    format: Literal["moment.placed/3"] = FORMAT
+    format: Literal["moment.placed/4", "moment.placed/3"] = FORMAT
     FORMAT: ClassVar[str] = FORMAT
+    ALSO_READS: ClassVar[tuple[str, ...]] = (OLDER,)
     WHAT: ClassVar[str] = "a placed dataset's manifest"
     ERROR: ClassVar[type[MomentError]] = PlacedError
 
@@ -313,7 +323,7 @@ class PlacedManifest(Contract):
 
     @model_validator(mode="after")
     def _ranges(self) -> PlacedManifest:
-        """Bins hold consecutive id ranges covering every vertex, one file each."""
+        """Bins hold consecutive row ranges covering every vertex, one file each."""
         expect, names = 0, set()
         row = self.feature_dim * (4 if self.feature_dtype == "float32" else 2)
         for b in self.bins:
