@@ -38,8 +38,9 @@ PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this 
 # threads). The graph is not rewritten: the dataset's topology, labels and splits are linked
 # (copied across file systems) and hashed in a thread beside the bin pass.
 BIN_NS_PER_BYTE = 0.55  # group rows by bin, hash, write: one thread (plus one hashing per bin)
-HASH_NS_PER_BYTE = 0.1  # xxh3 of the linked files from the page cache, in their own thread
-ARRAY_NS_PER_VERTEX = 5.0  # the row map (a counting sort by bin), written and hashed
+HASH_NS_PER_BYTE = 0.2  # xxh3 of the linked files read from the page cache, in their own thread (the
+# bench's checksums: 0.68 busy seconds for the bins' 1.28 GB and the linked files' 1.6 GB)
+ARRAY_NS_PER_VERTEX = 8.0  # the row map (a counting sort by bin), written and hashed: 0.16 s at 20 M
 FIXED_S = 0.3  # thread pools, small files, their fsync, the commit's renames
 MEASURED_CORES = 2  # the cores those costs were measured with (the row map uses up to 4)
 

@@ -42,6 +42,7 @@ time (it reuses its staging buffers).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,7 +100,7 @@ class TieredFeatureStore:
             raise ValueError(
                 f"{type(self.reader).__name__} reads into GPU memory: it needs a CUDA device, not {self.device}"
             )
-        self._rows = placed.array("old_to_new")  # dataset id → row (a shared read-only mapping)
+        self._rows = _row_map(placed)  # dataset id → row (a shared read-only mapping)
         bins = self.placed.bins
         self._tier = np.array([TIERS.index(b.tier) for b in bins], dtype=np.int8)
         self._starts = np.array([b.start for b in bins], dtype=np.int64)
@@ -469,6 +470,22 @@ def gather_rows(src: torch.Tensor, rows: np.ndarray, out: torch.Tensor) -> None:
     into the byte rows ``out``: ATen's ``index_select`` splits the rows over torch's intra-op
     threads (numpy's ``take`` copies on one); bytes, not values, so every row is copied as is."""
     torch.index_select(src.view(torch.uint8), 0, torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)), out=out)
+
+
+def _row_map(placed: Placed) -> np.ndarray:
+    """The placement's row map, memory-mapped read-only (the ranks of a host share its pages),
+    its file asked into the page cache now (``POSIX_FADV_WILLNEED``: one sequential read-ahead
+    by the kernel): a batch's ids read it at random, and its pages faulted in from disk one by
+    one made the data wait of a cold 20-batch epoch at 20 M vertices (an 80 MB map) 1.4-1.5x the
+    placement-before-it's (9.2-9.5 s against 6.3-6.6 s); read ahead, 1.1-1.2x (5.4-5.8 s against
+    4.6-5.2 s, another window)."""
+    path = placed.file("old_to_new")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+    return np.load(path, mmap_mode="r")
 
 
 def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -142,7 +142,7 @@ class Layout:
         return f"{WORK}/h{layer}.npy", (self.num_nodes, self.widths[layer - 1]), "float32" if last else self.dtype
 
     def exports(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
-        """name -> (file, shape, dtype) of the arrays users get, in original ids."""
+        """name -> (file, shape, dtype) of the arrays users get, in the dataset's ids."""
         n, emb_layer = self.num_nodes, max(self.depth - 1, 1)
         out: dict[str, tuple[str, tuple[int, ...], str]] = {
             "embeddings": ("embeddings.npy", (n, self.widths[emb_layer - 1]), self.work(emb_layer)[2]),

@@ -19,7 +19,7 @@ def add_infer(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run a trained checkpoint over the full in-neighbourhood of every vertex, one layer at a time: each "
             "layer's output for all vertices goes to disk and is read back as the next layer's input, features come "
-            "from the placed dataset's tiers. Writes embeddings.npy, predictions.npy (original vertex ids) and "
+            "from the placed dataset's tiers. Writes embeddings.npy, predictions.npy (the dataset's vertex ids) and "
             "inference.json; a killed run continues from its last finished chunk when run again. Several nodes "
             "(--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id: the same command on each, with its own --node-rank): "
             "the ranks of all nodes split the vertices, each node reads its own --data and --checkpoint (the same "
@@ -82,4 +82,4 @@ def print_inference(out_dir: str | Path, manifest) -> None:
     for line in summary(manifest):
         out.print(line)
     files = ", ".join(f"{e.path} {'×'.join(map(str, e.shape))} {e.dtype}" for e in manifest.arrays.values())
-    out.print(f"inference written to [bold]{out_dir}[/]: {files}, inference.json (original vertex ids)")
+    out.print(f"inference written to [bold]{out_dir}[/]: {files}, inference.json (the dataset's vertex ids)")

@@ -1,6 +1,6 @@
 """The hotness sidecar (``moment.hotness/1``): the JSON beside a counts ``.npy``.
 
-``moment place`` keeps ``hotness.npy`` + ``hotness.json`` (original vertex ids) in every placed
+``moment place`` keeps ``hotness.npy`` + ``hotness.json`` (the dataset's vertex ids) in every placed
 dataset, so a later ``moment place --hotness`` can reuse them instead of pre-sampling again. The
 sidecar records N and the total so that a truncated, swapped or foreign counts file is caught.
 """
