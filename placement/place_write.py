@@ -180,10 +180,9 @@ def link_file(src: Path, dst: Path) -> bool:
 
 @dataclass
 class LinkedFiles:
-    """The dataset's files in the placed directory: how they got there and their entries, being
-    hashed in a thread (:meth:`entries` waits for them)."""
+    """The dataset's files in the placed directory, their entries being hashed in a thread
+    (:meth:`entries` waits for them)."""
 
-    how: str  # "hard links" or "copies" (or both, per file: "hard links and copies")
     seconds: float  # spent linking or copying
     _hashed: Future[tuple[dict[str, Written], float]]
 
@@ -208,16 +207,13 @@ def link_dataset_files(run: PlaceRun, data: Path, log: Callable[[str], None]) ->
     t0 = time.perf_counter()
     paths = {k: data / PLACED_FILES[k] for k in LINKED}
     linked = {k: link_file(run.ds.path(k), p) for k, p in paths.items()}
-    kinds = {"hard links" if v else "copies" for v in linked.values()}
-    how = " and ".join(sorted(kinds))
-    log(
-        f"topology, labels and splits: {how} of {run.ds.root}'s files"
-        + ("" if all(linked.values()) else " (the file system refused a hard link: copied)")
-    )
+    how = " and ".join(sorted({"hard links" if v else "copies" for v in linked.values()}))
+    refused = "" if all(linked.values()) else " (the file system refused a hard link)"
+    log(f"topology, labels and splits: {how} of {run.ds.root}'s files{refused}")
     pool = ThreadPoolExecutor(1, thread_name_prefix="moment-link-hash")
     hashed = pool.submit(_hash_files, paths)
     pool.shutdown(wait=False)  # the thread ends with its one job
-    return LinkedFiles(how, time.perf_counter() - t0, hashed)
+    return LinkedFiles(time.perf_counter() - t0, hashed)
 
 
 def write_arrays(
