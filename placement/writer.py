@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -45,6 +45,9 @@ try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable sort is the fallback
     numba = None
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
@@ -79,6 +82,8 @@ class WriteTimes:
     hash: float = 0.0
     fsync: float = 0.0
     wait: float = 0.0
+    group: float = 0.0  # wall seconds the caller spent grouping chunks (all grouping threads at once)
+    append: float = 0.0  # ... appending them to the bins' buffers (with any wait for a bin's disk write)
     files: list[Written] = field(default_factory=list)
 
 
@@ -234,6 +239,30 @@ def hash_threads(nbins: int) -> int:
     return usable_cores(nbins)
 
 
+def group_threads() -> int:
+    """Threads grouping each chunk and copying it into the bins' buffers: every usable core
+    (:func:`moment.cores.usable_cores`: the process's affinity). One thread did about 2 GB/s on
+    the development VM (scripts/bench_bin_pass.py), a fraction of a server's array of SSDs."""
+    return usable_cores()
+
+
+def _append(handles: list[AppendFile], parts: list[tuple[int, memoryview]], pool: GatedPool | None, n: int) -> None:
+    """Each bin's part appended to its file; with a ``pool``, the bins dealt to ``n`` of its
+    threads (largest first, each to the least loaded), so that a file has one writer (an
+    :class:`AppendFile` is not thread-safe) and the copies run at once (they release the GIL)."""
+    if pool is None or len(parts) < 2:
+        for b, part in parts:
+            handles[b].write(part)
+        return
+    dealt: list[list[tuple[int, memoryview]]] = [[] for _ in range(min(n, len(parts)))]
+    load = [0] * len(dealt)
+    for b, part in sorted(parts, key=lambda p: -len(p[1])):
+        k = load.index(min(load))
+        dealt[k].append((b, part))
+        load[k] += len(part)
+    _share(pool, lambda mine: [handles[b].write(part) for b, part in mine], dealt)
+
+
 def _checkpoint(handles: list[AppendFile], work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
     """Make the bytes written so far durable, then record how far the run got. Runs beside the
     writes (the caller flushed ``sizes`` bytes of each file first): fsync makes at least those
@@ -262,9 +291,36 @@ def group_rows_py(rows: np.ndarray, bins: np.ndarray, starts: np.ndarray, out: n
 group_rows_fast = numba.njit(cache=True, nogil=True)(group_rows_py) if numba is not None else None
 
 
-def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def count_bins_py(bins: np.ndarray, out: np.ndarray) -> None:
+    """``out[b]`` += the entries of ``bins`` equal to b (a tenth of ``np.bincount``'s time on
+    small bin numbers, compiled, and without the GIL)."""
+    for i in range(bins.size):
+        out[bins[i]] += 1
+
+
+count_bins_fast = numba.njit(cache=True, nogil=True)(count_bins_py) if numba is not None else count_bins_py
+
+
+def count_bins(bins: np.ndarray, nbins: int) -> np.ndarray:
+    """How many entries of ``bins`` fall in each of ``nbins`` bins (int64)."""
+    out = np.zeros(nbins, dtype=np.int64)
+    count_bins_fast(bins, out)
+    return out
+
+
+def group_rows(
+    rows: np.ndarray,
+    bins: np.ndarray,
+    counts: np.ndarray,
+    out: np.ndarray | None = None,
+    pool: GatedPool | None = None,
+    parts: int = 1,
+) -> np.ndarray:
     """``rows`` (n x row_bytes uint8) grouped by ``bins``, original order kept inside a bin (into
-    ``out``, of the same shape, where given)."""
+    ``out``, of the same shape, where given). With a ``pool``, the rows are cut into ``parts``
+    consecutive ranges grouped at once by its threads (the kernel releases the GIL): range k's
+    rows of bin b go right after those of ranges 0..k-1 (:func:`range_starts`), so the result is
+    the same bytes and every output row is written by one thread."""
     if group_rows_fast is None:
         grouped = np.take(rows, np.argsort(bins, kind="stable"), axis=0)
         if out is None:
@@ -274,10 +330,38 @@ def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.n
     unit = next(u for u in (np.uint64, np.uint32, np.uint16, np.uint8) if rows.shape[1] % np.dtype(u).itemsize == 0)
     words = rows.view(unit)  # copy whole words: 8 bytes at a time where the row size allows
     dest = np.empty_like(words) if out is None else out.view(unit)
-    starts = np.zeros(counts.size, dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    group_rows_fast(words, bins, starts, dest)
+    edges = np.linspace(0, bins.size, max(1, min(parts, bins.size)) + 1).astype(np.int64) if pool else None
+    if edges is None or edges.size <= 2:
+        starts = np.zeros(counts.size, dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        group_rows_fast(words, bins, starts, dest)
+        return dest.view(np.uint8)
+    cuts = [slice(lo, hi) for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist())]
+    assert pool is not None
+    starts = range_starts(_share(pool, lambda cut: count_bins(bins[cut], counts.size), cuts))
+    _share(pool, lambda k: group_rows_fast(words[cuts[k]], bins[cuts[k]], starts[k], dest), list(range(len(cuts))))
     return dest.view(np.uint8)
+
+
+def _share(pool: GatedPool, do: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+    """``do`` of every item at once: the first in the calling thread, the others in the pool's
+    threads (one hand-off fewer per step than waiting idle). If the caller's share raises, the
+    others still run: the pool's ``close`` waits for them."""
+    jobs = [pool.submit(do, item) for item in items[1:]]
+    first = do(items[0])
+    return [first, *(job.result() for job in jobs)]
+
+
+def range_starts(counts: list[np.ndarray]) -> np.ndarray:
+    """Where each range's rows of each bin start in the grouped output (``counts[k][b]``: range
+    k's rows in bin b): bin b's block (after the rows of bins < b) holds range 0's rows, then
+    range 1's, ...: the order of a stable sort of the whole."""
+    per = np.stack(counts).astype(np.int64)  # ranges x bins
+    before = np.zeros_like(per)
+    np.cumsum(per[:-1], axis=0, out=before[1:])  # rows of the bin in earlier ranges
+    block = np.zeros(per.shape[1], dtype=np.int64)
+    np.cumsum(per.sum(axis=0)[:-1], out=block[1:])  # where each bin's block starts
+    return before + block
 
 
 class _Source:
@@ -363,6 +447,7 @@ def write_bins(
     key: str,
     chunk_rows: int | None = None,
     progress: Update | None = None,
+    threads: int | None = None,
 ) -> WriteTimes:
     """Append each vertex's feature row to its bin's file, in original id order.
 
@@ -370,6 +455,10 @@ def write_bins(
     (a resumed run must be writing the same placement, or it starts over). Four things overlap:
     reading the next source chunk, grouping and writing this one (the caller's thread), hashing
     it (each bin's part in its own thread), and the last checkpoint's fsync. Returns the files written and where the time went.
+
+    ``threads`` (default: the usable cores, :func:`group_threads`) group each chunk, each a
+    range of its rows, then append the bins' parts to their files, each a set of bins: every file
+    has one writer at a time, and the bytes are those of one thread.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
@@ -397,6 +486,8 @@ def write_bins(
     source = _Source(features, min(chunk_rows, max(n, 1)))
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
+    threads_n = threads or group_threads()
+    grouping = GatedPool(threads_n - 1, "moment-group") if threads_n > 1 else None  # the caller is one of them
     threads = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
     hashing = GatedPool(hash_threads(len(files)), "moment-hash")
     hashed: list = []
@@ -425,16 +516,23 @@ def write_bins(
                 if end < n
                 else None
             )
-            counts = np.bincount(bins, minlength=len(files))
-            grouped = group_rows(records, bins, counts, grouped_bufs[chunk % 2][: records.shape[0]])
+            t0 = time.perf_counter()
+            counts = count_bins(bins, len(files))
+            grouped = group_rows(
+                records, bins, counts, grouped_bufs[chunk % 2][: records.shape[0]], grouping, threads_n
+            )
+            t1 = time.perf_counter()
+            times.group += t1 - t0
             chunk += 1
             edges = np.concatenate(([0], np.cumsum(counts))) * row_bytes
             raw = memoryview(grouped.reshape(-1))
             parts = [(b, raw[edges[b] : edges[b + 1]]) for b in np.flatnonzero(counts)]
             times.hash += sum(wait(job) for job in hashed)  # a bin's parts are hashed in order: chunk by chunk
             hashed = [hashing.submit(_hash_part, hashers[b], part) for b, part in parts]
+            t1 = time.perf_counter()
+            _append(handles, parts, grouping, threads_n)
+            times.append += time.perf_counter() - t1
             for b, part in parts:
-                handles[b].write(part)
                 sizes[b] += len(part)
             since += raw.nbytes
             row = end
@@ -453,7 +551,8 @@ def write_bins(
         if synced is not None:
             times.fsync += wait(synced)
     finally:
-        close_all(threads, hashing)  # no read, hash or fsync may run once the source and the bins are closed
+        # no read, grouping, hash or fsync may run once the source and the bins are closed
+        close_all(threads, hashing, *([grouping] if grouping else []))
         source.close()
         for fh in handles:
             fh.close(flush=False)  # the last checkpoint flushed every byte; a failed run resumes from one
