@@ -10,7 +10,11 @@ xxh3-128, ~15 GB/s a core) are computed on the way; on resume the already-writte
 to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run in threads beside
 the writes (numpy, the hashers and fsync release the GIL), and rows are grouped by
 bin with one compiled pass (a counting sort of whole rows, no argsort or gather), which is what
-brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py).
+brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py). The
+read, the grouping and the copy into the bins' write buffers run on every usable core
+(:func:`group_threads`; one thread did about 2 GB/s, a fraction of a server's SSD array): each
+thread reads and groups a range of the chunk (the output the same bytes as one thread's), then
+appends a set of bins, so every bin file has one writer (scripts/bench_bin_pass.py).
 The seconds spent hashing and in fsync are measured in their threads and returned
 (:class:`WriteTimes`), so ``moment place`` can say where its time went.
 """
@@ -468,12 +472,15 @@ def write_bins(
 
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs
     (a resumed run must be writing the same placement, or it starts over). Four things overlap:
-    reading the next source chunk, grouping and writing this one (the caller's thread), hashing
-    it (each bin's part in its own thread), and the last checkpoint's fsync. Returns the files written and where the time went.
+    reading the next source chunk, grouping and writing this one, hashing it (each bin's part in
+    its own thread), and the last checkpoint's fsync. Returns the files written and where the time
+    went.
 
-    ``threads`` (default: the usable cores, :func:`group_threads`) group each chunk, each a
-    range of its rows, then append the bins' parts to their files, each a set of bins: every file
-    has one writer at a time, and the bytes are those of one thread.
+    ``threads`` (default: the usable cores, :func:`group_threads`) read each chunk, each a byte
+    range, group it, each a range of its rows, then append the bins' parts to their files, each a
+    set of bins: every file has one writer at a time, and the bytes are those of one thread. The
+    caller is one of them. Memory held: four chunk buffers (``CHUNK_BYTES`` each: two read, two
+    grouped) and the bins' write buffers (``BIN_BUFFERS_BYTES`` in all), whatever the threads.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
