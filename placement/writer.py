@@ -22,6 +22,7 @@ The seconds spent hashing and in fsync are measured in their threads and returne
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import threading
@@ -59,6 +60,7 @@ CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: 
 HASH_AHEAD_BYTES = 32 << 20  # how far an NpyWriter's hashing may lag behind its writes (memory held)
 SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes (buffered writes only)
 BIN_BUFFERS_BYTES = 64 << 20  # the bins' O_DIRECT buffers together, at most (placement.direct_io)
+PIECES = 4  # a chunk's read and grouping are cut into this many pieces a thread, taken as threads free up
 
 
 @dataclass
@@ -251,20 +253,14 @@ def group_threads() -> int:
 
 
 def _append(handles: list[AppendFile], parts: list[tuple[int, memoryview]], pool: GatedPool | None, n: int) -> None:
-    """Each bin's part appended to its file; with a ``pool``, the bins dealt to ``n`` of its
-    threads (largest first, each to the least loaded), so that a file has one writer (an
-    :class:`AppendFile` is not thread-safe) and the copies run at once (they release the GIL)."""
+    """Each bin's part appended to its file; with a ``pool``, ``n`` threads take the bins one at a
+    time, largest first, so that a file has one writer (an :class:`AppendFile` is not
+    thread-safe) and the copies run at once (they release the GIL)."""
     if pool is None or len(parts) < 2:
         for b, part in parts:
             handles[b].write(part)
         return
-    dealt: list[list[tuple[int, memoryview]]] = [[] for _ in range(min(n, len(parts)))]
-    load = [0] * len(dealt)
-    for b, part in sorted(parts, key=lambda p: -len(p[1])):
-        k = load.index(min(load))
-        dealt[k].append((b, part))
-        load[k] += len(part)
-    _share(pool, lambda mine: [handles[b].write(part) for b, part in mine], dealt)
+    _share(pool, n, lambda p: handles[p[0]].write(p[1]), sorted(parts, key=lambda p: -len(p[1])))
 
 
 def _checkpoint(handles: list[AppendFile], work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
@@ -318,11 +314,12 @@ def group_rows(
     counts: np.ndarray,
     out: np.ndarray | None = None,
     pool: GatedPool | None = None,
-    parts: int = 1,
+    threads: int = 1,
 ) -> np.ndarray:
     """``rows`` (n x row_bytes uint8) grouped by ``bins``, original order kept inside a bin (into
-    ``out``, of the same shape, where given). With a ``pool``, the rows are cut into ``parts``
-    consecutive ranges grouped at once by its threads (the kernel releases the GIL): range k's
+    ``out``, of the same shape, where given). With a ``pool``, the rows are cut into
+    ``PIECES * threads`` consecutive ranges grouped by ``threads`` threads, the caller and the
+    pool's, at once (the kernel releases the GIL): range k's
     rows of bin b go right after those of ranges 0..k-1 (:func:`range_starts`), so the result is
     the same bytes and every output row is written by one thread."""
     if group_rows_fast is None:
@@ -334,7 +331,8 @@ def group_rows(
     unit = next(u for u in (np.uint64, np.uint32, np.uint16, np.uint8) if rows.shape[1] % np.dtype(u).itemsize == 0)
     words = rows.view(unit)  # copy whole words: 8 bytes at a time where the row size allows
     dest = np.empty_like(words) if out is None else out.view(unit)
-    edges = np.linspace(0, bins.size, max(1, min(parts, bins.size)) + 1).astype(np.int64) if pool else None
+    pieces = max(1, min(PIECES * threads, bins.size))
+    edges = np.linspace(0, bins.size, pieces + 1).astype(np.int64) if pool and threads > 1 else None
     if edges is None or edges.size <= 2:
         starts = np.zeros(counts.size, dtype=np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
@@ -342,18 +340,30 @@ def group_rows(
         return dest.view(np.uint8)
     cuts = [slice(lo, hi) for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist())]
     assert pool is not None
-    starts = range_starts(_share(pool, lambda cut: count_bins(bins[cut], counts.size), cuts))
-    _share(pool, lambda k: group_rows_fast(words[cuts[k]], bins[cuts[k]], starts[k], dest), list(range(len(cuts))))
+    starts = range_starts(_share(pool, threads, lambda cut: count_bins(bins[cut], counts.size), cuts))
+    _share(
+        pool, threads, lambda k: group_rows_fast(words[cuts[k]], bins[cuts[k]], starts[k], dest), list(range(len(cuts)))
+    )
     return dest.view(np.uint8)
 
 
-def _share(pool: GatedPool, do: Callable[[_T], _R], items: list[_T]) -> list[_R]:
-    """``do`` of every item at once: the first in the calling thread, the others in the pool's
-    threads (one hand-off fewer per step than waiting idle). If the caller's share raises, the
-    others still run: the pool's ``close`` waits for them."""
-    jobs = [pool.submit(do, item) for item in items[1:]]
-    first = do(items[0])
-    return [first, *(job.result() for job in jobs)]
+def _share(pool: GatedPool, threads: int, do: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+    """``do`` of every item (results in their order), by the calling thread and ``threads - 1``
+    of the pool's, each taking the next item as it frees up: a thread that another process
+    preempts holds up one item, not a fixed share (there are more items than threads). If the
+    caller raises, the pool's threads still finish: its ``close`` waits for them."""
+    results: list[_R | None] = [None] * len(items)
+    taken = itertools.count()  # next() on it is atomic (the GIL)
+
+    def work() -> None:
+        while (k := next(taken)) < len(items):
+            results[k] = do(items[k])
+
+    jobs = [pool.submit(work) for _ in range(min(threads, len(items)) - 1)]
+    work()
+    for job in jobs:
+        job.result()
+    return results  # type: ignore[return-value] # every slot filled
 
 
 def range_starts(counts: list[np.ndarray]) -> np.ndarray:
@@ -372,13 +382,13 @@ class _Source:
     """The source rows, chunk by chunk, into two reused buffers (one being read ahead while the
     other is grouped). A memory-mapped .npy is read with ``preadv`` from its file: one system
     call per chunk instead of a page fault per page, which matters most on a busy machine. With a
-    ``pool``, a chunk's read is cut into ``parts`` byte ranges read at once (the calling thread
-    one of them): one thread copied about 5 GB/s out of the page cache on the development VM, a
+    ``pool``, a chunk's read is cut into ``PIECES * threads`` byte ranges read by ``threads``
+    threads at once (the calling thread one of them): one thread copied about 5 GB/s out of the page cache on the development VM, a
     bound once the grouping runs on every core."""
 
-    def __init__(self, features: np.ndarray, chunk_rows: int, pool: GatedPool | None = None, parts: int = 1) -> None:
+    def __init__(self, features: np.ndarray, chunk_rows: int, pool: GatedPool | None = None, threads: int = 1) -> None:
         self.features = features
-        self.pool, self.parts = pool, parts
+        self.pool, self.threads = pool, threads
         self.row_bytes = features.shape[1] * features.dtype.itemsize if features.ndim == 2 else features.itemsize
         self.buffers = [np.empty((chunk_rows, self.row_bytes), dtype=np.uint8) for _ in range(2)]
         self.fd: int | None = None
@@ -399,13 +409,13 @@ class _Source:
         if self.fd is None:
             return self._copy(buf, row, end)
         view, at = memoryview(buf.reshape(-1)), self.offset + row * self.row_bytes
-        cuts = np.linspace(0, len(view), self.parts + 1).astype(np.int64) // ALIGN * ALIGN
+        cuts = np.linspace(0, len(view), PIECES * self.threads + 1).astype(np.int64) // ALIGN * ALIGN
         cuts[-1] = len(view)
         pieces = [(lo, hi) for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()) if hi > lo]
         if self.pool is None or len(pieces) < 2:
             self._pread(view, at, end)
         else:
-            _share(self.pool, lambda p: self._pread(view[p[0] : p[1]], at + p[0], end), pieces)
+            _share(self.pool, self.threads, lambda p: self._pread(view[p[0] : p[1]], at + p[0], end), pieces)
         return buf
 
     def _pread(self, view: memoryview, offset: int, end: int) -> None:

@@ -1,13 +1,16 @@
 """The bin pass's CPU per feature byte: ``placement.writer.write_bins`` over a page-cached source.
 
-Why: place's bin pass groups each chunk's rows by bin and copies them into the bins' write
-buffers in one thread; on a server whose SSDs write tens of GB/s that thread, not the disks,
-sets the pass's speed (README, "Projection for the real thing"). This measures it alone: a
+Why: place's bin pass reads each chunk, groups its rows by bin and copies them into the bins'
+write buffers; on a server whose SSDs write tens of GB/s that CPU side, not the disks, may set
+the pass's speed (README, "Projection for the real thing"). This measures it alone: a
 synthesized float32 source of ``--rows`` × ``--dim`` is read once (page cache warm), then written
 into ``--bins`` bins (vertices assigned at random) ``--runs`` times; it prints wall time, the
-calling thread's CPU and the whole process's CPU per byte. ``--threads`` pins the threads that
+calling thread's CPU, the whole process's CPU per byte, and the walls of the grouping and the
+appending (``WriteTimes``). ``--dir`` on /dev/shm takes the disk out (the bins are then written
+with ``pwrite`` into tmpfs, not ``O_DIRECT``). ``--threads`` pins the threads that
 group each chunk and copy it into the bins' buffers (default: every usable core); several
-values, comma-separated, alternate run by run in the same process (``--runs`` rounds of each).
+values, comma-separated, alternate run by run in the same process (``--runs`` rounds of each, every
+other round reversed), after one untimed warm-up run.
 
     python scripts/bench_bin_pass.py --rows 312500 --dim 1024 --threads 1,2 --dir /tmp/binpass
     python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --threads 1,2 --dir /tmp/binpass
@@ -35,6 +38,11 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _files(out: Path, counts: np.ndarray) -> list[BinFile]:
+    out.mkdir()
+    return [BinFile(f"b{b}", out / f"b{b}.bin", int(c)) for b, c in enumerate(counts)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=312_500)
@@ -60,10 +68,14 @@ def main() -> None:
         counts = np.bincount(bin_of, minlength=args.bins)
         nbytes = source.nbytes
         pins = [int(t) for t in args.threads.split(",") if t] or [None]
-        for run, threads in enumerate(t for _ in range(args.runs) for t in pins):
+        order = [
+            t for r in range(args.runs) for t in (pins if r % 2 == 0 else pins[::-1])
+        ]  # ABBA: no side always first
+        write_bins(source, bin_of, _files(work / "warm-up", counts), work / "warm-up", "bench")  # untimed
+        shutil.rmtree(work / "warm-up")
+        for run, threads in enumerate(order):
             out = work / f"run{run}"
-            out.mkdir()
-            files = [BinFile(f"b{b}", out / f"b{b}.bin", int(counts[b])) for b in range(args.bins)]
+            files = _files(out, counts)
             cpu0, main0, wall0 = _cpu(), time.thread_time(), time.perf_counter()
             times = write_bins(source, bin_of, files, out, "bench", threads=threads)
             wall, main_cpu, cpu = time.perf_counter() - wall0, time.thread_time() - main0, _cpu() - cpu0
