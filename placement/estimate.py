@@ -36,13 +36,13 @@ PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this 
 # (20 M vertices / 300 M edges, 16-dim float32, Machine B plan: the bin pass 0.7 s for 1.28 GB,
 # the relabel 2.7 s, the rest 0.3 s; README "place at 20 M / 300 M"): the CPU side, which is what
 # bounds place there (its disk writes are buffered and fsynced in threads).
-# The bin pass (read, group by bin, copy into the write buffers, hash) runs on every usable core:
-# its CPU side with nothing written to a disk (bins on /dev/shm), 2 threads on the 2 cores, idle,
-# took 0.59-0.79 ns a feature byte (`python scripts/bench_bin_pass.py --rows 20000000 --dim 16
-# --threads 1,2 --dir /dev/shm/binpass`, and `--rows 312500 --dim 1024`, 2026-11-27 20:24 UTC;
-# one thread 0.56-1.18: 1 -> 2 threads gained 1.0-1.4x, this VM's memory bandwidth and page-cache
-# copies near their limit). Scaled by the cores up to BIN_CORES.
-BIN_NS_PER_BYTE = 0.7
+# The bin pass (read, group by bin, copy into the write buffers, hash) runs on every usable core.
+# Its CPU side with no disk (bins on /dev/shm), 2 threads on the VM's 2 cores, idle: 0.59-0.68 ns
+# a feature byte (`python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --threads 1,2 --dir
+# /dev/shm/binpass`, and `--rows 312500 --dim 1024`, two runs each, 2026-11-27 20:35 UTC; one
+# thread 0.55-0.74: one grouping thread already kept both cores about busy). Scaled by the cores
+# up to BIN_CORES.
+BIN_NS_PER_BYTE = 0.65
 # The most cores the bin pass's CPU side is assumed to speed up with: each feature byte crosses
 # memory about 8 times (read copy, grouping, buffer copy, hash, the disk's DMA), so memory
 # bandwidth bounds it somewhere past a few cores. An assumption: only 1 and 2 cores were measured.

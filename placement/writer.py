@@ -252,7 +252,7 @@ def group_threads() -> int:
     return usable_cores()
 
 
-def _append(handles: list[AppendFile], parts: list[tuple[int, memoryview]], pool: GatedPool | None, n: int) -> None:
+def _append(handles: list[AppendFile], parts: list[tuple[Any, memoryview]], pool: GatedPool | None, n: int) -> None:
     """Each bin's part appended to its file; with a ``pool``, ``n`` threads take the bins one at a
     time, largest first, so that a file has one writer (an :class:`AppendFile` is not
     thread-safe) and the copies run at once (they release the GIL)."""
@@ -521,7 +521,7 @@ def write_bins(
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
     grouping = GatedPool(threads_n - 1, "moment-group") if threads_n > 1 else None  # the caller is one of them
-    threads = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
+    ahead_pool = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
     hashing = GatedPool(hash_threads(len(files)), "moment-hash")
     hashed: list = []
     synced = None
@@ -536,7 +536,7 @@ def write_bins(
     try:
         since = 0
         ahead = (
-            threads.submit(_read_chunk, source, 0, bin_of, start, min(n, start + chunk_rows), len(files))
+            ahead_pool.submit(_read_chunk, source, 0, bin_of, start, min(n, start + chunk_rows), len(files))
             if start < n
             else None
         )
@@ -545,7 +545,7 @@ def write_bins(
             records, bins = ahead.result()
             end = row + records.shape[0]
             ahead = (
-                threads.submit(_read_chunk, source, chunk + 1, bin_of, end, min(n, end + chunk_rows), len(files))
+                ahead_pool.submit(_read_chunk, source, chunk + 1, bin_of, end, min(n, end + chunk_rows), len(files))
                 if end < n
                 else None
             )
@@ -574,7 +574,7 @@ def write_bins(
                     times.fsync += wait(synced)  # one checkpoint in flight
                 for fh in handles:
                     fh.flush()  # every byte the state will claim handed to the file system
-                synced = threads.submit(
+                synced = ahead_pool.submit(
                     _checkpoint, handles, work, key, row, {f.name: size for f, size in zip(files, sizes)}
                 )
                 since = 0
@@ -585,7 +585,7 @@ def write_bins(
             times.fsync += wait(synced)
     finally:
         # no read, grouping, hash or fsync may run once the source and the bins are closed
-        close_all(threads, hashing, *[p for p in (reading, grouping) if p])  # the reads first: they use `reading`
+        close_all(ahead_pool, hashing, *[p for p in (reading, grouping) if p])  # the reads first: they use `reading`
         source.close()
         for fh in handles:
             fh.close(flush=False)  # the last checkpoint flushed every byte; a failed run resumes from one
