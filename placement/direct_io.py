@@ -96,9 +96,9 @@ class AppendFile:
         while len(src):
             buf = self._buffers[self._cur]
             take = min(len(src), len(buf) - self.fill)
-            np.frombuffer(buf, dtype=np.uint8)[self.fill : self.fill + take] = src[
-                :take
-            ]  # numpy copies without the GIL
+            into = np.frombuffer(buf, dtype=np.uint8)[self.fill : self.fill + take]
+            into[...] = src[:take]  # numpy copies without the GIL: bins are filled by several threads at once
+            del into  # the mmap stays closable
             self.fill += take
             src = src[take:]
             if self.fill == len(buf):

@@ -13,8 +13,8 @@ bin with one compiled pass (a counting sort of whole rows, no argsort or gather)
 brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py). The
 read, the grouping and the copy into the bins' write buffers run on every usable core
 (:func:`group_threads`; one thread did about 2 GB/s, a fraction of a server's SSD array): each
-thread reads and groups a range of the chunk (the output the same bytes as one thread's), then
-appends a set of bins, so every bin file has one writer (scripts/bench_bin_pass.py).
+thread reads and groups the next piece of the chunk (the output the same bytes as one thread's),
+then appends the next bin, so every bin file has one writer (scripts/bench_bin_pass.py).
 The seconds spent hashing and in fsync are measured in their threads and returned
 (:class:`WriteTimes`), so ``moment place`` can say where its time went.
 """
@@ -319,9 +319,9 @@ def group_rows(
     """``rows`` (n x row_bytes uint8) grouped by ``bins``, original order kept inside a bin (into
     ``out``, of the same shape, where given). With a ``pool``, the rows are cut into
     ``PIECES * threads`` consecutive ranges grouped by ``threads`` threads, the caller and the
-    pool's, at once (the kernel releases the GIL): range k's
-    rows of bin b go right after those of ranges 0..k-1 (:func:`range_starts`), so the result is
-    the same bytes and every output row is written by one thread."""
+    pool's, at once (the kernel releases the GIL): range k's rows of bin b go right after those
+    of ranges 0..k-1 (:func:`range_starts`), so the result is the same bytes and every output row
+    is written by one thread."""
     if group_rows_fast is None:
         grouped = np.take(rows, np.argsort(bins, kind="stable"), axis=0)
         if out is None:
@@ -383,8 +383,8 @@ class _Source:
     other is grouped). A memory-mapped .npy is read with ``preadv`` from its file: one system
     call per chunk instead of a page fault per page, which matters most on a busy machine. With a
     ``pool``, a chunk's read is cut into ``PIECES * threads`` byte ranges read by ``threads``
-    threads at once (the calling thread one of them): one thread copied about 5 GB/s out of the page cache on the development VM, a
-    bound once the grouping runs on every core."""
+    threads at once (the calling thread one of them): one thread copied about 5 GB/s out of the
+    page cache on the development VM, a bound once the grouping runs on every core."""
 
     def __init__(self, features: np.ndarray, chunk_rows: int, pool: GatedPool | None = None, threads: int = 1) -> None:
         self.features = features
@@ -486,10 +486,10 @@ def write_bins(
     its own thread), and the last checkpoint's fsync. Returns the files written and where the time
     went.
 
-    ``threads`` (default: the usable cores, :func:`group_threads`) read each chunk, each a byte
-    range, group it, each a range of its rows, then append the bins' parts to their files, each a
-    set of bins: every file has one writer at a time, and the bytes are those of one thread. The
-    caller is one of them. Memory held: four chunk buffers (``CHUNK_BYTES`` each: two read, two
+    ``threads`` (default: the usable cores, :func:`group_threads`) read each chunk, a byte range
+    at a time, group it, a range of its rows at a time, then append the bins' parts to their
+    files, a bin at a time: every file has one writer at a time, and the bytes are those of one
+    thread. The caller is one of them. Memory held: four chunk buffers (``CHUNK_BYTES`` each: two read, two
     grouped) and the bins' write buffers (``BIN_BUFFERS_BYTES`` in all), whatever the threads.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
