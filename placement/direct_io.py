@@ -26,6 +26,8 @@ import os
 from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
+
 from moment.gated_pool import GatedPool
 
 ALIGN = 4096  # a multiple of every logical block size O_DIRECT may ask for
@@ -90,12 +92,15 @@ class AppendFile:
         if self.direct is None:
             _pwrite_all(self.fd, view, self.size - len(view))
             return
-        while len(view):
+        src = np.frombuffer(view, dtype=np.uint8)
+        while len(src):
             buf = self._buffers[self._cur]
-            take = min(len(view), len(buf) - self.fill)
-            buf[self.fill : self.fill + take] = view[:take]
+            take = min(len(src), len(buf) - self.fill)
+            into = np.frombuffer(buf, dtype=np.uint8)[self.fill : self.fill + take]
+            into[...] = src[:take]  # numpy copies without the GIL: bins are filled by several threads at once
+            del into  # the mmap stays closable
             self.fill += take
-            view = view[take:]
+            src = src[take:]
             if self.fill == len(buf):
                 self._write_buffer()
 

@@ -37,7 +37,17 @@ PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this 
 # the CPU side, which is what bounds place there (its disk writes are buffered and fsynced in
 # threads). The graph is not rewritten: the dataset's topology, labels and splits are linked
 # (copied across file systems) and hashed in a thread beside the bin pass.
-BIN_NS_PER_BYTE = 0.55  # group rows by bin, hash, write: one thread (plus one hashing per bin)
+# The bin pass (read, group by bin, copy into the write buffers, hash) runs on every usable core.
+# Its CPU side with no disk (bins on /dev/shm), 2 threads on the VM's 2 cores, idle: 0.59-0.68 ns
+# a feature byte (`python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --threads 1,2 --dir
+# /dev/shm/binpass`, and `--rows 312500 --dim 1024`, two runs each, 2026-11-27 20:35 UTC; one
+# thread 0.55-0.74: one grouping thread already kept both cores about busy). Scaled by the cores
+# up to BIN_CORES.
+BIN_NS_PER_BYTE = 0.65
+# The most cores the bin pass's CPU side is assumed to speed up with: each feature byte crosses
+# memory about 8 times (read copy, grouping, buffer copy, hash, the disk's DMA), so memory
+# bandwidth bounds it somewhere past a few cores. An assumption: only 1 and 2 cores were measured.
+BIN_CORES = 8
 HASH_NS_PER_BYTE = 0.2  # xxh3 of the linked files read from the page cache, in their own thread (the
 # bench's checksums: 0.68 busy seconds for the bins' 1.28 GB and the linked files' 1.6 GB)
 ARRAY_NS_PER_VERTEX = 8.0  # the row map (a counting sort by bin), written and hashed: 0.16 s at 20 M
@@ -164,7 +174,8 @@ class PlaceCost:
 
     @property
     def bins_s(self) -> float:
-        cpu = max(self.feature_bytes * BIN_NS_PER_BYTE, self.linked_bytes * HASH_NS_PER_BYTE) * 1e-9 * self.slowdown
+        cpu = self.feature_bytes * BIN_NS_PER_BYTE * 1e-9 * MEASURED_CORES / max(1, min(self.cores, BIN_CORES))
+        cpu = max(cpu, self.linked_bytes * HASH_NS_PER_BYTE * 1e-9) * self.slowdown  # the hashing: one thread beside
         return max(cpu, self._disk(self.feature_read, self.bin_bytes_by_dir))
 
     @property

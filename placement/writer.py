@@ -10,7 +10,11 @@ xxh3-128, ~15 GB/s a core) are computed on the way; on resume the already-writte
 to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run in threads beside
 the writes (numpy, the hashers and fsync release the GIL), and rows are grouped by
 bin with one compiled pass (a counting sort of whole rows, no argsort or gather), which is what
-brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py).
+brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py). The
+read, the grouping and the copy into the bins' write buffers run on every usable core
+(:func:`group_threads`; one thread did about 2 GB/s, a fraction of a server's SSD array): each
+thread reads and groups the next piece of the chunk (the output the same bytes as one thread's),
+then appends the next bin, so every bin file has one writer (scripts/bench_bin_pass.py).
 The seconds spent hashing and in fsync are measured in their threads and returned
 (:class:`WriteTimes`), so ``moment place`` can say where its time went.
 """
@@ -18,6 +22,7 @@ The seconds spent hashing and in fsync are measured in their threads and returne
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import threading
@@ -28,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -46,12 +51,16 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency; numpy's stable sort is the fallback
     numba = None
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
 STATE = "write-state.json"
 CHECKPOINT_BYTES = 512 << 20
 CHUNK_BYTES = 16 << 20  # source rows read per step (four buffers of this size: two read, two grouped)
 HASH_AHEAD_BYTES = 32 << 20  # how far an NpyWriter's hashing may lag behind its writes (memory held)
 SYNC_BYTES = 256 << 20  # an NpyWriter fsyncs, beside its writes, every this many bytes (buffered writes only)
 BIN_BUFFERS_BYTES = 64 << 20  # the bins' O_DIRECT buffers together, at most (placement.direct_io)
+PIECES = 4  # a chunk's read and grouping are cut into this many pieces a thread, taken as threads free up
 
 
 @dataclass
@@ -79,6 +88,8 @@ class WriteTimes:
     hash: float = 0.0
     fsync: float = 0.0
     wait: float = 0.0
+    group: float = 0.0  # wall seconds the caller spent grouping chunks (all grouping threads at once)
+    append: float = 0.0  # ... appending them to the bins' buffers (with any wait for a bin's disk write)
     files: list[Written] = field(default_factory=list)
 
 
@@ -234,6 +245,24 @@ def hash_threads(nbins: int) -> int:
     return usable_cores(nbins)
 
 
+def group_threads() -> int:
+    """Threads grouping each chunk and copying it into the bins' buffers: every usable core
+    (:func:`moment.cores.usable_cores`: the process's affinity). One thread did about 2 GB/s on
+    the development VM (scripts/bench_bin_pass.py), a fraction of a server's array of SSDs."""
+    return usable_cores()
+
+
+def _append(handles: list[AppendFile], parts: list[tuple[Any, memoryview]], pool: GatedPool | None, n: int) -> None:
+    """Each bin's part appended to its file; with a ``pool``, ``n`` threads take the bins one at a
+    time, largest first, so that a file has one writer (an :class:`AppendFile` is not
+    thread-safe) and the copies run at once (they release the GIL)."""
+    if pool is None or len(parts) < 2:
+        for b, part in parts:
+            handles[b].write(part)
+        return
+    _share(pool, n, lambda p: handles[p[0]].write(p[1]), sorted(parts, key=lambda p: -len(p[1])))
+
+
 def _checkpoint(handles: list[AppendFile], work: Path, key: str, row: int, sizes: dict[str, int]) -> float:
     """Make the bytes written so far durable, then record how far the run got. Runs beside the
     writes (the caller flushed ``sizes`` bytes of each file first): fsync makes at least those
@@ -262,9 +291,37 @@ def group_rows_py(rows: np.ndarray, bins: np.ndarray, starts: np.ndarray, out: n
 group_rows_fast = numba.njit(cache=True, nogil=True)(group_rows_py) if numba is not None else None
 
 
-def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def count_bins_py(bins: np.ndarray, out: np.ndarray) -> None:
+    """``out[b]`` += the entries of ``bins`` equal to b (a tenth of ``np.bincount``'s time on
+    small bin numbers, compiled, and without the GIL)."""
+    for i in range(bins.size):
+        out[bins[i]] += 1
+
+
+count_bins_fast = numba.njit(cache=True, nogil=True)(count_bins_py) if numba is not None else count_bins_py
+
+
+def count_bins(bins: np.ndarray, nbins: int) -> np.ndarray:
+    """How many entries of ``bins`` fall in each of ``nbins`` bins (int64)."""
+    out = np.zeros(nbins, dtype=np.int64)
+    count_bins_fast(bins, out)
+    return out
+
+
+def group_rows(
+    rows: np.ndarray,
+    bins: np.ndarray,
+    counts: np.ndarray,
+    out: np.ndarray | None = None,
+    pool: GatedPool | None = None,
+    threads: int = 1,
+) -> np.ndarray:
     """``rows`` (n x row_bytes uint8) grouped by ``bins``, original order kept inside a bin (into
-    ``out``, of the same shape, where given)."""
+    ``out``, of the same shape, where given). With a ``pool``, the rows are cut into
+    ``PIECES * threads`` consecutive ranges grouped by ``threads`` threads, the caller and the
+    pool's, at once (the kernel releases the GIL): range k's rows of bin b go right after those
+    of ranges 0..k-1 (:func:`range_starts`), so the result is the same bytes and every output row
+    is written by one thread."""
     if group_rows_fast is None:
         grouped = np.take(rows, np.argsort(bins, kind="stable"), axis=0)
         if out is None:
@@ -274,19 +331,64 @@ def group_rows(rows: np.ndarray, bins: np.ndarray, counts: np.ndarray, out: np.n
     unit = next(u for u in (np.uint64, np.uint32, np.uint16, np.uint8) if rows.shape[1] % np.dtype(u).itemsize == 0)
     words = rows.view(unit)  # copy whole words: 8 bytes at a time where the row size allows
     dest = np.empty_like(words) if out is None else out.view(unit)
-    starts = np.zeros(counts.size, dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    group_rows_fast(words, bins, starts, dest)
+    pieces = max(1, min(PIECES * threads, bins.size))
+    edges = np.linspace(0, bins.size, pieces + 1).astype(np.int64) if pool and threads > 1 else None
+    if edges is None or edges.size <= 2:
+        starts = np.zeros(counts.size, dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        group_rows_fast(words, bins, starts, dest)
+        return dest.view(np.uint8)
+    cuts = [slice(lo, hi) for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist())]
+    assert pool is not None
+    starts = range_starts(_share(pool, threads, lambda cut: count_bins(bins[cut], counts.size), cuts))
+    _share(
+        pool, threads, lambda k: group_rows_fast(words[cuts[k]], bins[cuts[k]], starts[k], dest), list(range(len(cuts)))
+    )
     return dest.view(np.uint8)
+
+
+def _share(pool: GatedPool, threads: int, do: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+    """``do`` of every item (results in their order), by the calling thread and ``threads - 1``
+    of the pool's, each taking the next item as it frees up: a thread that another process
+    preempts holds up one item, not a fixed share (there are more items than threads). If the
+    caller raises, the pool's threads still finish: its ``close`` waits for them."""
+    results: list[_R | None] = [None] * len(items)
+    taken = itertools.count()  # next() on it is atomic (the GIL)
+
+    def work() -> None:
+        while (k := next(taken)) < len(items):
+            results[k] = do(items[k])
+
+    jobs = [pool.submit(work) for _ in range(min(threads, len(items)) - 1)]
+    work()
+    for job in jobs:
+        job.result()
+    return results  # type: ignore[return-value] # every slot filled
+
+
+def range_starts(counts: list[np.ndarray]) -> np.ndarray:
+    """Where each range's rows of each bin start in the grouped output (``counts[k][b]``: range
+    k's rows in bin b): bin b's block (after the rows of bins < b) holds range 0's rows, then
+    range 1's, ...: the order of a stable sort of the whole."""
+    per = np.stack(counts).astype(np.int64)  # ranges x bins
+    before = np.zeros_like(per)
+    np.cumsum(per[:-1], axis=0, out=before[1:])  # rows of the bin in earlier ranges
+    block = np.zeros(per.shape[1], dtype=np.int64)
+    np.cumsum(per.sum(axis=0)[:-1], out=block[1:])  # where each bin's block starts
+    return before + block
 
 
 class _Source:
     """The source rows, chunk by chunk, into two reused buffers (one being read ahead while the
     other is grouped). A memory-mapped .npy is read with ``preadv`` from its file: one system
-    call per chunk instead of a page fault per page, which matters most on a busy machine."""
+    call per chunk instead of a page fault per page, which matters most on a busy machine. With a
+    ``pool``, a chunk's read is cut into ``PIECES * threads`` byte ranges read by ``threads``
+    threads at once (the calling thread one of them): one thread copied about 5 GB/s out of the
+    page cache on the development VM, a bound once the grouping runs on every core."""
 
-    def __init__(self, features: np.ndarray, chunk_rows: int) -> None:
+    def __init__(self, features: np.ndarray, chunk_rows: int, pool: GatedPool | None = None, threads: int = 1) -> None:
         self.features = features
+        self.pool, self.threads = pool, threads
         self.row_bytes = features.shape[1] * features.dtype.itemsize if features.ndim == 2 else features.itemsize
         self.buffers = [np.empty((chunk_rows, self.row_bytes), dtype=np.uint8) for _ in range(2)]
         self.fd: int | None = None
@@ -306,13 +408,24 @@ class _Source:
         buf = self.buffers[i % 2][: end - row]
         if self.fd is None:
             return self._copy(buf, row, end)
-        view, got = memoryview(buf.reshape(-1)), 0
+        view, at = memoryview(buf.reshape(-1)), self.offset + row * self.row_bytes
+        cuts = np.linspace(0, len(view), PIECES * self.threads + 1).astype(np.int64) // ALIGN * ALIGN
+        cuts[-1] = len(view)
+        pieces = [(lo, hi) for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()) if hi > lo]
+        if self.pool is None or len(pieces) < 2:
+            self._pread(view, at, end)
+        else:
+            _share(self.pool, self.threads, lambda p: self._pread(view[p[0] : p[1]], at + p[0], end), pieces)
+        return buf
+
+    def _pread(self, view: memoryview, offset: int, end: int) -> None:
+        assert self.fd is not None
+        got = 0
         while got < len(view):
-            k = os.preadv(self.fd, [view[got:]], self.offset + row * self.row_bytes + got)
+            k = os.preadv(self.fd, [view[got:]], offset + got)
             if k == 0:
                 raise OSError(f"{self.name}: ends before row {end} (truncated while placing?)")
             got += k
-        return buf
 
     def close(self) -> None:
         if self.fd is not None:
@@ -363,13 +476,21 @@ def write_bins(
     key: str,
     chunk_rows: int | None = None,
     progress: Update | None = None,
+    threads: int | None = None,
 ) -> WriteTimes:
     """Append each vertex's feature row to its bin's file, in original id order.
 
     ``files[b]`` receives the rows of vertices with ``bin_of == b``; ``key`` identifies the inputs
     (a resumed run must be writing the same placement, or it starts over). Four things overlap:
-    reading the next source chunk, grouping and writing this one (the caller's thread), hashing
-    it (each bin's part in its own thread), and the last checkpoint's fsync. Returns the files written and where the time went.
+    reading the next source chunk, grouping and writing this one, hashing it (each bin's part in
+    its own thread), and the last checkpoint's fsync. Returns the files written and where the time
+    went.
+
+    ``threads`` (default: the usable cores, :func:`group_threads`) read each chunk, a byte range
+    at a time, group it, a range of its rows at a time, then append the bins' parts to their
+    files, a bin at a time: every file has one writer at a time, and the bytes are those of one
+    thread. The caller is one of them. Memory held: four chunk buffers (``CHUNK_BYTES`` each: two read, two
+    grouped) and the bins' write buffers (``BIN_BUFFERS_BYTES`` in all), whatever the threads.
     """
     n, row_bytes = features.shape[0], features.shape[1] * features.dtype.itemsize
     chunk_rows = chunk_rows or max(1, CHUNK_BYTES // row_bytes)
@@ -394,10 +515,13 @@ def write_bins(
     if progress and start:
         progress(start, n)  # resuming: the bar (and a test) sees where the killed run got to
     sizes = [fh.size for fh in handles]
-    source = _Source(features, min(chunk_rows, max(n, 1)))
+    threads_n = threads or group_threads()
+    reading = GatedPool(threads_n - 1, "moment-read") if threads_n > 1 else None  # the reader is one of them
+    source = _Source(features, min(chunk_rows, max(n, 1)), reading, threads_n)
     grouped_bufs = [np.empty_like(b) for b in source.buffers]  # chunk i groups into i % 2
     chunk = 0
-    threads = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
+    grouping = GatedPool(threads_n - 1, "moment-group") if threads_n > 1 else None  # the caller is one of them
+    ahead_pool = GatedPool(2, "moment-write")  # closed below only once no task of it runs (signals too)
     hashing = GatedPool(hash_threads(len(files)), "moment-hash")
     hashed: list = []
     synced = None
@@ -412,7 +536,7 @@ def write_bins(
     try:
         since = 0
         ahead = (
-            threads.submit(_read_chunk, source, 0, bin_of, start, min(n, start + chunk_rows), len(files))
+            ahead_pool.submit(_read_chunk, source, 0, bin_of, start, min(n, start + chunk_rows), len(files))
             if start < n
             else None
         )
@@ -421,20 +545,27 @@ def write_bins(
             records, bins = ahead.result()
             end = row + records.shape[0]
             ahead = (
-                threads.submit(_read_chunk, source, chunk + 1, bin_of, end, min(n, end + chunk_rows), len(files))
+                ahead_pool.submit(_read_chunk, source, chunk + 1, bin_of, end, min(n, end + chunk_rows), len(files))
                 if end < n
                 else None
             )
-            counts = np.bincount(bins, minlength=len(files))
-            grouped = group_rows(records, bins, counts, grouped_bufs[chunk % 2][: records.shape[0]])
+            t0 = time.perf_counter()
+            counts = count_bins(bins, len(files))
+            grouped = group_rows(
+                records, bins, counts, grouped_bufs[chunk % 2][: records.shape[0]], grouping, threads_n
+            )
+            t1 = time.perf_counter()
+            times.group += t1 - t0
             chunk += 1
             edges = np.concatenate(([0], np.cumsum(counts))) * row_bytes
             raw = memoryview(grouped.reshape(-1))
             parts = [(b, raw[edges[b] : edges[b + 1]]) for b in np.flatnonzero(counts)]
             times.hash += sum(wait(job) for job in hashed)  # a bin's parts are hashed in order: chunk by chunk
             hashed = [hashing.submit(_hash_part, hashers[b], part) for b, part in parts]
+            t1 = time.perf_counter()
+            _append(handles, parts, grouping, threads_n)
+            times.append += time.perf_counter() - t1
             for b, part in parts:
-                handles[b].write(part)
                 sizes[b] += len(part)
             since += raw.nbytes
             row = end
@@ -443,7 +574,7 @@ def write_bins(
                     times.fsync += wait(synced)  # one checkpoint in flight
                 for fh in handles:
                     fh.flush()  # every byte the state will claim handed to the file system
-                synced = threads.submit(
+                synced = ahead_pool.submit(
                     _checkpoint, handles, work, key, row, {f.name: size for f, size in zip(files, sizes)}
                 )
                 since = 0
@@ -453,7 +584,8 @@ def write_bins(
         if synced is not None:
             times.fsync += wait(synced)
     finally:
-        close_all(threads, hashing)  # no read, hash or fsync may run once the source and the bins are closed
+        # no read, grouping, hash or fsync may run once the source and the bins are closed
+        close_all(ahead_pool, hashing, *[p for p in (reading, grouping) if p])  # the reads first: they use `reading`
         source.close()
         for fh in handles:
             fh.close(flush=False)  # the last checkpoint flushed every byte; a failed run resumes from one

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placement.estimate import ARRAY_NS_PER_VERTEX, BIN_NS_PER_BYTE, HASH_NS_PER_BYTE, PlaceCost
+from placement.estimate import (
+    ARRAY_NS_PER_VERTEX,
+    BIN_CORES,
+    BIN_NS_PER_BYTE,
+    HASH_NS_PER_BYTE,
+    MEASURED_CORES,
+    PlaceCost,
+)
 
 READ = 48 * 2**30  # bytes/s: 8 × P5510 sequential reads
 WRITE = 27e9  # bytes/s: their sequential writes, by the vendor's sheet
@@ -45,7 +52,8 @@ def projection(nodes: int, edges: int, row_bytes: int, label_bytes: int) -> Plac
 def main() -> None:
     print(
         f"place after pre-sampling on Machine B ({READ / 2**30:.0f} GiB/s reads, {WRITE / 1e9:.0f} GB/s writes, "
-        f"{CORES} cores; CPU {BIN_NS_PER_BYTE} ns a feature byte, {HASH_NS_PER_BYTE:g} ns a linked topology byte, "
+        f"{CORES} cores; CPU {BIN_NS_PER_BYTE} ns a feature byte on {MEASURED_CORES} cores, shared by up to "
+        f"{BIN_CORES}, {HASH_NS_PER_BYTE:g} ns a linked topology byte (one thread), "
         f"{ARRAY_NS_PER_VERTEX:g} ns a vertex):"
     )
     for name, shape in DATASETS.items():

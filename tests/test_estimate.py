@@ -85,6 +85,15 @@ def test_a_cold_input_and_a_slow_disk_lengthen_the_estimate_a_warm_one_does_not(
     )
 
 
+def test_the_bin_pass_cpu_side_shares_the_cores_up_to_its_cap() -> None:
+    """The bin pass runs on every usable core: 4 cores halve the 2 measured cores' CPU side, and
+    past BIN_CORES (memory bandwidth, assumed) more cores change nothing."""
+    two, four, many = _cost(0, None, 100e9), _cost(0, None, 100e9), _cost(0, None, 100e9)
+    four.cores, many.cores = 4, 4 * est.BIN_CORES
+    assert four.bins_s == pytest.approx(two.bins_s / 2)
+    assert many.bins_s == pytest.approx(two.bins_s * est.MEASURED_CORES / est.BIN_CORES)
+
+
 def test_the_load_average_slows_the_cpu_side_only() -> None:
     """Others' runnable threads take the cores the CPU side needs (load 8 on 2 cores: 4× as long);
     a disk-bound step is not slowed, and a load below the cores changes nothing."""

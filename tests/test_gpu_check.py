@@ -165,3 +165,17 @@ def test_a_step_past_the_budget_is_not_run(tmp_path: Path, monkeypatch: pytest.M
     gc.run(_run_args(gc, out, tmp_path, seconds=3))
     step = json.loads((out / "report.json").read_text())["steps"][0]
     assert step["status"] == "not run" and step["figures"]["lines"][0].startswith("out of time")
+
+
+def test_the_bin_pass_step_runs_the_benchmark_and_reports_each_thread_count(tmp_path: Path) -> None:
+    """The many-core figure the place estimate's BIN_CORES waits for: the step's command runs the
+    benchmark (small, here) and its figures are one line per thread count, as printed."""
+    gc = _gpu_check()
+    step = next(s for s in gc.steps(tmp_path, "cpu", 0, tmp_path, small=True) if s.name == "bin-pass-cores")
+    run = subprocess.run(step.argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    lines = gc.figures(step.name, tmp_path, run.stdout)["lines"]
+    assert [ln.split(":")[0] for ln in lines] == ["run 1, 1 grouping threads", "run 2, 2 grouping threads"]
+    assert all("ns/byte" in ln and "; grouping" not in ln for ln in lines)
+    scratch = Path(step.argv[step.argv.index("--dir") + 1])
+    assert not scratch.exists()  # the benchmark removed what it wrote
