@@ -67,7 +67,7 @@ def test_every_consumer_widens_narrow_and_old_labels_alike(old_and_new: tuple[Pl
     as the same int64 values: a consumer that took the file for int64 (a memmap of its own, a
     tensor of the raw array) would read other values or fail in the loss."""
     old, new = old_and_new
-    seeds = torch.from_numpy(np.asarray(new.array("train"), dtype=np.int64)[:50])
+    seeds = torch.from_numpy(np.array(new.array("train")[:50], dtype=np.int64))  # a copy: the split is a read-only map
     want = torch.from_numpy(np.asarray(old.array("labels"))[seeds.numpy()])
     for placed in (old, new):
         labels = placed.array("labels")  # the memory map: widened per batch, never as a whole
