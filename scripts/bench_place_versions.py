@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
+    if not args.dir.is_dir():
+        ap.error(f"--dir {args.dir}: not a directory")
     work = Path(tempfile.mkdtemp(prefix="bench-place-versions-", dir=args.dir))
     trees = {"other": args.other.resolve(), "this": REPO}
     try:
