@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from placement.writer import GROUP_THREADS
+
 # import speed of the edges and labels / a copy's, per byte, on the 2-core development VM, 2 threads,
 # 20 M vertices / 300 M edges, 16-dim: before the one-read CSR build 0.72-0.83x idle (0.13x at load
 # average 8); with it (9c600af), idle, the import took 14.9 and 17.8 s against 45.8 and 26.0 s before
@@ -37,17 +39,17 @@ PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this 
 # the CPU side, which is what bounds place there (its disk writes are buffered and fsynced in
 # threads). The graph is not rewritten: the dataset's topology, labels and splits are linked
 # (copied across file systems) and hashed in a thread beside the bin pass.
-# The bin pass (read, group by bin, copy into the write buffers, hash) runs on every usable core.
+# The bin pass (read, group by bin, copy into the write buffers, hash) runs on up to BIN_CORES cores.
 # Its CPU side with no disk (bins on /dev/shm), 2 threads on the VM's 2 cores, idle: 0.59-0.68 ns
 # a feature byte (`python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --threads 1,2 --dir
 # /dev/shm/binpass`, and `--rows 312500 --dim 1024`, two runs each, 2026-11-27 20:35 UTC; one
 # thread 0.55-0.74: one grouping thread already kept both cores about busy). Scaled by the cores
 # up to BIN_CORES.
 BIN_NS_PER_BYTE = 0.65
-# The most cores the bin pass's CPU side is assumed to speed up with: each feature byte crosses
-# memory about 8 times (read copy, grouping, buffer copy, hash, the disk's DMA), so memory
-# bandwidth bounds it somewhere past a few cores. An assumption: only 1 and 2 cores were measured.
-BIN_CORES = 8
+# The most cores the bin pass's CPU side speeds up with: the threads it groups with, at most 4
+# (placement/writer.py GROUP_THREADS: the first 16-core server peaked at 4 threads, 3.67 GB/s, 0.27
+# ns a byte of wall time; this model's 0.65 x 2 / 4 = 0.33 ns is that, with a fifth to spare).
+BIN_CORES = GROUP_THREADS
 HASH_NS_PER_BYTE = 0.2  # xxh3 of the linked files read from the page cache, in their own thread (the
 # bench's checksums: 0.68 busy seconds for the bins' 1.28 GB and the linked files' 1.6 GB)
 ARRAY_NS_PER_VERTEX = 8.0  # the row map (a counting sort by bin), written and hashed: 0.16 s at 20 M

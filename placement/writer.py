@@ -11,8 +11,8 @@ to rebuild them. Reading the next chunk, hashing and the checkpoint's fsync run 
 the writes (numpy, the hashers and fsync release the GIL), and rows are grouped by
 bin with one compiled pass (a counting sort of whole rows, no argsort or gather), which is what
 brings the pass to the speed of a plain copy of the same bytes (scripts/bench_pipeline.py). The
-read, the grouping and the copy into the bins' write buffers run on every usable core
-(:func:`group_threads`; one thread did about 2 GB/s, a fraction of a server's SSD array): each
+read, the grouping and the copy into the bins' write buffers run on up to 4 cores
+(:func:`group_threads`; one thread did about 2 GB/s, four 3.7 GB/s, more were slower): each
 thread reads and groups the next piece of the chunk (the output the same bytes as one thread's),
 then appends the next bin, so every bin file has one writer (scripts/bench_bin_pass.py).
 The seconds spent hashing and in fsync are measured in their threads and returned
@@ -245,11 +245,18 @@ def hash_threads(nbins: int) -> int:
     return usable_cores(nbins)
 
 
+# The most threads the bin pass groups and copies with. The first GPU server (16 cores, H200
+# host, scripts/gpu_check.sh's bin-pass-cores step, a page-cached 1.28 GB source into tmpfs,
+# 2026-11-27 22:49 UTC) did 2.06, 3.36, 3.67, 2.73 and 2.05 GB/s with 1, 2, 4, 8 and 16 threads:
+# each feature byte crosses memory several times (read copy, grouping, buffer copy, hash), and
+# past 4 threads they contend for it rather than share the work.
+GROUP_THREADS = 4
+
+
 def group_threads() -> int:
-    """Threads grouping each chunk and copying it into the bins' buffers: every usable core
-    (:func:`moment.cores.usable_cores`: the process's affinity). One thread did about 2 GB/s on
-    the development VM (scripts/bench_bin_pass.py), a fraction of a server's array of SSDs."""
-    return usable_cores()
+    """Threads grouping each chunk and copying it into the bins' buffers: the usable cores
+    (:func:`moment.cores.usable_cores`: the process's affinity), at most :data:`GROUP_THREADS`."""
+    return usable_cores(GROUP_THREADS)
 
 
 def _append(handles: list[AppendFile], parts: list[tuple[Any, memoryview]], pool: GatedPool | None, n: int) -> None:

@@ -72,7 +72,7 @@ def steps(work: Path, dev: str, ngpu: int, bench_dir: Path, small: bool = False)
     # estimate's BIN_CORES assumes and a 2-core CI machine cannot show.
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else bench_dir
     bins = [py, "scripts/bench_bin_pass.py", "--dir", str(shm / f"moment-bin-pass-{os.getpid()}"), "--runs", "1"]
-    bins += ["--rows", "20000", "--dim", "256", "--threads", "1,2"] if small else ["--threads", "1,4,16"]
+    bins += ["--rows", "20000", "--dim", "256", "--threads", "1,2"] if small else ["--threads", "1,2,4,8,16"]
     return [
         Step("demo", demo_cmd, 90),
         run("train-gpu", 1, *gpu, ck=True),

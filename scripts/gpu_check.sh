@@ -111,6 +111,7 @@ for w in sys.argv[2:]:
     "$PY" "$HELPER" record "$OUT" --name install --exit "$rc" --seconds $((SECONDS - start)) \
         --command "pip install --no-index --no-deps --target SCRATCH (the wheels of $BUNDLE that $PY lacks)" \
         --log "$WORK/install.log"
+    [ "$rc" = 0 ] || tail -n 3 "$WORK/install.log" >&2  # e.g. a package the bundle skipped and this Python lacks
 fi
 export PYTHONPATH=$SCRATCH:$REPO${PYTHONPATH:+:$PYTHONPATH}
 # cuda.pathfinder (libkvikio's loader) looks for NVIDIA's wheel libraries (libcufile) in

@@ -336,6 +336,20 @@ def select(args: argparse.Namespace) -> int:
             if have is None or not all(r.specifier.contains(Version(have), prereleases=True) for r in reqs):
                 chosen.add(key)
                 changed = True
+    # What the bundle left out (--skip: "the server has it") must be here, at a version allowed.
+    skipped = {norm(n) for n in doc.get("skipped", [])}
+    for key in sorted(set(specs) - set(by_name)):
+        have, reqs = installed.get(key), specs[key]
+        if key in skipped and (
+            have is None or not all(r.specifier.contains(Version(have), prereleases=True) for r in reqs)
+        ):
+            need = ", ".join(sorted({str(r) for r in reqs}))
+            sys.exit(
+                f"gpu_check: {sys.executable} {'lacks ' + key if have is None else f'has {key} {have}'} "
+                f"(moment needs {need}), which {bundle} left out (--skip): build it again without skipping {key}"
+            )
+        if have is not None and key in skipped:
+            print(f"keep    {key} {have} (left out of the bundle)", file=sys.stderr)
     for key in sorted(set(specs) & set(by_name)):
         p, have = by_name[key], installed.get(key)
         if key in chosen:

@@ -1,6 +1,6 @@
 """CPU-bound passes take their thread counts from the cores this process may run on (its
 affinity, which containers and ``taskset`` narrow), each capped by its own limit: pre-sampling's
-batches drawn at once, the row map's ranges, the bin pass's hashing threads."""
+batches drawn at once, the row map's ranges, the bin pass's hashing and grouping threads."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def test_threads_follow_the_usable_cores_and_their_caps(
     assert CountSampler(indptr, indices, (2,), 1).threads == min(cores, THREADS)
     assert CountSampler(indptr, indices, (2,), 1, threads=2).threads == 2  # asked for: taken as is
     assert writer.hash_threads(8) == min(cores, 8) and writer.hash_threads(1) == 1
+    assert writer.group_threads() == min(cores, writer.GROUP_THREADS) == min(cores, 4)  # the measured knee
 
     pools: list[int] = []
 

@@ -86,8 +86,8 @@ def test_a_cold_input_and_a_slow_disk_lengthen_the_estimate_a_warm_one_does_not(
 
 
 def test_the_bin_pass_cpu_side_shares_the_cores_up_to_its_cap() -> None:
-    """The bin pass runs on every usable core: 4 cores halve the 2 measured cores' CPU side, and
-    past BIN_CORES (memory bandwidth, assumed) more cores change nothing."""
+    """The bin pass runs on up to BIN_CORES cores: 4 cores halve the 2 measured cores' CPU side,
+    and past BIN_CORES (memory bandwidth, measured on a 16-core server) more cores change nothing."""
     two, four, many = _cost(0, None, 100e9), _cost(0, None, 100e9), _cost(0, None, 100e9)
     four.cores, many.cores = 4, 4 * est.BIN_CORES
     assert four.bins_s == pytest.approx(two.bins_s / 2)

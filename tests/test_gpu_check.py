@@ -27,10 +27,13 @@ def _gpu_check():
     return mod
 
 
-def _bundle(tmp_path: Path, roots: list[str], packages: list[dict], python: str | None = None) -> Path:
+def _bundle(
+    tmp_path: Path, roots: list[str], packages: list[dict], python: str | None = None, skipped: list[str] | None = None
+) -> Path:
     mine = f"{sys.version_info.major}.{sys.version_info.minor}"
     moment = {"name": "moment", "version": "0.1.0", "file": "moment-0.1.0-py3-none-any.whl", "requires": roots}
     doc = {"format": "moment.wheelhouse/1", "python": python or mine, "roots": roots, "packages": [moment, *packages]}
+    doc["skipped"] = skipped or []
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     return tmp_path
 
@@ -77,6 +80,19 @@ def test_a_bundled_package_can_refuse_what_the_interpreter_has(tmp_path: Path) -
     packages = [_pkg("numpy", "99.0"), _pkg("not-here-xyz", "1.0", ["numpy>=999"])]
     code, files, _ = _select(_bundle(tmp_path, ["numpy>=1.24", "not-here-xyz"], packages))
     assert code == 0 and files == ["not-here-xyz-1.0.whl", "numpy-99.0.whl"]
+
+
+def test_a_skipped_package_the_server_lacks_is_one_line(tmp_path: Path) -> None:
+    """`make wheelhouse` skips numpy and numba (a CUDA PyTorch environment has them): where one is
+    missing, or too old, the check stops before installing anything, naming it and the fix."""
+    numpy = metadata.version("numpy")
+    code, files, err = _select(_bundle(tmp_path, ["not-here-xyz>=1"], [], skipped=["not-here-xyz"]))
+    assert code == 1 and not files and err.strip().count("\n") == 0
+    assert "lacks not-here-xyz (moment needs not-here-xyz>=1)" in err and "without skipping not-here-xyz" in err
+    code, files, err = _select(_bundle(tmp_path, ["numpy>=999"], [], skipped=["numpy"]))
+    assert code == 1 and f"has numpy {numpy} (moment needs numpy>=999)" in err
+    code, files, err = _select(_bundle(tmp_path, ["numpy>=1.24"], [], skipped=["numpy"]))
+    assert code == 0 and not files and f"keep    numpy {numpy} (left out of the bundle)" in err
 
 
 def test_a_bundle_for_another_python_is_one_line(tmp_path: Path) -> None:

@@ -239,3 +239,33 @@ def test_bad_inputs_are_one_line(
     assert main(["infer", "--data", str(data["placed"]), "--checkpoint", str(data["sage"]), "--out", str(docs)]) == 1
     assert "is not a directory of inference outputs" in _one_line(capsys.readouterr().err)
     assert (docs / "notes.txt").read_text() == "mine" and not (tmp_path / "o").exists()
+
+
+def test_the_launcher_times_each_layer_on_the_device_it_names(
+    data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher loads the model on the CPU and times the ranks' device (the first GPU run
+    failed there: "mat2 is on cpu"). Every tensor the timed layer form holds is on that device,
+    and the launcher's own model stays where it was. (SAGE: the layers GAT's gather engine runs
+    are not timed.)"""
+    from trainer import infer as infer_mod
+    from trainer.infer_predict import Compute
+
+    device = torch.device("meta")  # a device other than the CPU that a CPU machine has
+    seen: list[set[torch.device]] = []
+
+    def spy(form, in_width, width, block, dev, rows, num_nodes):  # noqa: ANN001, ANN202
+        held = [c.cell_contents for f in (form.message, form.root, form.finish) for c in (f.__closure__ or ())]
+        tensors = [t for t in held if isinstance(t, torch.Tensor)]
+        tensors += [p for m in held if isinstance(m, torch.nn.Module) for p in m.parameters()]
+        assert dev == device and tensors
+        seen.append({t.device for t in tensors})
+        return Compute(1e-9, 1e-9)
+
+    monkeypatch.setattr(infer_mod, "device_for", lambda **_: device)
+    monkeypatch.setattr(infer_mod.infer_predict, "calibrate", spy)
+    opts = InferOptions(data=data["placed"], checkpoint=data["sage"], out=tmp_path / "out", layers="all", device="cpu")
+    p = infer_mod.prepare(opts)
+    p.stage.release()
+    assert seen and all(s == {device} for s in seen)
+    assert {t.device.type for t in p.loaded.model.parameters()} == {"cpu"}

@@ -102,7 +102,7 @@ def predict(
     bins = [(b.name, b.tier, b.bytes) for b in sorted(placed.bins, key=lambda b: b.start)]
     out = []
     for k in range(1, layout.depth + 1):
-        form = layer_form(loaded, opts.engine, k)
+        form = layer_form(loaded, opts.engine, k, device)
         in_width = placed.feature_dim if k == 1 else loaded.widths[k - 2]
         out_row = loaded.widths[k - 1] * np.dtype(layout.work(k)[2]).itemsize
         shape = infer_predict.Shape(

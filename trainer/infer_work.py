@@ -5,6 +5,7 @@ What the driver (:mod:`trainer.infer`) and each rank (:mod:`trainer.infer_rank`)
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,12 +87,17 @@ def load(data: Path, ckpt: Path, device: torch.device | None = None, placement: 
     )
 
 
-def layer_form(loaded: Loaded, engine: str, layer: int) -> Scatter | None:
+def layer_form(loaded: Loaded, engine: str, layer: int, device: torch.device | None = None) -> Scatter | None:
     """The scatter form the broadcast engine runs layer ``layer`` (1-based) with; None: the
-    gather engine runs it (asked for, or the layer has none)."""
+    gather engine runs it (asked for, or the layer has none). ``device``: the form of a copy of
+    the layer there, where the model lives elsewhere (the launcher times a rank's device with
+    the model it loaded on the CPU)."""
     if engine != "broadcast":
         return None
-    return scatter_form(loaded.cfg.model, loaded.model.convs[layer - 1])
+    conv = loaded.model.convs[layer - 1]
+    if device is not None and any(p.device != device for p in conv.parameters()):
+        conv = copy.deepcopy(conv).to(device)
+    return scatter_form(loaded.cfg.model, conv)
 
 
 def rank_budget(memory: int, ranks: int) -> int:
