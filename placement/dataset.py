@@ -16,7 +16,7 @@ open so that a graph far larger than RAM can be opened instantly:
 
 ``open_dataset`` runs the cheap checks on every open (the manifest through its contract, each
 array's dtype, shape and size, indptr's ends, a non-empty train split); ``check_dataset`` is the
-full scan (ids, indptr order, labels), chunk by chunk. Every error is one line naming the file.
+full scan (ids, indptr order, labels), chunk by chunk, which can hash each file as it reads it. Every error is one line naming the file.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 
 from moment import faults, outputs
 from moment.contracts.dataset import FEATURE_DTYPES, FILES, FORMAT, DatasetError, DatasetManifest, FeatureSource
+from placement.digests import Hasher, new_hasher
 
 __all__ = [
     "DATASET",
@@ -49,9 +50,11 @@ __all__ = [
     "FeatureShape",
     "NpyHeader",
     "SPLITS",
+    "ScannedFile",
     "check_dataset",
     "check_free_space",
     "feature_source",
+    "file_identity",
     "label_type",
     "open_dataset",
     "read_npy_header",
@@ -306,47 +309,115 @@ def open_dataset(path: str | Path) -> Dataset:
     return ds
 
 
-def check_dataset(ds: Dataset, chunk: int = CHUNK) -> None:
+def check_dataset(ds: Dataset, chunk: int = CHUNK, digest: str | None = None) -> dict[str, ScannedFile]:
     """The full scan, ``chunk`` entries at a time (bounded memory): what a cheap open cannot see.
 
     indptr non-decreasing; every neighbour and split id in [0, N) (a negative id would silently wrap
     around to another vertex); every label in [-1, num_classes) (-1: unlabelled); every split vertex
     labelled. Otherwise these surface as an IndexError deep in sampling or training, or never.
+
+    With ``digest`` (an algorithm of :mod:`placement.digests`), each scanned file (topology, labels,
+    splits) is hashed whole from the chunks the scan reads anyway, so that ``moment place`` need
+    not read them a second time for placed.json; a file that changed while it was read (another
+    inode, size or mtime after than before) is left out of what is returned.
     """
-    _check_indptr(ds, chunk)
+    taps = {key: _Tap(ds.path(key), key, digest) for key in SCANNED} if digest else {}
+    _check_indptr(ds, chunk, taps.get("indptr"))
     n = ds.num_nodes
     for key in ("indices", *SPLITS):
         arr = ds.array(key)
-        at = _first_outside(arr, 0, n, chunk)
+        at = _first_outside(arr, 0, n, chunk, taps.get(key))
         if at is not None:
             where = f" (a neighbour of vertex {_row_of(ds, at)})" if key == "indices" else ""
             raise DatasetError(f"{ds.path(key)}: {key}[{at}] = {int(arr[at])} is not a vertex id (N = {n}){where}")
     labels, k = ds.labels(), ds.num_classes
-    at = _first_outside(labels, -1, k, chunk)
+    at = _first_outside(labels, -1, k, chunk, taps.get("labels"))
     if at is not None:
         raise DatasetError(
             f"{ds.path('labels')}: labels[{at}] = {int(labels[at])} is not a class (num_classes = {k}; -1 = unlabelled)"
         )
     for key in SPLITS:
         _check_labelled(ds, key, labels, chunk)
+    return {key: done for key, tap in taps.items() if (done := tap.finish()) is not None}
 
 
-def _check_indptr(ds: Dataset, chunk: int) -> None:
+# The files the full scan reads whole, in order (and so can hash): all but the features.
+SCANNED = ("indptr", "indices", "labels", *SPLITS)
+
+
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """What says a file is the same one: device, inode, size, mtime (ns). moment never writes into
+    a dataset's file (a new dataset is a new inode), so an equal identity means the same bytes."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class ScannedFile:
+    """A file's digest taken by the full scan, and the file's identity while it was read: the
+    digest stands for any name of that identity (a hard link), never for a copy or a replacement."""
+
+    path: Path
+    identity: tuple[int, int, int, int]
+    digest: str
+    algorithm: str
+
+
+class _Tap:
+    """A whole-file digest fed by a scan: the .npy header read here (a few hundred bytes), the data
+    in the scan's chunks, in order, and any bytes past the data read here."""
+
+    def __init__(self, path: Path, key: str, algorithm: str) -> None:
+        self.path, self.algorithm = path, algorithm
+        self.before = file_identity(path)
+        self.header = read_npy_header(path, key)
+        self.hasher: Hasher = new_hasher(algorithm)
+        with open(path, "rb") as fh:
+            self.hasher.update(fh.read(self.header.offset))
+        self.fed = 0
+
+    def __call__(self, part: np.ndarray) -> None:
+        view = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+        self.hasher.update(memoryview(view))
+        self.fed += view.size
+
+    def finish(self) -> ScannedFile | None:
+        """The digest, or None where the scan did not feed every byte or the file changed."""
+        end = self.header.nbytes
+        if self.fed != end - self.header.offset:
+            return None
+        with open(self.path, "rb") as fh:
+            fh.seek(end)
+            while chunk := fh.read(8 << 20):  # bytes past the array's (numpy writes none)
+                self.hasher.update(chunk)
+        if file_identity(self.path) != self.before:
+            return None
+        return ScannedFile(self.path, self.before, self.hasher.hexdigest(), self.algorithm)
+
+
+def _check_indptr(ds: Dataset, chunk: int, tap: _Tap | None = None) -> None:
     indptr = ds.indptr()
-    for start in range(0, indptr.shape[0] - 1, chunk):
-        steps = np.diff(np.asarray(indptr[start : start + chunk + 1]))
+    last = None  # the previous chunk's last entry: each entry is read once
+    for start in range(0, indptr.shape[0], chunk):
+        part = np.asarray(indptr[start : start + chunk])
+        if tap is not None:
+            tap(part)
+        steps = np.diff(part) if last is None else np.diff(part, prepend=last)
         if (steps < 0).any():
-            v = start + int(np.argmax(steps < 0))
+            v = start - (last is not None) + int(np.argmax(steps < 0))
             raise DatasetError(
                 f"{ds.path('indptr')}: indptr[{v + 1}] = {int(indptr[v + 1])} is below "
                 f"indptr[{v}] = {int(indptr[v])}: indptr must not decrease (vertex {v})"
             )
+        last = part[-1]
 
 
-def _first_outside(arr: np.ndarray, lo: int, hi: int, chunk: int) -> int | None:
-    """Index of the first entry outside [lo, hi), or None."""
+def _first_outside(arr: np.ndarray, lo: int, hi: int, chunk: int, tap: _Tap | None = None) -> int | None:
+    """Index of the first entry outside [lo, hi), or None (each chunk fed to ``tap`` as read)."""
     for start in range(0, arr.shape[0], chunk):
         part = np.asarray(arr[start : start + chunk])
+        if tap is not None:
+            tap(part)
         if part.min() < lo or part.max() >= hi:
             return start + int(np.argmax((part < lo) | (part >= hi)))
     return None

@@ -37,8 +37,9 @@ PROBE_PREFIX = ".moment-write-probe-"  # + pid + random token: a file only this 
 # Wall seconds per unit of ``moment place`` after pre-sampling, on the 2-core development VM, idle
 # (20 M vertices / 300 M edges, 16-dim float32, Machine B plan; README "place at 20 M / 300 M"):
 # the CPU side, which is what bounds place there (its disk writes are buffered and fsynced in
-# threads). The graph is not rewritten: the dataset's topology, labels and splits are linked
-# (copied across file systems) and hashed in a thread beside the bin pass.
+# threads). The graph is not rewritten: the dataset's topology, labels and splits are linked, their
+# checksums taken by the check scan as it reads them (before this estimate: no second read); where
+# the file system refuses a link they are copied and the copies hashed in a thread beside the bin pass.
 # The bin pass (read, group by bin, copy into the write buffers, hash) runs on up to BIN_CORES cores.
 # Its CPU side with no disk (bins on /dev/shm), 2 threads on the VM's 2 cores, idle: 0.59-0.68 ns
 # a feature byte (`python scripts/bench_bin_pass.py --rows 20000000 --dim 16 --threads 1,2 --dir
@@ -50,8 +51,8 @@ BIN_NS_PER_BYTE = 0.65
 # (placement/writer.py GROUP_THREADS: the first 16-core server peaked at 4 threads, 3.67 GB/s, 0.27
 # ns a byte of wall time; this model's 0.65 x 2 / 4 = 0.33 ns is that, with a fifth to spare).
 BIN_CORES = GROUP_THREADS
-HASH_NS_PER_BYTE = 0.2  # xxh3 of the linked files read from the page cache, in their own thread (the
-# bench's checksums: 0.68 busy seconds for the bins' 1.28 GB and the linked files' 1.6 GB)
+HASH_NS_PER_BYTE = 0.2  # xxh3 of copied files read from the page cache, in their own thread (the
+# bench's checksums: 0.68 busy seconds for the bins' 1.28 GB and the then-rehashed topology's 1.6 GB)
 ARRAY_NS_PER_VERTEX = 8.0  # the row map (a counting sort by bin), written and hashed: 0.16 s at 20 M
 FIXED_S = 0.3  # thread pools, small files, their fsync, the commit's renames
 MEASURED_CORES = 2  # the cores those costs were measured with (the row map uses up to 4)
@@ -147,7 +148,7 @@ def cached_share(path: Path, offset: int = 0, windows: int = 256, window: int = 
 
 @dataclass
 class PlaceCost:
-    """``moment place`` after pre-sampling: the bin pass (the linked files hashed beside it) and
+    """``moment place`` after pre-sampling: the bin pass (copied dataset files hashed beside it) and
     the arrays (the row map; copies of the dataset's files where they cannot be linked), each
     the slower of its disk and its CPU side, and the fixed costs."""
 
@@ -156,8 +157,8 @@ class PlaceCost:
     bin_bytes_by_dir: dict[Path, int]
     out: Path  # where the arrays go
     array_bytes: int  # the row map, hotness, and copies of the dataset's files if any (to ``out``)
-    topology_read: int  # bytes of the input topology not in the page cache
-    linked_bytes: int  # the dataset's topology, labels and splits: hashed (and copied where not linked)
+    topology_read: int  # bytes of the copied topology not in the page cache (links are not read again)
+    copied_bytes: int  # the dataset's topology, labels and splits copied (not linked): hashed from the copy
     nodes: int
     read_rate: float | None  # cold read, bytes/s (None: not measured: reads count as free)
     write_rates: dict[Path, float | None]  # write+fsync per target directory (None: not measured)
@@ -177,7 +178,7 @@ class PlaceCost:
     @property
     def bins_s(self) -> float:
         cpu = self.feature_bytes * BIN_NS_PER_BYTE * 1e-9 * MEASURED_CORES / max(1, min(self.cores, BIN_CORES))
-        cpu = max(cpu, self.linked_bytes * HASH_NS_PER_BYTE * 1e-9) * self.slowdown  # the hashing: one thread beside
+        cpu = max(cpu, self.copied_bytes * HASH_NS_PER_BYTE * 1e-9) * self.slowdown  # the hashing: one thread beside
         return max(cpu, self._disk(self.feature_read, self.bin_bytes_by_dir))
 
     @property
@@ -216,7 +217,7 @@ class PlaceCost:
         return (
             f"expected: about {_seconds(self.seconds)} from here (bin pass {_seconds(self.bins_s)}, row map and "
             f"arrays {_seconds(self.arrays_s)}), if the machine stays as loaded as now: {reads}; {writes}; CPU at "
-            f"{BIN_NS_PER_BYTE} ns a feature byte, {HASH_NS_PER_BYTE:g} ns a byte of the linked topology and "
+            f"{BIN_NS_PER_BYTE} ns a feature byte, {HASH_NS_PER_BYTE:g} ns a byte of copied topology and "
             f"{ARRAY_NS_PER_VERTEX:g} ns a vertex on {MEASURED_CORES} idle cores (the development machine's){load}; "
             "each step the slower of disk and CPU"
         )

@@ -4,8 +4,9 @@ Steps, each reported: pre-sample hotness with the trainer's sampler (or load a s
 re-solve the plan's model for this dataset, its measured hotness and the cache sizes used
 (``placement.predict``), place vertices with DDAK (or the hash baseline) against those per-bin
 traffic targets, check free space on every target, link the dataset's topology, labels and
-splits into the placed directory (copies where the file system cannot link) and hash them beside
-the bin pass, write the bins in one sequential pass, save the row map (``old_to_new``: dataset
+splits into the placed directory (copies where the file system refuses a link, found before any
+work and counted in the free-space check; the check scan's checksums serve for the links, copies
+are hashed beside the bin pass), write the bins in one sequential pass, save the row map (``old_to_new``: dataset
 id → row in the bins' order), and commit: manifest last, then one rename. The placed dataset
 numbers vertices as the dataset does: nothing of the graph is rewritten. Work happens in
 ``OUT.partial``; a killed run resumes from its last checkpoint when run again.
@@ -59,6 +60,7 @@ from placement.place_write import (
     build_manifest,
     link_dataset_files,
     packed,
+    refused_links,
     write_arrays,
     write_placed_bins,
 )
@@ -159,7 +161,7 @@ def place(
     The phases, each a function below and each timed (``timings_s``): check the inputs, open or
     resume the staging directory, pre-sample hotness, re-solve the plan's model for DDAK's
     targets, place, check free space (and say what goes where), link the dataset's graph files,
-    write the bins (hashing the linked files beside them), save the row map, stage the manifest
+    write the bins (hashing any copied files beside them), save the row map, stage the manifest
     and commit."""
     phases = Phases()
     run = _inputs(plan_path, dataset_path, Path(out), opts, phases)
@@ -179,7 +181,7 @@ def place(
     _begin(run, stage, hot, placed)
     hot, placed = _mapped(stage.data, hot, placed)
     packed = pk.load_state(stage.data, run.key) if run.opts.pack else None
-    linked = link_dataset_files(run, stage.data, log)  # hashed in a thread beside the bin pass
+    linked = link_dataset_files(run, stage.data, log)  # copies hashed in a thread beside the bin pass
     written = packed[0] if packed else write_placed_bins(run, stage, specs, placed, phases, progress)
     release_freed_memory()  # the bin pass's buffers, before the row map is built
     files = write_arrays(stage.data, placed, specs, workload, linked, phases)
@@ -195,7 +197,8 @@ def place(
 
 
 def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: PlaceOptions, phases: Phases) -> PlaceRun:
-    """Every input checked before any work (the dataset by a full scan), and the key naming them."""
+    """Every input checked before any work (the dataset by a full scan, which also takes the
+    checksums of its graph files: one read serves both), and the key naming them."""
     if opts.epochs is not None and opts.epochs < 1:
         raise UsageError(f"--epochs {opts.epochs}: pre-sampling needs at least 1 epoch")
     if opts.pool < 1:
@@ -221,7 +224,9 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
     dirs = _ssd_dirs(opts, out)
     check_out(out, PLACED)  # absent, empty or a placed dataset: anything else refused before any work
     with phases("check"):
-        check_dataset(ds)  # a full scan: a bad id must not wrap around or crash the trainer later
+        # a full scan (a bad id must not wrap around or crash the trainer later), hashing as it reads
+        scanned = check_dataset(ds, digest=PLACED_DIGEST)
+    copies = refused_links({k: ds.path(k) for k in LINKED}, out)  # counted by the free-space check
     opts = replace(opts, ssd_dirs=dirs)
     if opts.pack and opts.pack_ranks is None:  # the trainer's world: one rank per planned GPU
         opts = replace(opts, pack_ranks=max(1, sum(s.kind == "gpu" for s in plan.layout.slots)))
@@ -265,6 +270,8 @@ def _inputs(plan_path: str | Path, dataset_path: str | Path, out: Path, opts: Pl
         caches,
         key,
         had_output,
+        scanned,
+        copies,
     )
     check_free_space(_space_needed(run, _least_rows(run)))  # what must fit whatever DDAK decides
     return run
@@ -384,19 +391,25 @@ def _space_needed(run: PlaceRun, bin_rows: dict[str, int], samples: int = 0) -> 
 
 def _arrays_bytes(run: PlaceRun) -> int:
     """Bytes of a placed dataset besides its bins: the row map and the hotness (int32 unless N or
-    a count passes 2^31 - 1), and the dataset's topology, labels and splits where they must be
-    copied (another file system than ``out``'s; hard links take no space)."""
+    a count passes 2^31 - 1), and those of the dataset's topology, labels and splits that must be
+    copied (``run.copies``: the file system refused the link; hard links take no space)."""
     ds = run.ds
     n, ids, counts = ds.num_nodes, np.dtype(id_type(ds.num_nodes)).itemsize, np.dtype(COUNT_TYPE).itemsize
-    return n * (ids + counts) + (0 if _links(run) else sum(file_size(ds.path(k)) for k in LINKED))
+    return n * (ids + counts) + _copied_bytes(run)
 
 
-def _links(run: PlaceRun) -> bool:
-    """Whether the dataset's files can be hard-linked into ``out`` (the same file system)."""
-    where = run.out.absolute()
-    while not where.exists():
-        where = where.parent
-    return os.stat(where).st_dev == os.stat(run.ds.root).st_dev
+def _copied_bytes(run: PlaceRun) -> int:
+    """Bytes of the dataset's files that are copied, not linked."""
+    return sum(file_size(run.ds.path(k)) for k in sorted(run.copies))
+
+
+def _how_linked(run: PlaceRun) -> str:
+    """How the dataset's topology, labels and splits reach ``out``, for the line ``place`` prints."""
+    if not run.copies:
+        return "linked"
+    if len(run.copies) == len(LINKED):
+        return "copied (the file system refuses hard links there)"
+    return f"linked, but {', '.join(sorted(run.copies))} copied (the file system refused the link)"
 
 
 def _samples_bytes(run: PlaceRun, hot: Hotness) -> int:
@@ -418,7 +431,7 @@ def _preflight(
     needs = _space_needed(run, {s.name: int(placed.used[b]) for b, s in enumerate(specs)}, samples)
     for d, want in needs.items():
         names = [s.name for s in specs if run.dirs.get(s.name, run.out) == d]
-        arrays = f"the row map, hotness, and the dataset's topology, labels and splits {'linked' if _links(run) else 'copied'}"
+        arrays = f"the row map, hotness, and the dataset's topology, labels and splits {_how_linked(run)}"
         what = ([arrays] if d == run.out else []) + ([f"bins {', '.join(names)}"] if names else [])
         what += [f"stored samples, at most {samples / 1e9:.2f} GB"] if samples and d == run.out else []
         log(f"will write {want / 1e9:.2f} GB to {d} ({'; '.join(what)})")
@@ -436,7 +449,8 @@ def _cost(run: PlaceRun, specs: list[BinSpec], placed: Placement, samples: int) 
     feature_read = (
         round(feature_bytes * (1 - cached_share(Path(source), int(getattr(features, "offset", 0))))) if source else 0
     )
-    topology_read = sum(round(file_size(ds.path(k)) * (1 - cached_share(ds.path(k)))) for k in LINKED)
+    # links take the check scan's checksums: only copies are read again (by the copy, then hashed)
+    topology_read = sum(round(file_size(ds.path(k)) * (1 - cached_share(ds.path(k)))) for k in sorted(run.copies))
     bins: dict[Path, int] = {}
     for b, s in enumerate(specs):  # a packed bin is written twice (unpacked, then packed)
         d = run.dirs.get(s.name, run.out)
@@ -450,7 +464,7 @@ def _cost(run: PlaceRun, specs: list[BinSpec], placed: Placement, samples: int) 
         out=run.out,
         array_bytes=arrays,
         topology_read=topology_read,
-        linked_bytes=sum(file_size(ds.path(k)) for k in LINKED),
+        copied_bytes=_copied_bytes(run),
         nodes=ds.num_nodes,
         read_rate=read_rate(Path(source)) if source and feature_read + topology_read else None,
         write_rates={d: write_rate(d, min(PROBE_BYTES, max(1 << 20, w))) for d, w in writes.items()},

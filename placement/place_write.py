@@ -1,8 +1,14 @@
 """``moment place``'s outputs: the bins in one sequential pass, the dataset's topology, labels and
-splits linked into the placed directory (hard links; copies where the file system cannot link),
-the row map (``old_to_new``), and placed.json built from what was written (sizes and checksums
-taken on the way, the linked files hashed in a thread beside the bin pass), with the seconds
-each phase took.
+splits linked into the placed directory (hard links; copies where the file system cannot link,
+decided before any work by :func:`refused_links`), the row map (``old_to_new``), and placed.json
+built from what was written (sizes and checksums taken on the way), with the seconds each phase
+took.
+
+A linked file's checksum is the one the check scan took while reading it
+(:func:`placement.dataset.check_dataset`): the link is another name for the same inode, and the
+placed name's identity (device, inode, size, mtime) is compared with the scanned file's, so the
+graph is read once. A copy, or a file that changed since the scan, is hashed from the placed name
+in a thread beside the bin pass (a copy's digest must also equal the scan's of its source).
 
 A hard link is another name for the dataset's file: nothing of the placed dataset depends on the
 dataset's directory afterwards. moment never writes into a published dataset's file (imports and
@@ -15,11 +21,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +35,13 @@ import numpy as np
 from moment import faults
 from moment.contracts.placed import MANIFEST, PHASES, PackSummary, PlacedManifest, Prediction, bin_file_name
 from moment.contracts.plan import PlanDoc
+from moment.errors import MomentError
 from moment.outputs import Staging
 from moment.planner.workload import Workload
 from moment.progress import Progress, stage_update
 from moment.topology.model import Machine
 from placement import relabel as rl
-from placement.dataset import Dataset
+from placement.dataset import Dataset, ScannedFile, file_identity
 from placement.ddak import BinSpec, Placement
 from placement.digests import PLACED_DIGEST, file_digest
 from placement.hotness import Hotness
@@ -65,6 +73,7 @@ LINKED = ("indptr", "indices", "labels", "train", "val", "test")
 # Why a hard link fails where a copy works: another file system, links refused (EPERM: a
 # protected_hardlinks policy or a file system without links), too many links, unsupported.
 NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EACCES}
+LINK_PROBE_PREFIX = ".moment-link-probe-"  # mkdtemp's: a directory only this process created
 
 
 @dataclass
@@ -83,6 +92,8 @@ class PlaceRun:
     caches: tuple[int, int]
     key: str
     had_output: bool
+    scanned: dict[str, ScannedFile] = field(default_factory=dict)  # the check scan's digests (LINKED keys)
+    copies: frozenset[str] = frozenset()  # LINKED keys the file system refused to link: copied
 
 
 class Phases:
@@ -158,17 +169,47 @@ def write_placed_bins(
     return result.files
 
 
-def link_file(src: Path, dst: Path) -> bool:
-    """``dst`` a hard link of ``src`` (True), else, where the file system refuses the link
-    (:data:`NO_LINK`), a copy made in the kernel and synced (False). A name already at ``dst``
-    (an interrupted run's) is replaced: unlinked, never written into."""
-    dst.unlink(missing_ok=True)
+def refused_links(sources: dict[str, Path], out: Path) -> frozenset[str]:
+    """The keys of ``sources`` the file system refuses to hard-link where ``out``'s staging
+    directory goes (:data:`NO_LINK`: another file system, a protected_hardlinks policy, too many
+    links): those are copied, and the free-space check counts them. Tried now, before any work,
+    in a directory this process creates exclusively beside ``OUT.partial`` and removes (its
+    links, then itself)."""
+    where = out.absolute().parent
+    while not where.exists():
+        where = where.parent
     try:
-        os.link(src, dst)
-        return True
+        probe = Path(tempfile.mkdtemp(prefix=LINK_PROBE_PREFIX, dir=where))
     except OSError as exc:
-        if exc.errno not in NO_LINK:
-            raise
+        raise MomentError(f"{where}: cannot create a directory there for {out} ({exc.strerror})") from None
+    refused = set()
+    try:
+        for key, src in sources.items():
+            try:
+                os.link(src, probe / key)
+            except OSError as exc:
+                if exc.errno not in NO_LINK:
+                    raise MomentError(f"{src}: cannot link it into {where} ({exc.strerror})") from None
+                refused.add(key)
+            else:
+                (probe / key).unlink()
+    finally:
+        probe.rmdir()
+    return frozenset(refused)
+
+
+def link_file(src: Path, dst: Path, copy: bool = False) -> bool:
+    """``dst`` a hard link of ``src`` (True), else, with ``copy`` or where the file system refuses
+    the link (:data:`NO_LINK`), a copy made in the kernel and synced (False). A name already at
+    ``dst`` (an interrupted run's) is replaced: unlinked, never written into."""
+    dst.unlink(missing_ok=True)
+    if not copy:
+        try:
+            os.link(src, dst)
+            return True
+        except OSError as exc:
+            if exc.errno not in NO_LINK:
+                raise
     shutil.copyfile(src, dst)  # copy_file_range/sendfile: no bytes through this process
     fd = os.open(dst, os.O_RDONLY)
     try:
@@ -180,8 +221,8 @@ def link_file(src: Path, dst: Path) -> bool:
 
 @dataclass
 class LinkedFiles:
-    """The dataset's files in the placed directory, their entries being hashed in a thread
-    (:meth:`entries` waits for them)."""
+    """The dataset's files in the placed directory, the entries of copies (and of files changed
+    since the scan) being hashed in a thread (:meth:`entries` waits for them)."""
 
     seconds: float  # spent linking or copying
     _hashed: Future[tuple[dict[str, Written], float]]
@@ -193,25 +234,45 @@ class LinkedFiles:
         return done, busy, time.perf_counter() - t0
 
 
-def _hash_files(paths: dict[str, Path]) -> tuple[dict[str, Written], float]:
+def _entries(paths: dict[str, Path], scanned: dict[str, ScannedFile]) -> tuple[dict[str, Written], float]:
+    """Each placed file's entry: the scan's digest where the placed name is the scanned file
+    (same identity: a link), else hashed from the placed name, which for a copy of an unchanged
+    source must give the scan's digest too; and the seconds spent hashing."""
     t0 = time.perf_counter()
-    out = {k: Written(k, p, p.stat().st_size, file_digest(p, PLACED_DIGEST), PLACED_DIGEST) for k, p in paths.items()}
+    out = {}
+    for k, p in paths.items():
+        seen, now = scanned.get(k), file_identity(p)
+        if seen is not None and seen.identity == now and seen.algorithm == PLACED_DIGEST:
+            out[k] = Written(k, p, now[2], seen.digest, seen.algorithm)
+            continue
+        digest = file_digest(p, PLACED_DIGEST)
+        if seen is not None and seen.algorithm == PLACED_DIGEST and digest != seen.digest and _unchanged(seen):
+            raise MomentError(f"{p}: the copy of {seen.path} differs from it (checksum): the copy is damaged")
+        out[k] = Written(k, p, now[2], digest, PLACED_DIGEST)
     return out, time.perf_counter() - t0
+
+
+def _unchanged(seen: ScannedFile) -> bool:
+    """Whether the scanned file is still what the scan read."""
+    try:
+        return file_identity(seen.path) == seen.identity
+    except OSError:
+        return False
 
 
 def link_dataset_files(run: PlaceRun, data: Path, log: Callable[[str], None]) -> LinkedFiles:
     """The dataset's topology, labels and splits into ``data`` (:data:`LINKED`), as hard links
-    where the file system allows and copies elsewhere (the line logged says which), and their
-    digests started in a thread: reading them from the page cache (the check scan read them) runs
-    beside the bin pass, which waits on the disk."""
+    except those :func:`refused_links` found refused (``run.copies``), which are copied (the
+    line logged says which). A link's entry is the check scan's digest; copies are hashed in a
+    thread beside the bin pass, which waits on the disk."""
     t0 = time.perf_counter()
     paths = {k: data / PLACED_FILES[k] for k in LINKED}
-    linked = {k: link_file(run.ds.path(k), p) for k, p in paths.items()}
+    linked = {k: link_file(run.ds.path(k), p, copy=k in run.copies) for k, p in paths.items()}
     how = " and ".join(sorted({"hard links" if v else "copies" for v in linked.values()}))
     refused = "" if all(linked.values()) else " (the file system refused a hard link)"
     log(f"topology, labels and splits: {how} of {run.ds.root}'s files{refused}")
     pool = ThreadPoolExecutor(1, thread_name_prefix="moment-link-hash")
-    hashed = pool.submit(_hash_files, paths)
+    hashed = pool.submit(_entries, paths, run.scanned)
     pool.shutdown(wait=False)  # the thread ends with its one job
     return LinkedFiles(time.perf_counter() - t0, hashed)
 

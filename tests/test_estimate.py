@@ -58,7 +58,7 @@ def _cost(feature_read: int, read: float | None, writes: float | None) -> PlaceC
         out=out,
         array_bytes=2 << 30,
         topology_read=0,
-        linked_bytes=1 << 30,
+        copied_bytes=1 << 30,
         nodes=10_000_000,
         read_rate=read,
         write_rates={out: writes},
@@ -78,7 +78,7 @@ def test_a_cold_input_and_a_slow_disk_lengthen_the_estimate_a_warm_one_does_not(
     assert warm.seconds == pytest.approx(est.FIXED_S + warm.bins_s + warm.arrays_s)  # load 0
     line = cold.line()
     assert "if the machine stays as loaded as now" in line and "not in the page cache, read at 0.10 GB/s" in line
-    assert "writes at 100.00 GB/s (a write+fsync" in line and "ns a byte of the linked topology" in line
+    assert "writes at 100.00 GB/s (a write+fsync" in line and "ns a byte of copied topology" in line
     assert (
         "the input in the page cache" in _cost(0, None, None).line()
         and "writes not measured" in _cost(0, None, None).line()

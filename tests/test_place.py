@@ -82,20 +82,23 @@ def test_the_placement_outlives_its_dataset(plan_file: Path, tmp_path: Path) -> 
     assert verify(out, sample=0)["files"] > 0 and open_placed(out).file("indices").read_bytes() == before["indices"]
 
 
+@pytest.mark.parametrize("refusal", [errno.EXDEV, errno.EPERM, errno.EMLINK])
 def test_where_links_fail_the_files_are_copied(
-    plan_file: Path, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plan_file: Path, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
 ) -> None:
-    """Another file system (EXDEV) or links refused: the files are copied, the same bytes, and
-    place says so."""
+    """Another file system (EXDEV) or links refused (EPERM: fs.protected_hardlinks; EMLINK): the
+    files are copied, the same bytes (checked against the check scan's digests), and place says
+    so before writing and when copying."""
 
     def refuse(src: object, dst: object) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
+        raise OSError(refusal, os.strerror(refusal))
 
     monkeypatch.setattr(os, "link", refuse)
     said: list[str] = []
     out = tmp_path / "placed"
     place(plan_file, dataset, out, PlaceOptions(**OPTS), log=said.append)
     assert any("topology, labels and splits: copies of" in line and "refused a hard link" in line for line in said)
+    assert any("splits copied (the file system refuses hard links there)" in line for line in said), said
     ds, placed = open_dataset(dataset), open_placed(out, checksums=True)
     for key in ("indptr", "indices", "labels", "train", "val", "test"):
         assert placed.file(key).stat().st_ino != ds.path(key).stat().st_ino, key
