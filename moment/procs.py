@@ -10,6 +10,8 @@ A launcher (``moment train``, ``moment infer --nproc N``) runs torchrun through 
   carries the job's token in its environment (:data:`JOB_ENV`), so ranks that torchrun started
   in sessions of their own, or that lost their parent, are found too; the same sweep runs when
   torchrun exits by itself, so no rank outlives its launcher;
+* then, the job's processes gone, the launcher removes the files they left under names carrying
+  the token's random part (:func:`job_token`; the ranks' shared host files, :mod:`trainer.shm`);
 * the caller gets :class:`moment.errors.Interrupted` after a signal, the exit status otherwise.
 
 Every rank runs inside :func:`interruptible` (SIGINT, SIGTERM and SIGHUP raise ``Interrupted``, a
@@ -55,6 +57,15 @@ def start_time(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2 :].split()[19]
 
 
+def job_token(value: str | None = None) -> str | None:
+    """The random part of a job's :data:`JOB_ENV` (``value``, else this process's environment):
+    16 hex digits naming the job alone, which a rank puts in the names of the files it leaves for
+    its launcher to remove (:func:`trainer.shm.shm_path`); None outside a launched job."""
+    value = os.environ.get(JOB_ENV) if value is None else value
+    token = (value or "").rpartition(":")[2]
+    return token if len(token) == 16 and all(c in "0123456789abcdef" for c in token) else None
+
+
 def job_processes(token: str) -> list[int]:
     """PIDs of the processes (other than this one) whose environment holds ``JOB_ENV=token``."""
     needle = f"{JOB_ENV}={token}".encode()
@@ -83,6 +94,14 @@ def _alive(pids: Sequence[int]) -> list[int]:
     return out
 
 
+def _wait_gone(pids: Sequence[int], timeout: float = GRACE_S) -> None:
+    """Until the processes killed are gone (a SIGKILL is delivered, not waited for), at most
+    ``timeout`` seconds: what runs next must not race their last writes."""
+    end = time.monotonic() + timeout
+    while (pids := _alive(pids)) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _kill(pids: Sequence[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -90,13 +109,19 @@ def _kill(pids: Sequence[int], sig: int) -> None:
 
 
 def supervise(
-    cmd: Sequence[str], what: str = "torchrun", grace: float = GRACE_S, env: Mapping[str, str] | None = None
+    cmd: Sequence[str],
+    what: str = "torchrun",
+    grace: float = GRACE_S,
+    env: Mapping[str, str] | None = None,
+    cleanup: Callable[[str], object] | None = None,
 ) -> int:
     """Run ``cmd`` (no shell; ``env``: variables added to this environment) as a job this process
     answers for; its exit status.
 
     Raises :class:`Interrupted` (after every process of the job stopped) when SIGINT, SIGTERM or
-    SIGHUP arrived meanwhile; the first one is forwarded to the command at once."""
+    SIGHUP arrived meanwhile; the first one is forwarded to the command at once. ``cleanup``: called
+    with the job's token (:func:`job_token`) once no process of the job is left, however it ended,
+    to remove what the job's processes left behind under names carrying it."""
     token = f"{os.getpid()}:{start_time(os.getpid())}:{secrets.token_hex(8)}"
     got: list[int] = []
     started: list[subprocess.Popen] = []
@@ -134,6 +159,9 @@ def supervise(
             time.sleep(0.1)
             left = _alive(left)
         _kill(left, signal.SIGKILL)
+        _wait_gone(left)
+        if cleanup is not None:
+            cleanup(token.rpartition(":")[2])
     if got:
         killed = f", {len(left)} process(es) killed after {grace:.0f} s" if left else ""
         raise Interrupted(got[0], f"stopped {what} and its ranks{killed}")

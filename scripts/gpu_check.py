@@ -84,7 +84,7 @@ def steps(work: Path, dev: str, ngpu: int, bench_dir: Path, small: bool = False)
         ),
         Step("infer-cuda", [*infer, "--out", str(work / "infer-cuda"), "--device", dev], 45, needs=[str(work / "ck")]),
         Step("infer-cpu", [*infer, "--out", str(work / "infer-cpu"), "--device", "cpu"], 60, needs=[str(work / "ck")]),
-        Step("pytest-gpu", [py, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "-m", "gpu", "tests"], 120),
+        Step("pytest-gpu", [py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-m", "gpu", "tests"], 120),
         Step(
             "features-posix",
             [*bench, "--device", dev, "--io", "posix", "--json", str(work / "features-posix.json")],

@@ -119,11 +119,17 @@ def _ranks_registered(directory: Path, n: int = 2) -> bool:
 
 
 def _train_args(data: dict[str, Path], ck: Path, epochs: int = 1000) -> list[str]:
+    """``moment train --nproc 2`` into ``ck``, its shared host files in ``ck``'s sibling ``shm``
+    (never the machine's /dev/shm: a test that signals the job must not leave them there)."""
+    shm = ck.with_name("shm")
+    shm.mkdir(exist_ok=True)
     return ["train", "--plan", str(data["plan"]), "--data", str(data["placed"]), "--nproc", "2"] + [
         "--epochs",
         str(epochs),
         "--checkpoint-dir",
         str(ck),
+        "--shm-dir",
+        str(shm),
         "--",
         *TINY,
     ]
@@ -175,9 +181,11 @@ def test_a_signalled_train_stops_every_rank_and_reports_one_line(
     assert not left, left
     assert proc.returncode == (143 if how == "SIGTERM-to-pid" else 130), err
     assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("running:")]
+    # (the test's --shm-dir is no tmpfs: one warning before the run)
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("running:", "warning: --shm-dir"))]
     assert len(lines) == 1 and "moment train: interrupted (SIG" in lines[0], err
     assert not live_members(ck)
+    assert list(ck.with_name("shm").iterdir()) == []  # no shared host file of the job left
 
 
 @pytest.mark.slow

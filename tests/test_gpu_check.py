@@ -195,3 +195,21 @@ def test_the_bin_pass_step_runs_the_benchmark_and_reports_each_thread_count(tmp_
     assert all("ns/byte" in ln and "; grouping" not in ln for ln in lines)
     scratch = Path(step.argv[step.argv.index("--dir") + 1])
     assert not scratch.exists()  # the benchmark removed what it wrote
+
+
+def test_the_pytest_step_names_its_failures_in_the_report(tmp_path: Path) -> None:
+    """The first GPU run's report said "1 failed" without naming the test: the step's pytest
+    options must print failures, errors and skips in the short summary the figures are read from."""
+    gc = _gpu_check()
+    step = next(s for s in gc.steps(tmp_path, "cpu", 0, tmp_path, small=True) if s.name == "pytest-gpu")
+    (tmp_path / "test_mini.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.gpu\ndef test_broken():\n    assert 1 == 2\n\n"
+        "@pytest.mark.gpu\ndef test_absent():\n    pytest.skip('needs two GPUs')\n"
+    )
+    argv = [*step.argv[:-1], str(tmp_path / "test_mini.py"), "-W", "ignore"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    fig = gc.figures(step.name, tmp_path, run.stdout)
+    assert fig["failed"] == 1 and fig["skipped"] == 1, run.stdout
+    assert any(ln.startswith("FAILED") and "test_broken" in ln for ln in fig["lines"]), fig
+    assert any(ln.startswith("SKIPPED") and "needs two GPUs" in ln for ln in fig["lines"]), fig

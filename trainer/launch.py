@@ -25,6 +25,7 @@ from moment.procs import supervise
 from placement.placed import open_placed
 from trainer.config import TrainConfig, from_args
 from trainer.dist import NODE_RANK
+from trainer.shm import remove_job_files
 
 CPU_PROCESSES = 2  # processes on a machine without CUDA (gloo): enough to exercise DDP
 
@@ -145,9 +146,12 @@ def format_command(cmd: Sequence[str]) -> str:
     return shlex.join(cmd)
 
 
-def run(cmd: Sequence[str], checkpoint_locked: bool = False) -> int:
+def run(cmd: Sequence[str], checkpoint_locked: bool = False, shm_dir: str = "") -> int:
     """Run the command (no shell) with this terminal as a supervised job (:func:`moment.procs.supervise`:
     signals forwarded, no process of it outliving this one); its exit status, or
     :class:`moment.errors.Interrupted` after SIGINT / SIGTERM / SIGHUP. ``checkpoint_locked``: this
-    process holds the checkpoint directory's lock for the job (else rank 0 takes it)."""
-    return supervise(cmd, env={CHECKPOINT_LOCKED: str(os.getpid())} if checkpoint_locked else None)
+    process holds the checkpoint directory's lock for the job (else rank 0 takes it). ``shm_dir``:
+    the ranks' --shm-dir, where the job's own shared files that a killed rank left are removed once
+    it has ended (:func:`trainer.shm.remove_job_files`)."""
+    env = {CHECKPOINT_LOCKED: str(os.getpid())} if checkpoint_locked else None
+    return supervise(cmd, env=env, cleanup=(lambda token: remove_job_files(shm_dir, token)) if shm_dir else None)

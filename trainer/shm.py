@@ -6,7 +6,9 @@ it: the bins are concatenated into one file in a memory file system (``--shm-dir
 so a named file is what they can share. The protocol, all of it here:
 
 * naming (:func:`shm_path`): after the placement (its manifest), the torchrun job and the socket,
-  so runs of other placements or jobs never map it;
+  so runs of other placements or jobs never map it; under a launcher (``moment train``) the name
+  ends in the job's random token (:func:`moment.procs.job_token`), which no other job carries,
+  and torchrun's restart count;
 * who writes (:func:`socket_writer`): the socket's first local rank, pinned to the socket's cores
   so the pages land in the socket's memory;
 * writing (:func:`publish`): under a temporary name, then linked into place, so nobody maps a
@@ -14,13 +16,27 @@ so a named file is what they can share. The protocol, all of it here:
   to private copies;
 * mapping (:func:`map_shared`) and the barriers around it (:func:`per_socket`): the others wait
   while the writer writes; once all have mapped the file the writer unlinks it (the memory lives
-  while mapped, and a crash leaves nothing behind).
+  while mapped, and a crash after that leaves nothing behind);
+* leftovers: a job stopped between the writing and the second barrier would leave the file (all
+  of the socket's host tiers, held in memory until someone deletes it). A writer that unwinds
+  there (SIGTERM, SIGINT: :func:`moment.procs.interruptible`; a peer gone: the barrier fails)
+  unlinks the file it made. A writer killed outright cannot: its launcher, once no process of the
+  job is left (:func:`moment.procs.supervise`, whether torchrun exited 0, failed or was signalled),
+  removes the files in ``--shm-dir`` whose names end in its job's token (:func:`remove_job_files`),
+  and only those: another job's files, on another placement or the same one, even another
+  launcher's on this host, carry another token or none, and stay. Ranks started by a bare torchrun
+  have no token (the name is the one without it) and no launcher to sweep after them. When
+  torchrun restarts the ranks (``--max-restarts``), each writer first removes its job's files of
+  the earlier attempts (the name ends in the restart count; torchrun stopped those ranks before
+  it restarted), so a killed attempt's copy does not hold memory beside the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -30,9 +46,11 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from moment import faults
 from moment.contracts.plan import PlanDoc
 from moment.fileio import atomic_file
 from moment.outputs import short_of_space
+from moment.procs import job_token
 from placement.placed import Placed, PlacedError
 from trainer.dist import DistEnv, attempt
 
@@ -99,12 +117,54 @@ def socket_writer(plan: PlanDoc | None, env: DistEnv) -> bool:
 def shm_path(shm_dir: str | Path, placed: Placed, socket: str, kind: str = "host") -> Path:
     """The socket-shared file of this run holding ``kind`` (``host``: the host tiers; ``csr``: the
     graph, :mod:`trainer.sampling`): named after the placement (its manifest), the torchrun job
-    and the socket, so runs of other placements or jobs never map it."""
+    and the socket, so runs of other placements or jobs never map it; ``-TOKEN-RESTART`` after it
+    under a launcher (its job's token: the launcher removes what a killed rank left,
+    :func:`remove_job_files`; torchrun's restart count: a restarted writer removes what the
+    earlier attempts left)."""
     manifest = (placed.root / "placed.json").read_bytes()
     env = os.environ  # GROUP_RANK: two "nodes" on one machine sharing a --shm-dir never meet
     job = f"{attempt()}:{env.get('MASTER_PORT', '')}:{env.get('GROUP_RANK', '')}:{socket}"
     key = hashlib.sha256(manifest + job.encode()).hexdigest()[:16]
-    return Path(shm_dir) / f"moment-{kind}-{key}"
+    token = job_token()
+    return Path(shm_dir) / (f"moment-{kind}-{key}-{token}-{restart()}" if token else f"moment-{kind}-{key}")
+
+
+def restart() -> int:
+    """How many times torchrun has restarted this node's ranks (0: the first attempt)."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
+
+
+def remove_job_files(shm_dir: str | Path, token: str, before: int | None = None) -> list[Path]:
+    """Remove the files of the job ``token`` from ``shm_dir``, once its processes are gone: the
+    socket files :func:`shm_path` names under that token, and their temporaries (a writer killed
+    while writing, :func:`moment.fileio.atomic_file`); ``before``: only those of torchrun's
+    attempts before that restart count (stopped, all of them, before it restarted the ranks).
+    Only names carrying the token, which no other job's files carry; the paths removed. A
+    directory that cannot be read: nothing (said)."""
+    if not shm_dir or job_token(token) != token:
+        return []
+    ours = re.compile(rf"\.?moment-[a-z]+-[0-9a-f]{{16}}-{token}-([0-9]+)(\.[^/]*\.tmp)?")
+    removed = []
+    try:
+        entries = list(os.scandir(shm_dir))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        print(
+            f"warning: --shm-dir {shm_dir}: {exc.strerror}: the job's shared files there were not looked for",
+            file=sys.stderr,
+        )
+        return []
+    for entry in entries:
+        match = ours.fullmatch(entry.name)
+        if match is None or (before is not None and int(match[1]) >= before):
+            continue
+        if entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
 
 
 def per_socket(
@@ -118,7 +178,9 @@ def per_socket(
     """``open_store(path)`` on every rank with one shared file per socket (``open_store(None)``:
     a private copy). With a process group and ``shm_dir`` set, the socket's writer opens first
     (writing the file) while the others wait at a barrier; then the others open (mapping it); a
-    second barrier, and the writer unlinks it. Without room there, each rank loads its own copy."""
+    second barrier, and the writer unlinks it. Without room there, each rank loads its own copy.
+    A writer that unwinds before the second barrier (a signal, a peer gone) unlinks the file it
+    made: nobody would, and it holds the socket's tiers in memory."""
     writer = socket_writer(plan, env)
     path = (
         shm_path(shm_dir, placed, socket_of(plan, env.local_rank), kind) if dist.is_initialized() and shm_dir else None
@@ -130,20 +192,31 @@ def per_socket(
     if path is not None and env.rank == 0 and (why := not_in_memory(path.parent)):
         print(f"warning: {why}", file=sys.stderr)
     store = None
-    if path is not None and writer:
-        try:
-            store = open_store(path)
-        except SharedMemoryFullError as exc:
-            print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
-    if path is not None:
-        dist.barrier()  # the file is whole (or was not made) before the other ranks look
-    if store is None:
-        shared = path is not None and path.exists()
-        store = open_store(path if shared else None)
-    if path is not None:
-        dist.barrier()  # every local rank has mapped it
-        if writer:
+    made = False  # the writer made the file (one there before is not its own to remove on failure)
+    try:
+        if path is not None and writer:
+            if (token := job_token()) and restart():  # what a writer of an earlier attempt, killed, left
+                remove_job_files(path.parent, token, before=restart())
+            made = not path.exists()
+            try:
+                store = open_store(path)
+            except SharedMemoryFullError as exc:
+                print(f"warning: {exc}: each rank loads its own copy", file=sys.stderr)
+            faults.point(f"shm:{kind}:published")
+        if path is not None:
+            dist.barrier()  # the file is whole (or was not made) before the other ranks look
+        if store is None:
+            shared = path is not None and path.exists()
+            store = open_store(path if shared else None)
+        if path is not None:
+            faults.point(f"shm:{kind}:mapped:{'writer' if writer else 'reader'}")
+            dist.barrier()  # every local rank has mapped it
+            if writer:
+                path.unlink(missing_ok=True)
+    except BaseException:
+        if made and path is not None:
             path.unlink(missing_ok=True)
+        raise
     return store
 
 

@@ -121,7 +121,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     preflight.start_over(checkpoints)
     cmd = launch.build_torchrun_command(cfg, nproc=nproc)
     out.print(f"running: {launch.format_command(cmd)}")
-    code = launch.run(cmd)
+    code = launch.run(cmd, shm_dir=cfg.shm_dir)
     if code != 0:
         raise MomentError(f"training failed with exit code {code}")
     m = MetricsDoc.read(metrics)

@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.overwrite:
             preflight.start_over(cfg.checkpoint_dir)
         err.print(f"running: {launch.format_command(cmd)}")
-        return launch.run(cmd, checkpoint_locked=lock is not None)
+        return launch.run(cmd, checkpoint_locked=lock is not None, shm_dir=cfg.shm_dir)
     finally:
         if lock is not None:
             lock.release()
