@@ -218,6 +218,26 @@ def test_each_training_id_is_a_seed_at_most_once_per_epoch(placed: Path) -> None
         assert seen.numel() == len(train) - len(train) % world  # all but the uneven remainder
 
 
+def test_evaluation_batches_are_training_sized_whatever_the_split_order(placed: Path) -> None:
+    """A split stored in degree order (as ids often are) evaluated in that order put all the
+    high-degree seeds in one batch, the step's memory peak. Evaluation takes each id once across
+    ranks, in one fixed shuffled order: every batch about as large a sample as any other."""
+    p = open_placed(placed)
+    indptr = np.asarray(p.array("indptr"))
+    degree = np.diff(indptr)
+    ids = np.argsort(-degree, kind="stable")[:1200].astype(np.int64)  # the split stored by degree, highest first
+    cfg = TrainConfig(data=str(placed), batch_size=300)
+    sampler = NeighborSampler(p.array("indptr"), p.array("indices"), (10, 5))
+    world = 2
+    per_rank = [list(loop.eval_batches(sampler, ids, cfg, r, world)) for r in range(world)]
+    seen = torch.cat([b for batches in per_rank for b in batches])
+    assert sorted(seen.tolist()) == sorted(ids.tolist())  # every id once, across ranks
+    again = [list(loop.eval_batches(sampler, ids, cfg, r, world)) for r in range(world)]
+    assert all(torch.equal(a, b) for x, y in zip(per_rank, again) for a, b in zip(x, y))  # the same every pass
+    means = [float(degree[b.numpy()].mean()) for batches in per_rank for b in batches]
+    assert max(means) < 1.5 * min(means), means  # stored order: the first batch's mean degree is far above the last's
+
+
 def run_main(args: list[str]) -> int:
     return loop.main(args)
 

@@ -50,7 +50,7 @@ from placement.samples import StoredSamples
 from trainer import checkpoint, launch, memory, sampling
 from trainer.config import TrainConfig, from_args
 from trainer.dist import DistEnv, PeerFailedError, all_gather, all_reduce_sum, lost_peer, setup, together
-from trainer.epoch import epoch_batches, epoch_sampler, evaluate, make_prepare, train_epoch
+from trainer.epoch import epoch_batches, epoch_sampler, eval_batches, evaluate, make_prepare, train_epoch
 from trainer.featurestore import TieredFeatureStore
 from trainer.metrics import Metrics, epoch_record, param_digest
 from trainer.models import build_model
@@ -293,9 +293,7 @@ class Run:
 
     def accuracy(self, ids: np.ndarray, epoch: int, split: int) -> float:
         """Accuracy on a split, sharded over ranks and summed."""
-        seeds = self.base.batches(
-            ids, self.cfg.resolved_batch_size, shuffle=False, rank=self.rank, world_size=self.world
-        )
+        seeds = eval_batches(self.base, ids, self.cfg, self.rank, self.world)
         batches = self._batches(seeds, derive_seed(self.cfg.seed, EVAL_STREAM, epoch, split, self.rank))
         try:
             with compute_stream(self.device, self.stream):
